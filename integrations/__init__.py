@@ -1,0 +1,1 @@
+"""Hooks into where agents are hosted (installed as ``mtrl_integrations``)."""

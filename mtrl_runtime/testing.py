@@ -1,0 +1,91 @@
+"""Builders for tests and benchmarks: a tiny byte-level BPE tokenizer and a tiny Llama.
+
+Both are built in a few hundred milliseconds, on CPU, with no download, so
+tests can run real forward passes and real training steps. They ship in the
+package (like the ``scripted`` engine) so users can test their own agents the
+same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+_CORPUS = [
+    "You are a helpful assistant. Use the tools when they help.",
+    '<tool_call>\n{"name": "lookup", "arguments": {"key": "A1"}}\n</tool_call>',
+    "<tool_response>\n{\"value\": 42}\n</tool_response>",
+    "<tools>\n</tools> function name arguments description parameters type object properties required string integer",
+    "The answer is 42. <final_output>{\"status\": \"ok\"}</final_output>",
+    "system user assistant tool Call the tool, then answer with the result.",
+    "0123456789 abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+    "What is the value for key A1? Reply with DONE when finished.",
+]
+
+
+def tiny_tokenizer(vocab_size: int = 512, extra_corpus: list[str] | None = None) -> Any:
+    """A byte-level BPE tokenizer trained on a small corpus, wrapped for transformers.
+
+    It has no chat template of its own: mtrl's tool-capable ChatML template is
+    used with it, as with SmolLM2.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4 + list(extra_corpus or []), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
+
+
+def tiny_model(tokenizer: Any, hidden_size: int = 64, layers: int = 2, seed: int = 0) -> Any:
+    """A randomly initialised LlamaForCausalLM sized for millisecond steps on CPU."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config)
+    model.eval()
+    return model
+
+
+def save_tiny_model(folder: str | Path, hidden_size: int = 64, layers: int = 2, seed: int = 0) -> Path:
+    """Build the tiny tokenizer and model and save both as a local HF folder."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(tokenizer, hidden_size=hidden_size, layers=layers, seed=seed)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+__all__ = ["SPECIAL_TOKENS", "save_tiny_model", "tiny_model", "tiny_tokenizer"]
