@@ -1,0 +1,360 @@
+"""Validation and encoding between the contract's dataclasses and the store's rows.
+
+Every ``encode_*`` checks its input and raises ValueError naming the field
+and the value, so a bad write fails in the caller before anything is queued.
+Token ids are stored as little-endian uint32 bytes and logprobs as
+little-endian float64 bytes: 4 and 8 bytes a token against ~6 and ~20 for
+JSON, and float64 keeps every Python float exact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from array import array
+from typing import Any, Iterable, Mapping, NamedTuple
+
+from ..types import BreakReason, Rollout, RolloutStatus, Task, ToolCall, Turn
+
+_SWAP = sys.byteorder != "little"  # blobs are little-endian on every machine
+_MAX_ID = 2**32 - 1
+_IDS = "I"  # uint32; array itself rejects negative and too large ids
+_HEX_DIGITS = frozenset("0123456789abcdef")
+
+
+# ---- scalars -------------------------------------------------------------
+
+
+def check_str(field: str, value: Any, *, optional: bool = False, empty: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or (not empty and not value):
+        kind = "a string" if empty else "a non-empty string"
+        raise ValueError(f"{field} must be {kind}, got {value!r:.200}")
+    return value
+
+
+def check_int(field: str, value: Any, *, optional: bool = False, minimum: int = 0) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def check_float(field: str, value: Any, *, optional: bool = False, minimum: float | None = None) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{field} must be a finite number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{field} must be >= {minimum}, got {value!r}")
+    return float(value)
+
+
+def check_metrics(field: str, metrics: Any) -> dict[str, float]:
+    if not isinstance(metrics, Mapping):
+        raise ValueError(f"{field} must be a mapping of name to number, got {metrics!r}")
+    out: dict[str, float] = {}
+    for name, value in metrics.items():
+        check_str(f"{field} key", name)
+        out[name] = check_float(f"{field}[{name!r}]", value)
+    return out
+
+
+def status_of(field: str, value: Any) -> RolloutStatus:
+    try:
+        return RolloutStatus(value)
+    except ValueError:
+        known = ", ".join(s.value for s in RolloutStatus)
+        raise ValueError(f"{field} must be one of {known}; got {value!r}") from None
+
+
+# ---- JSON and blobs --------------------------------------------------------
+
+
+def dumps(field: str, value: Any) -> str:
+    """Compact, strict JSON (no NaN or Infinity), or a ValueError naming the field."""
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{field} must be JSON-serializable: {exc}; got {value!r:.200}") from None
+
+
+def loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def ids_array(field: str, ids: Iterable[int]) -> array:
+    """Token ids as a uint32 array; ids must lie in [0, 2**32)."""
+    try:
+        return array(_IDS, ids)
+    except (TypeError, OverflowError) as exc:
+        raise ValueError(f"{field} must be integers in [0, {_MAX_ID}]: {exc}; got {ids!r:.200}") from None
+
+
+def floats_array(field: str, values: Iterable[float]) -> array:
+    """Finite floats as a float64 array."""
+    try:
+        arr = array("d", values)
+    except TypeError as exc:
+        raise ValueError(f"{field} must be finite numbers: {exc}; got {values!r:.200}") from None
+    if not math.isfinite(sum(arr)):  # fast path; locate the culprit only when needed
+        for i, x in enumerate(arr):
+            if not math.isfinite(x):
+                raise ValueError(f"{field}[{i}] must be a finite number, got {x!r}")
+    return arr
+
+
+def to_blob(arr: array) -> bytes:
+    if _SWAP:
+        arr = array(arr.typecode, arr)
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def empty_ids() -> array:
+    return array(_IDS)
+
+
+def ids_from_blob(blob: bytes) -> array:
+    return from_blob(_IDS, blob)
+
+
+def from_blob(typecode: str, blob: bytes) -> array:
+    arr = array(typecode)
+    arr.frombytes(blob)
+    if _SWAP:
+        arr.byteswap()
+    return arr
+
+
+# ---- rows ----------------------------------------------------------------
+
+
+class TurnRow(NamedTuple):
+    """A validated turn; ``prompt_ids`` is kept as an array so the writer can share its prefix."""
+
+    rollout_id: str
+    index: int
+    messages: str
+    tools: str
+    prompt_ids: array
+    completion_ids: bytes
+    logprobs: bytes
+    finish_reason: str
+    completion_text: str
+    tool_calls: str
+    policy_version: int
+    segment: int
+    break_reason: str | None
+    malformed_tool_call: int
+    started_at: float
+    latency_s: float
+
+
+def encode_task(task: Task) -> tuple:
+    if not isinstance(task, Task):
+        raise ValueError(f"task must be a Task, got {task!r:.200}")
+    check_str("task.id", task.id)
+    check_str("task.prompt", task.prompt, optional=True, empty=True)
+    messages = None if task.messages is None else dumps("task.messages", list(task.messages))
+    if task.prompt is None and task.messages is None:
+        raise ValueError(f"task {task.id!r}: give prompt or messages, got neither")
+    return (
+        task.id,
+        task.prompt,
+        messages,
+        dumps("task.ground_truth", task.ground_truth),
+        check_str("task.split", task.split),
+        dumps("task.data", dict(task.data)),
+    )
+
+
+def decode_task(row: tuple) -> Task:
+    id_, prompt, messages, ground_truth, split, data = row
+    msgs = loads(messages)
+    return Task(
+        id=id_,
+        prompt=prompt,
+        messages=None if msgs is None else tuple(msgs),
+        ground_truth=loads(ground_truth),
+        split=split,
+        data=loads(data),
+    )
+
+
+def encode_turn(turn: Turn) -> TurnRow:
+    if not isinstance(turn, Turn):
+        raise ValueError(f"turn must be a Turn, got {turn!r:.200}")
+    completion_ids = ids_array("turn.completion_ids", turn.completion_ids)
+    logprobs = floats_array("turn.logprobs", turn.logprobs)
+    if len(logprobs) != len(completion_ids):
+        raise ValueError(
+            f"turn.logprobs must have one value per completion id: "
+            f"{len(logprobs)} logprobs for {len(completion_ids)} ids"
+        )
+    if turn.break_reason is not None and not isinstance(turn.break_reason, BreakReason):
+        raise ValueError(f"turn.break_reason must be a BreakReason or None, got {turn.break_reason!r}")
+    return TurnRow(
+        rollout_id=check_str("turn.rollout_id", turn.rollout_id),
+        index=check_int("turn.index", turn.index),
+        messages=dumps("turn.messages", list(turn.messages)),
+        tools=dumps("turn.tools", list(turn.tools)),
+        prompt_ids=ids_array("turn.prompt_ids", turn.prompt_ids),
+        completion_ids=to_blob(completion_ids),
+        logprobs=to_blob(logprobs),
+        finish_reason=check_str("turn.finish_reason", turn.finish_reason),
+        completion_text=check_str("turn.completion_text", turn.completion_text, empty=True),
+        tool_calls=dumps("turn.tool_calls", list(turn.tool_calls)),
+        policy_version=check_int("turn.policy_version", turn.policy_version),
+        segment=check_int("turn.segment", turn.segment),
+        break_reason=None if turn.break_reason is None else turn.break_reason.value,
+        malformed_tool_call=int(bool(turn.malformed_tool_call)),
+        started_at=check_float("turn.started_at", turn.started_at),
+        latency_s=check_float("turn.latency_s", turn.latency_s, minimum=0.0),
+    )
+
+
+def decode_turn(row: tuple, prompt_ids: array) -> Turn:
+    """``row`` as ``reads.TURN_COLUMNS`` selects it; ``prompt_ids`` already rebuilt from its prefix."""
+    (rollout_id, index, messages, tools, _prefix, _suffix, completion_ids, logprobs, finish_reason,
+     completion_text, tool_calls, policy_version, segment, break_reason, malformed, started_at,
+     latency_s) = row
+    return Turn(
+        rollout_id=rollout_id,
+        index=index,
+        messages=tuple(json.loads(messages)),
+        prompt_ids=tuple(prompt_ids),
+        completion_ids=tuple(from_blob(_IDS, completion_ids)),
+        logprobs=tuple(from_blob("d", logprobs)),
+        finish_reason=finish_reason,
+        completion_text=completion_text,
+        tool_calls=tuple(json.loads(tool_calls)),
+        tools=tuple(json.loads(tools)),
+        policy_version=policy_version,
+        segment=segment,
+        break_reason=None if break_reason is None else BreakReason(break_reason),
+        malformed_tool_call=bool(malformed),
+        started_at=started_at,
+        latency_s=latency_s,
+    )
+
+
+def encode_tool_call(call: ToolCall) -> tuple:
+    """The row without its ``seq``, which the writer assigns (order of arrival per rollout)."""
+    if not isinstance(call, ToolCall):
+        raise ValueError(f"tool call must be a ToolCall, got {call!r:.200}")
+    if call.status not in ("success", "error"):
+        raise ValueError(f"tool_call.status must be 'success' or 'error', got {call.status!r}")
+    return (
+        check_str("tool_call.rollout_id", call.rollout_id),
+        check_str("tool_call.call_id", call.call_id, optional=True),
+        check_str("tool_call.name", call.name),
+        dumps("tool_call.arguments", call.arguments),
+        dumps("tool_call.result", call.result),
+        check_str("tool_call.error", call.error, optional=True, empty=True),
+        call.status,
+        check_float("tool_call.latency_s", call.latency_s, minimum=0.0),
+        check_int("tool_call.turn_index", call.turn_index, optional=True),
+        check_float("tool_call.started_at", call.started_at),
+    )
+
+
+def decode_tool_call(row: tuple) -> ToolCall:
+    rollout_id, _seq, call_id, name, arguments, result, error, status, latency_s, turn_index, started_at = row
+    return ToolCall(
+        rollout_id=rollout_id,
+        name=name,
+        arguments=loads(arguments),
+        call_id=call_id,
+        result=loads(result),
+        error=error,
+        status=status,
+        latency_s=latency_s,
+        turn_index=turn_index,
+        started_at=started_at,
+    )
+
+
+def encode_reward(reward: Any, turn_rewards: Any, metrics: Any) -> tuple[float | None, str | None, str]:
+    """Exactly one of ``reward`` and ``turn_rewards``; every number finite."""
+    if (reward is None) == (turn_rewards is None):
+        raise ValueError(
+            f"give exactly one of reward and turn_rewards, got reward={reward!r}, turn_rewards={turn_rewards!r:.200}"
+        )
+    turns_json = None
+    if turn_rewards is not None:
+        if isinstance(turn_rewards, (str, bytes)) or not isinstance(turn_rewards, Iterable):
+            raise ValueError(f"turn_rewards must be a sequence of numbers, got {turn_rewards!r:.200}")
+        values = [check_float(f"turn_rewards[{i}]", r) for i, r in enumerate(turn_rewards)]
+        turns_json = dumps("turn_rewards", values)
+    return (
+        check_float("reward", reward, optional=True),
+        turns_json,
+        dumps("metrics", check_metrics("metrics", metrics)),
+    )
+
+
+ROLLOUT_COLUMNS = (
+    "id, task_id, group_id, status, reward, turn_rewards, reward_defaulted, metrics, error, "
+    "policy_version, step, token_hash, created_at, finished_at"
+)
+
+
+def encode_rollout(rollout: Rollout, token_hash: str) -> tuple:
+    """The rollouts row (in ``ROLLOUT_COLUMNS`` order); turns and tool calls are encoded apart."""
+    if not isinstance(rollout, Rollout):
+        raise ValueError(f"rollout must be a Rollout, got {rollout!r:.200}")
+    if not isinstance(token_hash, str) or len(token_hash) != 64 or not _is_hex(token_hash):
+        raise ValueError(f"token_hash must be a sha256 hex digest (64 lowercase hex chars), got {token_hash!r:.80}")
+    has_reward = rollout.reward is not None or rollout.turn_rewards is not None
+    reward, turns_json, metrics = (
+        encode_reward(rollout.reward, rollout.turn_rewards, rollout.metrics)
+        if has_reward
+        else (None, None, dumps("metrics", check_metrics("rollout.metrics", rollout.metrics)))
+    )
+    return (
+        check_str("rollout.id", rollout.id),
+        check_str("rollout.task_id", rollout.task_id),
+        check_str("rollout.group_id", rollout.group_id),
+        status_of("rollout.status", rollout.status).value,
+        reward,
+        turns_json,
+        int(bool(rollout.reward_defaulted)),
+        metrics,
+        check_str("rollout.error", rollout.error, optional=True, empty=True),
+        check_int("rollout.policy_version", rollout.policy_version),
+        check_int("rollout.step", rollout.step, optional=True),
+        token_hash,
+        check_float("rollout.created_at", rollout.created_at),
+        check_float("rollout.finished_at", rollout.finished_at, optional=True),
+    )
+
+
+def decode_rollout(row: tuple, turns: tuple[Turn, ...] = (), tool_calls: tuple[ToolCall, ...] = ()) -> Rollout:
+    (id_, task_id, group_id, status, reward, turn_rewards, defaulted, metrics, error, policy_version,
+     step, _token_hash, created_at, finished_at) = row
+    rewards = loads(turn_rewards)
+    return Rollout(
+        id=id_,
+        task_id=task_id,
+        group_id=group_id,
+        status=RolloutStatus(status),
+        turns=turns,
+        tool_calls=tool_calls,
+        reward=reward,
+        turn_rewards=None if rewards is None else tuple(rewards),
+        reward_defaulted=bool(defaulted),
+        metrics=json.loads(metrics),
+        error=error,
+        policy_version=policy_version,
+        step=step,
+        created_at=created_at,
+        finished_at=finished_at,
+    )
+
+
+def _is_hex(text: str) -> bool:
+    return set(text) <= _HEX_DIGITS

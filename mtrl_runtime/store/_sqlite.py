@@ -1,0 +1,297 @@
+"""``TrajectoryStore``: everything a run records, in one SQLite (WAL) file in the run folder.
+
+Writes are validated in the caller, then queued to one writer thread that
+group-commits (``_writer``); a write method returns (or its ``a``-prefixed
+async twin resolves) only once the write is committed, so a turn stored
+before its response is sent survives the process being killed. Reads use
+one connection per thread and see every write that has returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sqlite3
+import threading
+import time
+import weakref
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..types import Rollout, RolloutStatus, Task, ToolCall, Turn
+from . import _ops, _reads
+from ._codec import (
+    check_int,
+    check_metrics,
+    check_str,
+    dumps,
+    encode_reward,
+    encode_rollout,
+    encode_task,
+    encode_tool_call,
+    encode_turn,
+    status_of,
+)
+from ._export import export_jsonl
+from ._schema import connect, connect_reader, prepare
+from ._writer import Writer
+
+_RESERVED_META = frozenset({"schema_version"})
+
+
+class TrajectoryStore:
+    """Tasks, rollouts, turns, tool calls, training metrics and checkpoint meta of one run.
+
+    Sync write methods block until committed; call the async ones
+    (``aadd_turn``...) from an event loop. Opening an existing file keeps its
+    data (resume). ``close()`` commits what is queued; the store is also a
+    context manager.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = connect(self.path)
+        try:
+            self.schema_version = prepare(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._writer = Writer(conn)
+        self._closed = False
+        self._local = threading.local()
+        self._readers: dict[int, tuple[weakref.ref, sqlite3.Connection]] = {}
+        self._readers_lock = threading.Lock()
+
+    # ---- writes: ``name`` waits, ``aname`` awaits, ``_name`` validates and queues ----
+
+    def put_task(self, task: Task) -> None:
+        self.put_tasks([task])
+
+    def put_tasks(self, tasks: Iterable[Task]) -> None:
+        """Record tasks; a task already recorded under the same id is replaced."""
+        rows = [encode_task(t) for t in tasks]
+        _wait(self._submit(_ops.upsert_tasks, rows))
+
+    def create_rollout(self, rollout: Rollout, token_hash: str) -> None:
+        """A new rollout of a recorded task, with any turns and tool calls it already holds.
+
+        ``token_hash`` is the sha256 hex digest of the rollout's bearer token
+        (``hash_token``); the token itself is never stored.
+        """
+        _wait(self._create_rollout(rollout, token_hash))
+
+    async def acreate_rollout(self, rollout: Rollout, token_hash: str) -> None:
+        await _settle(self._create_rollout(rollout, token_hash))
+
+    def _create_rollout(self, rollout: Rollout, token_hash: str) -> Future:
+        row = encode_rollout(rollout, token_hash)
+        turns = [encode_turn(t) for t in rollout.turns]
+        calls = [encode_tool_call(c) for c in rollout.tool_calls]
+        for field, owner in [("turns", t.rollout_id) for t in rollout.turns] + [
+            ("tool_calls", c.rollout_id) for c in rollout.tool_calls
+        ]:
+            if owner != rollout.id:
+                raise ValueError(f"rollout.{field}: holds an entry of rollout {owner!r}, not {rollout.id!r}")
+        return self._submit(_ops.insert_rollout, row, turns, calls)
+
+    def add_turn(self, turn: Turn) -> None:
+        """A turn of a running rollout; its index must be new to the rollout."""
+        _wait(self._add_turn(turn))
+
+    async def aadd_turn(self, turn: Turn) -> None:
+        await _settle(self._add_turn(turn))
+
+    def _add_turn(self, turn: Turn) -> Future:
+        return self._submit(_ops.insert_turn, encode_turn(turn))
+
+    def add_tool_call(self, call: ToolCall) -> int:
+        """A tool call of a rollout not yet trained; returns its sequence number in the rollout."""
+        return _wait(self._add_tool_call(call))
+
+    async def aadd_tool_call(self, call: ToolCall) -> int:
+        return await _settle(self._add_tool_call(call))
+
+    def _add_tool_call(self, call: ToolCall) -> Future:
+        return self._submit(_ops.insert_tool_call, encode_tool_call(call))
+
+    def set_reward(
+        self,
+        rollout_id: str,
+        reward: float | None = None,
+        turn_rewards: Sequence[float] | None = None,
+        metrics: Mapping[str, float] | None = None,
+        defaulted: bool = False,
+    ) -> bool:
+        """Exactly one of ``reward`` / ``turn_rewards``; the latest report replaces earlier ones.
+
+        A ``defaulted`` reward is stored only if none was reported; returns
+        whether it was stored. A trained rollout's reward is fixed.
+        """
+        return _wait(self._set_reward(rollout_id, reward, turn_rewards, metrics, defaulted))
+
+    async def aset_reward(
+        self,
+        rollout_id: str,
+        reward: float | None = None,
+        turn_rewards: Sequence[float] | None = None,
+        metrics: Mapping[str, float] | None = None,
+        defaulted: bool = False,
+    ) -> bool:
+        return await _settle(self._set_reward(rollout_id, reward, turn_rewards, metrics, defaulted))
+
+    def _set_reward(self, rollout_id: str, reward: Any, turn_rewards: Any, metrics: Any, defaulted: bool) -> Future:
+        check_str("rollout_id", rollout_id)
+        values = encode_reward(reward, turn_rewards, {} if metrics is None else metrics)
+        return self._submit(_ops.set_reward, rollout_id, *values, bool(defaulted))
+
+    def finish_rollout(self, rollout_id: str, status: RolloutStatus | str, error: str | None = None) -> bool:
+        """Give a running rollout its final status; returns False (nothing changed) if it had one."""
+        return _wait(self._finish_rollout(rollout_id, status, error))
+
+    async def afinish_rollout(self, rollout_id: str, status: RolloutStatus | str, error: str | None = None) -> bool:
+        return await _settle(self._finish_rollout(rollout_id, status, error))
+
+    def _finish_rollout(self, rollout_id: str, status: Any, error: str | None) -> Future:
+        check_str("rollout_id", rollout_id)
+        final = status_of("status", status)
+        if not final.is_final:
+            raise ValueError(f"status must be a final status (completed, failed, timed_out), got {status!r}")
+        check_str("error", error, optional=True, empty=True)
+        return self._submit(_ops.finish_rollout, rollout_id, final.value, error, time.time())
+
+    def mark_trained(self, rollout_ids: Sequence[str], step: int) -> None:
+        """Record that update ``step`` consumed these rollouts: all or nothing, and never twice."""
+        ids = list(rollout_ids)
+        if not ids:
+            raise ValueError("rollout_ids must name at least one rollout, got []")
+        for rid in ids:
+            check_str("rollout_ids[]", rid)
+        if len(set(ids)) != len(ids):
+            twice = sorted({r for r in ids if ids.count(r) > 1})
+            raise ValueError(f"rollout_ids: each id at most once, got duplicates {twice[:10]!r}")
+        _wait(self._submit(_ops.mark_trained, ids, check_int("step", step)))
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Append training metrics of ``step`` to the history."""
+        check_int("step", step)
+        now = time.time()
+        rows = [(step, name, value, now) for name, value in check_metrics("metrics", metrics).items()]
+        _wait(self._submit(_ops.log_metrics, rows))
+
+    def set_meta(self, key: str, value: Any) -> None:
+        """Store a JSON value under ``key`` (checkpoint data: step counter, data position...)."""
+        check_str("key", key)
+        if key in _RESERVED_META:
+            raise ValueError(f"key {key!r} is reserved by the store")
+        _wait(self._submit(_ops.set_meta, key, dumps(f"meta[{key!r}]", value)))
+
+    def flush(self) -> None:
+        """Block until every write queued so far is committed."""
+        _wait(self._submit(lambda conn: None))
+
+    # ---- reads ----------------------------------------------------------
+
+    def get_task(self, task_id: str) -> Task | None:
+        return _reads.task(self._reader(), task_id)
+
+    def get_rollout(self, rollout_id: str, with_turns: bool = True) -> Rollout | None:
+        """The rollout, with its turns and tool calls unless ``with_turns`` is False."""
+        with _reads.snapshot(self._reader()) as conn:
+            return _reads.rollout(conn, rollout_id, with_turns)
+
+    def rollouts(
+        self,
+        step: int | None = None,
+        status: RolloutStatus | str | None = None,
+        group_id: str | None = None,
+        untrained_only: bool = False,
+        with_turns: bool = True,
+    ) -> list[Rollout]:
+        """Rollouts matching every filter given, in creation order."""
+        status_value = None if status is None else status_of("status", status).value
+        with _reads.snapshot(self._reader()) as conn:
+            return _reads.rollouts(
+                conn, step=step, status=status_value, group_id=group_id,
+                untrained_only=untrained_only, with_turns=with_turns,
+            )
+
+    def count_turns(self, rollout_id: str) -> int:
+        return _reads.count_turns(self._reader(), rollout_id)
+
+    def token_hash(self, rollout_id: str) -> str | None:
+        """The sha256 of the rollout's bearer token, or None for an unknown rollout."""
+        return _reads.token_hash(self._reader(), rollout_id)
+
+    def trained_step(self, rollout_id: str) -> int | None:
+        """The update step that consumed the rollout, or None if not trained yet."""
+        return _reads.trained_step(self._reader(), rollout_id)
+
+    def metric_history(self, name: str | None = None) -> list[tuple[int, str, float]]:
+        """``(step, name, value)`` in step order, of one metric or of all."""
+        return _reads.metric_history(self._reader(), name)
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        return _reads.get_meta(self._reader(), key, default)
+
+    def export_jsonl(self, path: str | Path, step: int | None = None) -> int:
+        """One JSON line per rollout (format in ``mtrl_runtime.store._export``); returns the count."""
+        return export_jsonl(self._reader(), path, step)
+
+    # ---- lifecycle -------------------------------------------------------
+
+    def close(self) -> None:
+        """Commit every queued write, stop the writer and close every connection. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._writer.close()
+        with self._readers_lock:
+            for _, conn in self._readers.values():
+                conn.close()
+            self._readers.clear()
+
+    def __enter__(self) -> "TrajectoryStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _submit(self, op: Any, *args: Any) -> Future:
+        """Queue ``op(conn, *args)`` for the writer thread."""
+        return self._writer.submit(lambda conn: op(conn, *args))
+
+    def _reader(self) -> sqlite3.Connection:
+        """This thread's read connection, opened on first use."""
+        if self._closed:
+            raise RuntimeError("the trajectory store is closed")
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = connect_reader(self.path)
+            with self._readers_lock:
+                for ident in [i for i, (thread, _) in self._readers.items() if not _alive(thread)]:
+                    self._readers.pop(ident)[1].close()  # the thread is gone; so is its need
+                self._readers[threading.get_ident()] = (weakref.ref(threading.current_thread()), conn)
+            self._local.conn = conn
+        return conn
+
+
+def hash_token(token: str) -> str:
+    """The sha256 hex digest a rollout's bearer token is recorded (and checked) as."""
+    check_str("token", token)
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def _alive(thread_ref: weakref.ref) -> bool:
+    thread = thread_ref()
+    return thread is not None and thread.is_alive()
+
+
+def _wait(future: Future) -> Any:
+    return future.result()
+
+
+async def _settle(future: Future) -> Any:
+    """Await a commit without blocking the loop; cancelling the awaiter does not cancel the write."""
+    return await asyncio.shield(asyncio.wrap_future(future))
