@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Headers a model call may carry to attribute itself to a rollout.
 HEADER_ROLLOUT_ID = "x-mtrl-rollout-id"
@@ -84,9 +84,17 @@ class RewardReport(_Strict):
             _finite(f"metrics[{k!r}]", m)
         return v
 
-    def model_post_init(self, __context: Any) -> None:
+    @model_validator(mode="after")
+    def _one_of(self) -> "RewardReport":
         if (self.reward is None) == (self.turn_rewards is None):
             raise ValueError("give exactly one of reward (a float) or turn_rewards (a list of floats)")
+        return self
+
+
+class ToolCallBatch(_Strict):
+    """Several tool calls of one rollout in one request (adapters send their buffer at the end)."""
+
+    calls: list[ToolCallReport] = Field(max_length=10000)
 
 
 class CompletionReport(_Strict):
@@ -94,6 +102,26 @@ class CompletionReport(_Strict):
 
     status: Literal["completed", "failed", "timed_out"] = "completed"
     error: str | None = Field(default=None, max_length=65536)
+
+
+class CreateRolloutRequest(_Strict):
+    """``POST /v1/rollouts``: open a rollout for a task (remote orchestration, ``mtrl serve``)."""
+
+    task_id: str = Field(min_length=1, max_length=256)
+    prompt: str | None = Field(default=None, max_length=1_000_000)
+    ground_truth: Any = None
+    data: dict[str, Any] = Field(default_factory=dict)
+    group_id: str | None = Field(default=None, min_length=1, max_length=256)
+    max_turns: int | None = Field(default=None, ge=1, le=1000)
+
+
+class CreatedRollout(BaseModel):
+    """The new rollout's id, its secret token, and the OpenAI base URL that attributes calls to it."""
+
+    rollout_id: str
+    token: str
+    group_id: str
+    base_url: str
 
 
 class RolloutState(BaseModel):
@@ -155,11 +183,14 @@ __all__ = [
     "HEADER_TURN_HINT",
     "ROLLOUT_PREFIX",
     "CompletionReport",
+    "CreateRolloutRequest",
+    "CreatedRollout",
     "RewardReport",
     "RolloutServerRequest",
     "RolloutState",
     "SageMakerCompleteRollout",
     "SageMakerUpdateReward",
+    "ToolCallBatch",
     "ToolCallReport",
     "rollout_base_url",
 ]

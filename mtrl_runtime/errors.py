@@ -1,0 +1,66 @@
+"""Errors the coordinator raises; each carries the HTTP status the server answers with.
+
+Messages name the field and the value at fault, so a caller can fix the
+request without reading the server's code.
+"""
+
+from __future__ import annotations
+
+
+class MtrlError(Exception):
+    """Base error: ``status`` is the HTTP status, ``param`` the request field at fault."""
+
+    status = 400
+    code = "invalid_request"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class BadRequest(MtrlError):
+    status = 400
+    code = "invalid_request"
+
+
+class Unauthorized(MtrlError):
+    status = 401
+    code = "unauthorized"
+
+
+class Forbidden(MtrlError):
+    status = 403
+    code = "forbidden"
+
+
+class RolloutNotFound(MtrlError):
+    status = 404
+    code = "rollout_not_found"
+
+
+class Conflict(MtrlError):
+    status = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(MtrlError):
+    status = 413
+    code = "payload_too_large"
+
+
+class EngineFailure(MtrlError):
+    status = 502
+    code = "engine_failure"
+
+
+__all__ = [
+    "BadRequest",
+    "Conflict",
+    "EngineFailure",
+    "Forbidden",
+    "MtrlError",
+    "PayloadTooLarge",
+    "RolloutNotFound",
+    "Unauthorized",
+]

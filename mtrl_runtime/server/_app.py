@@ -1,0 +1,127 @@
+"""The coordinator's FastAPI application and a runner that serves it on a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import threading
+import time
+from dataclasses import dataclass
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+
+from ..coordinator import Coordinator
+from ..errors import BadRequest, MtrlError
+from ._http import error_response
+from ._openai_routes import build_openai_router
+from ._rollout_routes import build_rollout_router
+
+
+def create_app(coordinator: Coordinator) -> FastAPI:
+    """The coordinator's HTTP face: OpenAI routes and rollout report routes."""
+    app = FastAPI(
+        title="mtrl coordinator",
+        version="0.1.0",
+        description="OpenAI-compatible policy endpoint that records every call of every rollout.",
+    )
+    app.state.coordinator = coordinator
+    app.include_router(build_openai_router(coordinator))
+    app.include_router(build_rollout_router(coordinator))
+
+    @app.exception_handler(MtrlError)
+    async def _mtrl_error(_: Request, exc: MtrlError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
+        parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})" for e in exc.errors()]
+        return error_response(BadRequest("; ".join(parts)))
+
+    return app
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, api_key: str | None) -> None:
+    """Binding beyond loopback exposes the policy: it needs an API key."""
+    if not is_loopback(host) and not api_key:
+        raise ValueError(
+            f"advanced.server.host={host!r} is not a loopback address; set advanced.server.api_key to bind there"
+        )
+
+
+@dataclass
+class ServerHandle:
+    """A coordinator served by uvicorn on a background thread (for tests, the trainer and benchmarks)."""
+
+    server: uvicorn.Server
+    thread: threading.Thread
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self.server.loop  # type: ignore[attr-defined]
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+    def __enter__(self) -> "ServerHandle":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class _Server(uvicorn.Server):
+    """Remembers its event loop so other threads can schedule work on it."""
+
+    async def serve(self, sockets=None) -> None:  # type: ignore[override]
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+
+def start_server(app: FastAPI, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None) -> ServerHandle:
+    """Serve ``app`` on a background thread and return once it accepts connections."""
+    check_bind(host, api_key)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        loop="asyncio",
+        http="httptools",
+        timeout_graceful_shutdown=2,
+    )
+    server = _Server(config)
+    thread = threading.Thread(target=server.run, name="mtrl-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError(f"the coordinator server failed to start on {host}:{port}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the coordinator server did not start on {host}:{port} within 30 s")
+        time.sleep(0.01)
+    bound_port = server.servers[0].sockets[0].getsockname()[1]
+    return ServerHandle(server=server, thread=thread, host=host, port=bound_port)
+
+
+__all__ = ["ServerHandle", "check_bind", "create_app", "is_loopback", "start_server"]

@@ -1,0 +1,97 @@
+"""Routes through which an agent reports its tool calls, reward and end.
+
+Each is authenticated by the rollout's own token (``Authorization: Bearer``),
+so one rollout can never write another's record.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from mtrl_adapters.wire import (
+    CompletionReport,
+    CreatedRollout,
+    CreateRolloutRequest,
+    RewardReport,
+    ToolCallBatch,
+    ToolCallReport,
+    rollout_base_url,
+)
+
+from ..coordinator import Coordinator
+from ..errors import Unauthorized
+from ..types import Task
+from ._http import bearer_token, json_response, openapi_body, parse_body
+
+
+def build_rollout_router(coordinator: Coordinator) -> APIRouter:
+    router = APIRouter()
+    server_cfg = coordinator.config.advanced.server
+    max_bytes = server_cfg.max_body_bytes
+
+    @router.post(
+        "/v1/rollouts",
+        openapi_extra=openapi_body(CreateRolloutRequest),
+        summary="Open a rollout; returns its id, token and base URL",
+    )
+    async def create(request: Request) -> Response:
+        if server_cfg.api_key and bearer_token(request) != server_cfg.api_key:
+            raise Unauthorized("creating rollouts needs 'Authorization: Bearer <api key>'", param="authorization")
+        body = await parse_body(request, CreateRolloutRequest, max_bytes)
+        task = Task(id=body.task_id, prompt=body.prompt, ground_truth=body.ground_truth, data=body.data)
+        handle = coordinator.create_rollout(task, body.group_id, max_turns=body.max_turns)
+        base = str(request.base_url).rstrip("/")
+        created = CreatedRollout(
+            rollout_id=handle.id, token=handle.token, group_id=handle.group_id, base_url=rollout_base_url(base, handle.id)
+        )
+        return json_response(created.model_dump())
+
+    @router.post(
+        "/rollouts/{rollout_id}/tool_calls",
+        openapi_extra=openapi_body(ToolCallReport),
+        summary="Record one tool call of a rollout",
+    )
+    async def tool_call(rollout_id: str, request: Request) -> Response:
+        report = await parse_body(request, ToolCallReport, max_bytes)
+        await coordinator.record_tool_call(rollout_id, bearer_token(request), report)
+        return json_response({"ok": True})
+
+    @router.post(
+        "/rollouts/{rollout_id}/tool_calls/batch",
+        openapi_extra=openapi_body(ToolCallBatch),
+        summary="Record several tool calls of a rollout (an adapter's buffer)",
+    )
+    async def tool_call_batch(rollout_id: str, request: Request) -> Response:
+        batch = await parse_body(request, ToolCallBatch, max_bytes)
+        await coordinator.record_tool_calls(rollout_id, bearer_token(request), batch.calls)
+        return json_response({"ok": True, "recorded": len(batch.calls)})
+
+    @router.post(
+        "/rollouts/{rollout_id}/reward",
+        openapi_extra=openapi_body(RewardReport),
+        summary="update_reward: a scalar or per-turn rewards, and metrics",
+    )
+    async def reward(rollout_id: str, request: Request) -> Response:
+        report = await parse_body(request, RewardReport, max_bytes)
+        await coordinator.report_reward(rollout_id, bearer_token(request), report)
+        return json_response({"ok": True})
+
+    @router.post(
+        "/rollouts/{rollout_id}/complete",
+        openapi_extra=openapi_body(CompletionReport),
+        summary="End a rollout: completed, failed or timed out",
+    )
+    async def complete(rollout_id: str, request: Request) -> Response:
+        report = await parse_body(request, CompletionReport, max_bytes)
+        state = await coordinator.complete(rollout_id, bearer_token(request), report)
+        return json_response(state.model_dump())
+
+    @router.get("/rollouts/{rollout_id}", summary="A rollout's status, reward and counts")
+    def state(rollout_id: str, request: Request) -> Response:
+        return json_response(coordinator.authorized_state(rollout_id, bearer_token(request)).model_dump())
+
+    return router
+
+
+__all__ = ["build_rollout_router"]

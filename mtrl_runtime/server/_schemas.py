@@ -1,0 +1,117 @@
+"""Request bodies of the OpenAI-compatible routes.
+
+Known fields are validated (a bad value is a 400 naming the field and the
+value); fields that OpenAI clients send and mtrl does not use are accepted
+and ignored, since clients add them over time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..types import SamplingParams
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Role
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolSpec(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ToolSpec] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=5.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int | None = Field(default=None, ge=1, le=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    return_token_ids: bool | None = None  # mtrl / vLLM extension: token ids in the response
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, v: str | list[str] | None) -> list[str] | None:
+        if v is None:
+            return None
+        stops = [v] if isinstance(v, str) else v
+        if len(stops) > 16:
+            raise ValueError(f"at most 16 stop strings, got {len(stops)}")
+        if any(not s for s in stops):
+            raise ValueError("stop strings must not be empty")
+        return stops
+
+    @model_validator(mode="after")
+    def _tool_choice_known(self) -> "ChatCompletionRequest":
+        choice = self.tool_choice
+        if isinstance(choice, str) and choice not in ("auto", "none", "required"):
+            raise ValueError(f"tool_choice must be 'auto', 'none', 'required' or an object, got {choice!r}")
+        return self
+
+    def sampling(self, default: SamplingParams, max_tokens_cap: int) -> SamplingParams:
+        """The request's sampling settings over the run's defaults; max_tokens is capped."""
+        max_tokens = self.max_completion_tokens or self.max_tokens or default.max_tokens
+        if max_tokens > max_tokens_cap:
+            from ..errors import BadRequest
+
+            raise BadRequest(
+                f"max_tokens: {max_tokens} is above this server's limit of {max_tokens_cap}",
+                param="max_tokens",
+            )
+        return SamplingParams(
+            temperature=default.temperature if self.temperature is None else self.temperature,
+            top_p=default.top_p if self.top_p is None else self.top_p,
+            max_tokens=max_tokens,
+            stop=tuple(self.stop or default.stop),
+            seed=default.seed if self.seed is None else self.seed,
+            top_logprobs=self.top_logprobs or 0,
+        )
+
+    @property
+    def wants_token_ids(self) -> bool:
+        return bool(self.return_token_ids)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return bool(self.logprobs)
+
+
+__all__ = ["ChatCompletionRequest", "ChatMessage", "ToolSpec"]

