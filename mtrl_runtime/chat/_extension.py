@@ -1,0 +1,150 @@
+"""Token-in-token-out prompts with sequence extension.
+
+A rollout's new request usually repeats the previous request, adds the reply
+the endpoint sent, and appends new messages (tool results, a user turn). Then
+the new prompt ids are the previous prompt ids + the previous completion ids
+(exactly what the engine saw and sampled) + the ids of the text that closes
+the reply and renders the new messages. The text is found by rendering the
+conversation twice, with and without the new messages, and taking the
+difference; only that difference is tokenized. Anything else starts a new
+segment with a full render and a ``BreakReason`` saying why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..types import BreakReason
+from ._messages import message_key, normalize_messages, normalize_tools
+from ._template import ChatRenderer
+
+
+@dataclass(frozen=True)
+class ConversationState:
+    """What one rollout's last turn leaves for the next: its request, its reply, and the ids the engine saw.
+
+    ``context_ids`` is the last turn's prompt ids + completion ids; ``glue``
+    is the text that still closes the reply's assistant turn (see
+    ``ChatRenderer.close_glue``).
+    """
+
+    messages: tuple[dict[str, Any], ...]  # canonical request messages of the last turn
+    reply: dict[str, Any]  # canonical assistant message the endpoint sent back
+    tools: tuple[dict[str, Any], ...]
+    context_ids: tuple[int, ...]
+    finish_reason: str
+    segment: int
+    turn_index: int
+    glue: str
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    """The prompt of one turn; ``break_reason`` is set when it did not extend the previous turn."""
+
+    prompt_ids: tuple[int, ...]
+    segment: int
+    break_reason: BreakReason | None
+    new_token_count: int  # ids tokenized for this turn (all of them after a break)
+
+
+class PromptBuilder:
+    """Builds each turn's prompt ids from the rollout's ``ConversationState`` and the new request."""
+
+    def __init__(self, renderer: ChatRenderer) -> None:
+        self.renderer = renderer
+
+    def build(
+        self,
+        state: ConversationState | None,
+        messages: Iterable[Mapping[str, Any]],
+        tools: Iterable[Mapping[str, Any]] | None = None,
+    ) -> PromptPlan:
+        """The prompt for ``messages``: an extension of ``state`` when possible, else a full render."""
+        msgs = normalize_messages(messages)
+        tool_list = normalize_tools(tools)
+        if state is None:
+            return self._full_render(msgs, tool_list, segment=0, reason=None)
+        reason, suffix = self._extension_suffix(state, msgs, tool_list)
+        if reason is not None:
+            return self._full_render(msgs, tool_list, segment=state.segment + 1, reason=reason)
+        new_ids = self.renderer.encode(state.glue + suffix)
+        return PromptPlan(
+            prompt_ids=state.context_ids + tuple(new_ids),
+            segment=state.segment,
+            break_reason=None,
+            new_token_count=len(new_ids),
+        )
+
+    def advance(
+        self,
+        state: ConversationState | None,
+        plan: PromptPlan,
+        messages: Iterable[Mapping[str, Any]],
+        tools: Iterable[Mapping[str, Any]] | None,
+        completion_ids: Sequence[int],
+        finish_reason: str,
+        reply_message: Mapping[str, Any],
+    ) -> ConversationState:
+        """The state after a turn whose prompt was ``plan`` and whose reply was ``reply_message``."""
+        (reply,) = normalize_messages([reply_message])
+        if reply["role"] != "assistant":
+            raise ValueError(f"reply_message.role must be 'assistant', got {reply['role']!r}")
+        return ConversationState(
+            messages=tuple(normalize_messages(messages)),
+            reply=reply,
+            tools=tuple(normalize_tools(tools)),
+            context_ids=plan.prompt_ids + tuple(completion_ids),
+            finish_reason=finish_reason,
+            segment=plan.segment,
+            turn_index=0 if state is None else state.turn_index + 1,
+            glue=self.renderer.close_glue(completion_ids),
+        )
+
+    def _full_render(
+        self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]], segment: int, reason: BreakReason | None
+    ) -> PromptPlan:
+        ids = tuple(self.renderer.encode(self.renderer.render(msgs, tools, add_generation_prompt=True)))
+        return PromptPlan(prompt_ids=ids, segment=segment, break_reason=reason, new_token_count=len(ids))
+
+    def _extension_suffix(
+        self, state: ConversationState, msgs: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> tuple[BreakReason | None, str]:
+        """(None, text after the previous reply) when ``msgs`` extends ``state``, else (the reason, "")."""
+        reason, msgs = _align(state, msgs, tools)
+        if reason is not None:
+            return reason, ""
+        n = len(state.messages) + 1  # previous request + its reply
+        prefix = self.renderer.render(msgs[:n], tools, add_generation_prompt=False)
+        full = self.renderer.render(msgs, tools, add_generation_prompt=True)
+        if not full.startswith(prefix) or not prefix.endswith(self.renderer.assistant_close):
+            return BreakReason.TEMPLATE_NOT_PREFIX, ""
+        return None, full[len(prefix) :]
+
+
+def _align(
+    state: ConversationState, msgs: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> tuple[BreakReason | None, list[dict[str, Any]]]:
+    """Why ``msgs`` and ``tools`` do not extend the previous request + reply (None when they do).
+
+    Checked in order: the earlier messages, the reply, the tools. Also
+    returns ``msgs`` with the previous reply at its place: an empty reply
+    (no text, no tool calls) that the client left out is put back, because
+    Strands drops empty assistant messages from what it sends.
+    """
+    n = len(state.messages)
+    if len(msgs) < n or any(message_key(a) != message_key(b) for a, b in zip(msgs, state.messages)):
+        return BreakReason.HISTORY_REWRITTEN, msgs
+    if len(msgs) > n and msgs[n]["role"] != "assistant" and message_key(state.reply) == ("assistant", "", ()):
+        msgs = [*msgs[:n], state.reply, *msgs[n:]]
+    if len(msgs) == n or msgs[n]["role"] != "assistant":
+        return BreakReason.REPLY_MISSING, msgs
+    if message_key(msgs[n]) != message_key(state.reply):
+        return BreakReason.REPLY_EDITED, msgs
+    if tuple(tools) != state.tools:  # dict equality: key order does not matter
+        return BreakReason.TOOLS_CHANGED, msgs
+    return None, msgs
+
+
+__all__ = ["ConversationState", "PromptBuilder", "PromptPlan"]
