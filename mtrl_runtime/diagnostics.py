@@ -1,0 +1,341 @@
+"""Training diagnostics: rules that read a run's metric history and name the first fix.
+
+``diagnose(history, knobs)`` runs every rule in ``RULES`` over a list of
+per-step metric dicts (the names DESIGN.md gives: ``rollout/reward/mean``,
+``val/reward/mean``, ``analysis/zero_adv_groups``, ... plus
+``rollout/truncated_frac``, ``rollout/failed_frac`` and
+``val/reward/base_success``) and the run's configuration knobs
+(``knobs_from_config``). A rule is a small function returning a ``Diagnosis``
+or None; adding one is a function and a ``@RULES.register`` line.
+
+Rewards are assumed to lie in ``[0, reward_max]`` (knob ``reward_max``,
+default 1.0), as mtrl's success threshold does.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from .registry import Registry
+
+# -- thresholds (each with the reason for its value) -------------------------------------------
+
+WINDOW = 5  # steps averaged before comparing: one step's batch mean is noisy at small batch sizes
+MIN_FLAT_STEPS = 5  # a reward pinned for 5 steps from the start is not bad luck
+FLAT_TOL = 0.01  # a spread under 1 success in 100 rollouts: the reward is not moving at all
+ZERO_ADV_MAX = 0.5  # over half the groups score alike: over half the batch gives no gradient
+TRAIN_RISE_MIN = 0.1  # training reward must have risen this much for "rising" to mean anything
+VAL_SHARE_MIN = 0.25  # validation keeping under a quarter of training's gain is not generalizing
+COLLAPSE_PEAK_MIN = 0.1  # the run must have reached this reward for a "collapse" to be one
+COLLAPSE_RATIO = 0.1  # falling to a tenth of the peak is "about 0" for rewards in [0, 1]
+STALL_WINDOW = 10  # steps without a new best before a plateau counts as a stall
+STALL_MIN_GAIN = 0.02  # a smaller improvement of the best windowed reward is noise
+SATURATION = 0.95  # a reward above 95% of reward_max is done, not stalled
+TRUNCATED_MAX = 0.05  # more than 5% of responses at the token cap: truncation shapes the reward
+FAILED_MAX = 0.01  # more than 1% permanent failures is a bug, not flakiness
+
+REWARD = "rollout/reward/mean"
+VAL_REWARD = "val/reward/mean"
+ZERO_ADV = "analysis/zero_adv_groups"
+TRUNCATED = "rollout/truncated_frac"
+FAILED = "rollout/failed_frac"
+BASE_SUCCESS = "val/reward/base_success"
+
+
+class Severity(str, enum.Enum):
+    ERROR = "error"  # the run cannot learn, or learns the wrong thing, until this is fixed
+    WARNING = "warning"  # the run learns less than it could
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """One finding: which rule, how bad, what was seen, and the first thing to change."""
+
+    rule: str
+    severity: Severity
+    message: str
+    first_fix: str
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return f"[{self.severity.value}] {self.rule}: {self.message}\n    first fix: {self.first_fix}"
+
+
+class History:
+    """A metric history: per-step dicts, read as (step, value) series with missing values skipped."""
+
+    def __init__(self, steps: Sequence[Mapping[str, Any]]) -> None:
+        for i, entry in enumerate(steps):
+            if not isinstance(entry, Mapping):
+                raise TypeError(f"history[{i}] must be a dict of metrics, got {type(entry).__name__}")
+        self._steps = list(steps)
+
+    def series(self, name: str) -> list[tuple[int, float]]:
+        out = []
+        for i, entry in enumerate(self._steps):
+            value = entry.get(name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"history[{i}][{name!r}] must be a number, got {value!r}")
+            if math.isfinite(value):
+                out.append((int(entry.get("step", i)), float(value)))
+        return out
+
+    def values(self, name: str) -> list[float]:
+        return [v for _, v in self.series(name)]
+
+
+Rule = Callable[[History, Mapping[str, Any]], "Diagnosis | None"]
+RULES: Registry[Rule] = Registry("diagnostic rule")
+
+
+def diagnose(
+    history: Sequence[Mapping[str, Any]],
+    knobs: Mapping[str, Any] | None = None,
+    *,
+    rules: Sequence[str] | None = None,
+) -> list[Diagnosis]:
+    """Every finding of the named rules (all by default), errors first."""
+    h = History(history)
+    knobs = knobs or {}
+    found = [d for name in (rules or RULES.names()) if (d := RULES.get(name)(h, knobs)) is not None]
+    return sorted(found, key=lambda d: (d.severity is not Severity.ERROR, d.rule))
+
+
+def knobs_from_config(config: Any) -> dict[str, Any]:
+    """The configuration values the rules read, from an ``MtrlConfig``."""
+    core, adv = config.core, config.advanced
+    return {
+        "group_size": core.group_size,
+        "train_batch_size": core.train_batch_size,
+        "learning_rate": core.learning_rate,
+        "loss_fn": core.loss_fn,
+        "lora_rank": core.lora_rank,
+        "lora_alpha": core.lora_alpha,
+        "full_finetune": adv.full_finetune,
+        "sampling_max_tokens": core.sampling_params.max_tokens,
+        "max_turns": core.max_turns,
+        "max_steps_off_policy": adv.async_config.max_steps_off_policy if adv.async_config.enabled else 0,
+        "reward_max": core.success_threshold if core.success_threshold > 0 else 1.0,
+    }
+
+
+# -- rules ---------------------------------------------------------------------------------------
+
+
+@RULES.register("reward_flat_from_start")
+def reward_flat_from_start(h: History, knobs: Mapping[str, Any]) -> Diagnosis | None:
+    rewards = h.values(REWARD)
+    if len(rewards) < MIN_FLAT_STEPS or max(rewards) - min(rewards) > FLAT_TOL:
+        return None
+    return Diagnosis(
+        "reward_flat_from_start", Severity.ERROR,
+        f"{REWARD} has stayed at {rewards[0]:.3f} for all {len(rewards)} steps since step 0",
+        "check the agent's output format against the reward parser: run one rollout, print the final "
+        "answer and what the reward function extracts from it",
+        {"steps": len(rewards), "value": rewards[0], "spread": max(rewards) - min(rewards)},
+    )
+
+
+@RULES.register("zero_advantage_groups")
+def zero_advantage_groups(h: History, knobs: Mapping[str, Any]) -> Diagnosis | None:
+    fractions = h.values(ZERO_ADV)[-WINDOW:]
+    if len(fractions) < min(WINDOW, 3) or _mean(fractions) <= ZERO_ADV_MAX:
+        return None
+    g, b = knobs.get("group_size"), knobs.get("train_batch_size")
+    shape = f" (now group_size={g}, train_batch_size={b}: try {max(2, g // 2)} and {b * 2})" if g and b else ""
+    rewards = h.values(REWARD)[-WINDOW:]
+    level = f"; mean reward {_mean(rewards):.2f}" if rewards else ""
+    return Diagnosis(
+        "zero_advantage_groups", Severity.WARNING,
+        f"{_mean(fractions):.0%} of groups score all alike over the last {len(fractions)} steps{level}: "
+        "those groups contribute no gradient",
+        "lower group_size and raise train_batch_size (more distinct tasks per step at the same cost)"
+        f"{shape}; or make the reward denser (partial credit) so rollouts of one task differ",
+        {"zero_adv_groups": _mean(fractions), "group_size": g, "train_batch_size": b},
+    )
+
+
+@RULES.register("reward_hacking")
+def reward_hacking(h: History, knobs: Mapping[str, Any]) -> Diagnosis | None:
+    train, val = h.series(REWARD), h.values(VAL_REWARD)
+    if len(train) < 2 * WINDOW or len(val) < 3:
+        return None
+    train_rise = _mean(v for _, v in train[-WINDOW:]) - _mean(v for _, v in train[:WINDOW])
+    val_rise = _mean(val[-2:]) - val[0]
+    if train_rise < TRAIN_RISE_MIN or val_rise >= VAL_SHARE_MIN * train_rise:
+        return None
+    best_steps = [s for s, _ in sorted(train, key=lambda sv: -sv[1])[:3]]
+    named = knobs.get("top_rollout_ids") or []
+    where = f"rollouts {', '.join(named)}" if named else f"the highest-reward rollouts of steps {best_steps}"
+    return Diagnosis(
+        "reward_hacking", Severity.ERROR,
+        f"training reward rose by {train_rise:+.2f} while validation moved {val_rise:+.2f}: "
+        "the policy may be exploiting the reward instead of solving the task",
+        f"read {where} (MLflow traces): check each really solves its task, then tighten the reward "
+        "or the environment where it does not",
+        {"train_rise": train_rise, "val_rise": val_rise, "best_steps": best_steps, "rollouts": list(named)},
+    )
+
+
+@RULES.register("reward_collapse")
+def reward_collapse(h: History, knobs: Mapping[str, Any]) -> Diagnosis | None:
+    found = _collapse(h.series(REWARD))
+    if found is None:
+        return None
+    peak, peak_step, recent = found
+    off_policy, loss = knobs.get("max_steps_off_policy") or 0, knobs.get("loss_fn")
+    if off_policy > 0:
+        fix = f"set advanced.async_config.max_steps_off_policy to 0 (now {off_policy}): train on-policy"
+        if loss == "cispo":
+            fix += "; if it still collapses, switch loss_fn from cispo to ppo"
+    elif loss == "cispo":
+        fix = "switch loss_fn from cispo to ppo: its tight clipping bounds each update"
+    else:
+        lr = knobs.get("learning_rate")
+        fix = f"lower learning_rate (now {lr}) by 4x" if lr else "lower learning_rate by 4x"
+        fix += f" and resume from the checkpoint nearest step {peak_step}"
+    return Diagnosis(
+        "reward_collapse", Severity.ERROR,
+        f"{REWARD} reached {peak:.2f} (around step {peak_step}) and has collapsed to {recent:.2f}",
+        fix,
+        {"peak": peak, "peak_step": peak_step, "recent": recent, "max_steps_off_policy": off_policy, "loss_fn": loss},
+    )
+
+
+@RULES.register("stall_with_healthy_knobs")
+def stall_with_healthy_knobs(h: History, knobs: Mapping[str, Any]) -> Diagnosis | None:
+    series = h.series(REWARD)
+    if len(series) < STALL_WINDOW + WINDOW or knobs.get("full_finetune"):
+        return None
+    means = _window_means([v for _, v in series])  # means[i]: mean of steps i .. i+WINDOW-1
+    split = len(series) - STALL_WINDOW - WINDOW + 1  # windows ending before the stall window starts
+    best_before, best_recent = max(means[:split]), max(means[split:])
+    recent = means[-1]
+    reward_max = float(knobs.get("reward_max", 1.0))
+    values = [v for _, v in series]
+    if (best_recent - best_before >= STALL_MIN_GAIN
+            or max(values) - min(values) <= FLAT_TOL  # never moved: reward_flat_from_start's case
+            or recent >= SATURATION * reward_max
+            or _collapse(series) is not None
+            or not _healthy(h)):
+        return None
+    rank, alpha = knobs.get("lora_rank"), knobs.get("lora_alpha")
+    doubled = f": lora_rank {rank} -> {2 * rank}, lora_alpha {alpha} -> {2 * alpha}" if rank and alpha else ""
+    return Diagnosis(
+        "stall_with_healthy_knobs", Severity.WARNING,
+        f"{REWARD} has not improved for {STALL_WINDOW} steps (best {best_before:.2f} before, {best_recent:.2f} since) "
+        "while groups, truncation and failures look healthy",
+        f"double the LoRA capacity{doubled} (alpha/rank unchanged)",
+        {"best_before": best_before, "best_recent": best_recent, "lora_rank": rank},
+    )
+
+
+@RULES.register("token_cap")
+def token_cap(h: History, knobs: Mapping[str, Any]) -> Diagnosis | None:
+    fractions = h.values(TRUNCATED)[-WINDOW:]
+    if not fractions or _mean(fractions) <= TRUNCATED_MAX:
+        return None
+    cap = knobs.get("sampling_max_tokens")
+    now = f" (now {cap}; try {2 * cap})" if cap else ""
+    return Diagnosis(
+        "token_cap", Severity.WARNING,
+        f"{_mean(fractions):.1%} of responses stop at the per-turn token cap (over {TRUNCATED_MAX:.0%}): "
+        "cut-off answers and tool calls score as failures",
+        f"raise sampling_params.max_tokens{now}",
+        {"truncated_frac": _mean(fractions), "sampling_max_tokens": cap},
+    )
+
+
+@RULES.register("rollout_failures")
+def rollout_failures(h: History, knobs: Mapping[str, Any]) -> Diagnosis | None:
+    fractions = h.values(FAILED)[-WINDOW:]
+    if not fractions or _mean(fractions) <= FAILED_MAX:
+        return None
+    return Diagnosis(
+        "rollout_failures", Severity.ERROR,
+        f"{_mean(fractions):.1%} of rollouts fail permanently (over {FAILED_MAX:.0%})",
+        "treat it as an environment bug, not a retry problem: read the error of the failed rollouts in the "
+        "trajectory store and fix the tool or environment that raises (more retries only hide it)",
+        {"failed_frac": _mean(fractions)},
+    )
+
+
+@RULES.register("base_zero_success")
+def base_zero_success(h: History, knobs: Mapping[str, Any]) -> Diagnosis | None:
+    base = h.values(BASE_SUCCESS)
+    if not base or base[0] > 0:
+        return None
+    return Diagnosis(
+        "base_zero_success", Severity.ERROR,
+        "the base model solved no validation task before training: every group scores alike, so there is "
+        "nothing to reinforce",
+        "simplify the task or give examples (a worked example in the system prompt, easier tasks first) "
+        "until the base model succeeds sometimes",
+        {"base_success": base[0]},
+    )
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def _collapse(series: list[tuple[int, float]]) -> tuple[float, int, float] | None:
+    """(peak window mean, its first step, recent window mean) when the reward fell to about 0."""
+    if len(series) < 2 * WINDOW:
+        return None
+    values = [v for _, v in series]
+    means = _window_means(values[:-WINDOW])
+    peak_i = max(range(len(means)), key=means.__getitem__)
+    peak, recent = means[peak_i], _mean(values[-WINDOW:])
+    if peak < COLLAPSE_PEAK_MIN or recent > COLLAPSE_RATIO * peak:
+        return None
+    return peak, series[peak_i][0], recent
+
+
+def _healthy(h: History) -> bool:
+    """No other rule's signal in the recent window: groups vary, little truncation, no failures."""
+    checks = ((ZERO_ADV, ZERO_ADV_MAX), (TRUNCATED, TRUNCATED_MAX), (FAILED, FAILED_MAX))
+    return all(_mean(v) <= limit for name, limit in checks if (v := h.values(name)[-WINDOW:]))
+
+
+def _window_means(values: Sequence[float]) -> list[float]:
+    return [_mean(values[i: i + WINDOW]) for i in range(len(values) - WINDOW + 1)]
+
+
+def _mean(values: Any) -> float:
+    values = list(values)
+    return math.fsum(values) / len(values)
+
+
+__all__ = [
+    "BASE_SUCCESS",
+    "COLLAPSE_PEAK_MIN",
+    "COLLAPSE_RATIO",
+    "FAILED",
+    "FAILED_MAX",
+    "FLAT_TOL",
+    "MIN_FLAT_STEPS",
+    "REWARD",
+    "RULES",
+    "SATURATION",
+    "STALL_MIN_GAIN",
+    "STALL_WINDOW",
+    "TRAIN_RISE_MIN",
+    "TRUNCATED",
+    "TRUNCATED_MAX",
+    "VAL_REWARD",
+    "VAL_SHARE_MIN",
+    "WINDOW",
+    "ZERO_ADV",
+    "ZERO_ADV_MAX",
+    "Diagnosis",
+    "History",
+    "Rule",
+    "Severity",
+    "diagnose",
+    "knobs_from_config",
+]
