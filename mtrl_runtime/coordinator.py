@@ -281,7 +281,7 @@ class Coordinator:
         eos = self.renderer.eos_token_ids
         while ids and ids[-1] in eos:
             ids.pop()
-        text = self.engine.tokenizer.decode(ids, skip_special_tokens=False)
+        text = self.renderer.decode(ids)
         for stop in sampling.stop:
             cut = text.find(stop)
             if cut >= 0:

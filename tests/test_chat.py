@@ -611,3 +611,20 @@ def test_advance_rejects_a_non_assistant_reply(first_turn):
     plan = builder.build(state, [*request, echo, result], TOOLS)
     with pytest.raises(ValueError, match=r"reply_message\.role must be 'assistant', got 'user'"):
         builder.advance(state, plan, request, TOOLS, [1], "stop", {"role": "user", "content": "x"})
+
+
+def test_segmented_encoding_equals_the_tokenizers_own(tokenizer):
+    renderer = ChatRenderer(tokenizer)
+    assert renderer._segments is not None, "special tokens should allow piecewise encoding"
+    messages = normalize_messages(
+        [
+            {"role": "system", "content": "Inspect  the aircraft.\n\nUse tools."},
+            {"role": "user", "content": "Tail N123AB, <b>check</b> ünïcode 🚀 and  spaces "},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"k": "v"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "status=fail\n<|im_end|> inside text"},
+        ]
+    )
+    text = renderer.render(messages, TOOLS, add_generation_prompt=True)
+    for _ in range(2):  # the second pass is served from the cache
+        assert renderer.encode(text) == renderer._encode_whole(text)

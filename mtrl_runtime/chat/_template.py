@@ -9,6 +9,8 @@ endpoint renders twice per turn and must stay well under a millisecond.
 
 from __future__ import annotations
 
+import re
+from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -59,6 +61,8 @@ CHATML_TOOLS_TEMPLATE = (
 )
 
 _PROBE_TEXT = "mtrl-probe-7f3a"
+SEGMENT_CACHE_SIZE = 4096  # text pieces kept; a piece is one message's text between special tokens
+SEGMENT_CACHE_MAX_CHARS = 65536  # longer pieces are encoded every time, never cached
 
 
 class ChatRenderer:
@@ -76,6 +80,7 @@ class ChatRenderer:
         # the variables apply_chat_template passes: bos_token, eos_token, ...
         self._template_vars = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
         self._backend = getattr(tokenizer, "backend_tokenizer", None)  # tokenizers.Tokenizer of a fast tokenizer
+        self._segments = _SegmentEncoder.for_tokenizer(tokenizer, self._encode_whole)
         self.assistant_close = self._probe_close()
         self.eos_token_ids = frozenset(self._find_eos_ids())
 
@@ -95,7 +100,23 @@ class ChatRenderer:
         )
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``: special tokens written in it are parsed, no BOS is added."""
+        """Token ids of ``text``: special tokens written in it are parsed, no BOS is added.
+
+        Text between special tokens is encoded piece by piece through a bounded
+        cache: the system prompt with its tool list, and a task's user message,
+        recur across the rollouts of a group and across turns.
+        """
+        if self._segments is not None:
+            return self._segments.encode(text)
+        return self._encode_whole(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` with special tokens kept (the fast backend, when there is one)."""
+        if self._backend is not None:
+            return self._backend.decode(list(ids), skip_special_tokens=False)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def _encode_whole(self, text: str) -> list[int]:
         if self._backend is not None:
             return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -127,6 +148,60 @@ class ChatRenderer:
         close_ids = self.encode(self.assistant_close)
         if close_ids and close_ids[0] in set(self.tokenizer.all_special_ids):
             ids.add(close_ids[0])
+        return ids
+
+
+class _SegmentEncoder:
+    """Encodes text split at special tokens, caching each piece's ids.
+
+    Tokenizers match added special tokens before anything else and encode the
+    text between them independently, so the pieces' ids concatenated equal the
+    whole text's ids. ``for_tokenizer`` checks that on a probe and returns None
+    where it does not hold (a normalizer or stripping special tokens).
+    """
+
+    def __init__(self, pattern: re.Pattern[str], special_ids: dict[str, int], encode_piece: Any) -> None:
+        self._pattern = pattern
+        self._special_ids = special_ids
+        self._encode_piece = encode_piece
+        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Any, encode_whole: Any) -> "_SegmentEncoder | None":
+        specials = {t: tokenizer.convert_tokens_to_ids(t) for t in getattr(tokenizer, "all_special_tokens", [])}
+        specials = {t: i for t, i in specials.items() if t and isinstance(i, int)}
+        if not specials:
+            return None
+        pattern = re.compile("(" + "|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)) + ")")
+        encoder = cls(pattern, specials, encode_whole)
+        probe = "".join(f"{t}user\n  hello {t} x{t}\n" for t in specials) + " tail <tool_call>\n{}"
+        if encoder.encode(probe) != list(encode_whole(probe)):
+            return None
+        encoder._cache.clear()
+        return encoder
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for piece in self._pattern.split(text):
+            if not piece:
+                continue
+            special = self._special_ids.get(piece)
+            if special is not None:
+                ids.append(special)
+            else:
+                ids.extend(self._piece(piece))
+        return ids
+
+    def _piece(self, piece: str) -> tuple[int, ...]:
+        cached = self._cache.get(piece)
+        if cached is not None:
+            self._cache.move_to_end(piece)
+            return cached
+        ids = tuple(self._encode_piece(piece))
+        if len(piece) <= SEGMENT_CACHE_MAX_CHARS:
+            self._cache[piece] = ids
+            if len(self._cache) > SEGMENT_CACHE_SIZE:
+                self._cache.popitem(last=False)
         return ids
 
 
