@@ -1,0 +1,57 @@
+"""The handoff between ``generate`` callers (event loops) and an engine's worker thread."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from ..types import Generation, GenerationRequest
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was closed before (or while) serving the request."""
+
+
+@dataclass
+class EngineStats:
+    """Counters the worker keeps (read them for benchmarks and tests)."""
+
+    generations: int = 0
+    tokens: int = 0
+    prefill_passes: int = 0
+    decode_passes: int = 0
+    rows_decoded: int = 0  # sum of batch sizes over decode passes
+    max_rows: int = 0
+    joins: int = 0  # prefills merged into an already running batch
+    adapter_mismatches: int = 0  # requests for a policy version other than the one served
+
+
+class Job:
+    """One request in flight: its future lives on the caller's loop, the worker settles it."""
+
+    __slots__ = ("request", "future", "loop", "cancelled")
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = request
+        self.loop = loop
+        self.future: asyncio.Future[Generation] = loop.create_future()
+        self.cancelled = False  # set by the caller when it stops waiting; the worker drops the row
+
+    def settle(self, result: Generation | None, error: BaseException | None = None) -> None:
+        """Resolve the future from any thread (a no-op if it is already done)."""
+        try:
+            self.loop.call_soon_threadsafe(_settle, self.future, result, error)
+        except RuntimeError:  # the caller's loop is closed: nobody is waiting
+            pass
+
+
+def _settle(future: asyncio.Future, result: Generation | None, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+__all__ = ["EngineClosedError", "EngineStats", "Job"]

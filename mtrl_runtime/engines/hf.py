@@ -1,0 +1,358 @@
+"""The ``hf`` engine: transformers in-process, with concurrent requests decoded in shared batches.
+
+A worker thread owns the model. ``generate`` enqueues a job and awaits its
+future; between decode steps the worker admits queued jobs into the running
+batch (continuous batching, see ``_decoding``), samples one token per row,
+and resolves the rows that finished.
+
+Semantics worth knowing:
+
+- ``Generation.logprobs`` are log-softmax of the raw logits (temperature 1,
+  no top-p) at each sampled token: what the trainer recomputes.
+- ``completion_ids`` end with the eos token, or with the token that
+  completed a stop string (the stop string is not stripped here; the
+  endpoint cuts the text).
+- ``Generation.policy_version`` is the version in effect when the request
+  was prefilled. ``request.adapter``: this engine serves only its current
+  weights; a request for another version is served with the current one
+  (counted in ``stats.adapter_mismatches``), and the Generation says so.
+
+Two ways to follow the trainer, use one: ``load_adapter(path, version)``
+loads a saved peft adapter onto the engine's own model; or an in-process
+trainer shares ``engine.model``, changes its weights while holding
+``weights_lock`` (every forward pass of the worker holds it), then calls
+``set_policy_version``. Rows in flight keep their KV cache across such an
+update, so their remaining tokens come from the new weights. The shared
+model must stay in eval mode (or have no dropout) while the engine serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..types import Generation, GenerationRequest
+from ._decoding import DecodeBatch, Row
+from ._jobs import EngineClosedError, EngineStats, Job
+from ._loading import default_eos_ids, load_lora_adapter, load_pretrained, resolve_model
+from ._registry import ENGINES
+from ._sampling import RowSampling, choose_tokens
+
+
+class HFEngine:
+    """Transformers model served in-process with batched decoding (see the module docstring)."""
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: str = "auto",
+        max_batch_size: int = 32,
+        max_prefill_tokens: int = 16384,
+        eos_token_ids: list[int] | tuple[int, ...] | None = None,
+        num_threads: int | None = None,
+    ) -> None:
+        if dtype == "auto":
+            dtype = "fp32" if str(device) == "cpu" else "bf16"
+        model, tokenizer = load_pretrained(Path(model_path), dtype, device)
+        self._setup(model, tokenizer, max_batch_size, max_prefill_tokens, eos_token_ids, num_threads)
+
+    @classmethod
+    def from_objects(
+        cls,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 32,
+        max_prefill_tokens: int = 16384,
+        eos_token_ids: list[int] | tuple[int, ...] | None = None,
+        num_threads: int | None = None,
+    ) -> "HFEngine":
+        """Serve an already built model (its device and dtype as they are), e.g. the tiny test model."""
+        engine = cls.__new__(cls)
+        engine._setup(model, tokenizer, max_batch_size, max_prefill_tokens, eos_token_ids, num_threads)
+        return engine
+
+    def _setup(
+        self, model: Any, tokenizer: Any, max_batch_size: int, max_prefill_tokens: int,
+        eos_token_ids: list[int] | tuple[int, ...] | None, num_threads: int | None,
+    ) -> None:
+        if num_threads is not None and num_threads < 1:
+            raise ValueError(f"num_threads: must be >= 1, got {num_threads}")
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
+        if max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens: must be >= 1, got {max_prefill_tokens}")
+        self._model = model
+        self.tokenizer = tokenizer
+        self.policy_version = 0
+        self.weights_lock = threading.RLock()
+        self.stats = EngineStats()
+        self.max_batch_size = max_batch_size
+        self.max_prefill_tokens = max_prefill_tokens
+        self.num_threads = num_threads  # CPU threads of the worker only (OpenMP: per thread); None: torch's
+        self.eos_token_ids = frozenset(default_eos_ids(model, tokenizer) if eos_token_ids is None else eos_token_ids)
+        self.device = next(model.parameters()).device
+        self.vocab_size = model.get_input_embeddings().num_embeddings
+        self.context_length = int(getattr(model.config, "max_position_embeddings", None) or 1 << 30)
+        self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._state_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._adapter_name: str | None = None  # the adapter this engine loaded (never one a trainer added)
+        self._adapters_loaded = 0
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def model(self) -> Any:
+        """The model the worker runs (a peft model once an adapter is loaded)."""
+        return self._model
+
+    def set_policy_version(self, version: int) -> None:
+        """Record that the shared weights now are policy ``version`` (in-process trainer)."""
+        if not isinstance(version, int) or version < 0:
+            raise ValueError(f"version: expected an int >= 0, got {version!r}")
+        self.policy_version = version
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        self._check_request(request)
+        job = Job(request, asyncio.get_running_loop())
+        self._submit(job)
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            job.cancelled = True  # the worker drops the row at its next step
+            raise
+
+    async def load_adapter(self, path: str, version: int) -> None:
+        """Load the peft LoRA adapter folder ``path`` onto the base model as policy ``version``."""
+        if not isinstance(version, int) or version < 0:
+            raise ValueError(f"version: expected an int >= 0, got {version!r}")
+        folder = Path(path)
+        if not (folder / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"adapter path {str(path)!r}: no adapter_config.json there")
+        await asyncio.to_thread(self._swap_adapter, folder, version)
+
+    async def close(self) -> None:
+        with self._state_lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            self._queue.put(None)
+            await asyncio.to_thread(thread.join)
+        self._fail_queued(EngineClosedError("the hf engine is closed"))
+
+    # ------------------------------------------------------------------ caller side
+    def _check_request(self, request: GenerationRequest) -> None:
+        ids, s = request.prompt_ids, request.sampling
+        if not ids:
+            raise ValueError("prompt_ids: must not be empty")
+        low, high = min(ids), max(ids)
+        if low < 0 or high >= self.vocab_size:
+            raise ValueError(f"prompt_ids: token id {low if low < 0 else high} is outside [0, {self.vocab_size})")
+        if len(ids) >= self.context_length:
+            raise ValueError(f"prompt_ids: {len(ids)} tokens leave no room in the context of {self.context_length}")
+        if s.max_tokens < 1:
+            raise ValueError(f"sampling.max_tokens: must be >= 1, got {s.max_tokens}")
+        if s.temperature < 0:
+            raise ValueError(f"sampling.temperature: must be >= 0, got {s.temperature}")
+        if not 0 < s.top_p <= 1:
+            raise ValueError(f"sampling.top_p: must be in (0, 1], got {s.top_p}")
+        if s.top_logprobs < 0:
+            raise ValueError(f"sampling.top_logprobs: must be >= 0, got {s.top_logprobs}")
+
+    def _submit(self, job: Job) -> None:
+        """Queue ``job``, starting the worker on first use (under the lock close() takes)."""
+        with self._state_lock:
+            if self._closed:
+                raise EngineClosedError("the hf engine is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name="mtrl-hf-engine", daemon=True)
+                self._thread.start()
+            self._queue.put(job)
+
+    def _fail_queued(self, error: BaseException) -> None:
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                job.settle(None, error)
+
+    # ------------------------------------------------------------------ worker side
+    def _work(self) -> None:
+        batch: DecodeBatch | None = None
+        waiting: deque[Job] = deque()
+        if self.num_threads is not None:
+            torch.set_num_threads(self.num_threads)  # called in the worker thread: the caller's count is kept
+        with torch.inference_mode():
+            while self._pull(waiting, block=batch is None and not waiting):
+                try:
+                    batch = self._admit(batch, waiting)
+                    batch = self._step(batch) if batch is not None else None
+                except Exception as exc:  # a failed pass fails its rows; the engine keeps serving
+                    for row in batch.rows if batch is not None else ():
+                        row.job.settle(None, exc)
+                    batch = None
+        closed = EngineClosedError("the hf engine is closed")
+        for job in [*(row.job for row in (batch.rows if batch else ())), *waiting]:
+            job.settle(None, closed)
+
+    def _pull(self, waiting: deque[Job], block: bool) -> bool:
+        """Move queued jobs into ``waiting``; False once close() was called."""
+        try:
+            job = self._queue.get() if block else self._queue.get_nowait()
+            while True:
+                if job is None:
+                    return False
+                waiting.append(job)
+                job = self._queue.get_nowait()
+        except queue.Empty:
+            return True
+
+    def _admit(self, batch: DecodeBatch | None, waiting: deque[Job]) -> DecodeBatch | None:
+        """Prefill waiting jobs that fit and merge them into ``batch``."""
+        room = self.max_batch_size - (len(batch.rows) if batch else 0)
+        if batch is not None and not batch.can_merge():
+            room = 0
+        jobs: list[Job] = []
+        longest = 0
+        while waiting and len(jobs) < room:
+            if waiting[0].cancelled:
+                waiting.popleft()
+                continue
+            longest_next = max(longest, len(waiting[0].request.prompt_ids))
+            if jobs and longest_next * (len(jobs) + 1) > self.max_prefill_tokens:
+                break  # the padded prefill would exceed its token budget: the rest joins next step
+            jobs.append(waiting.popleft())
+            longest = longest_next
+        if not jobs:
+            return batch
+        try:
+            rows = [self._row(job) for job in jobs]
+            with self.weights_lock:
+                for row in rows:
+                    row.policy_version = self.policy_version
+                new = DecodeBatch.prefill(self._model, rows, self._pad_id, self.device)
+        except Exception as exc:  # these jobs fail; the running batch goes on
+            for job in jobs:
+                job.settle(None, exc)
+            return batch
+        self.stats.prefill_passes += 1
+        if batch is None:
+            return new
+        batch.merge(new)
+        self.stats.joins += 1
+        return batch
+
+    def _row(self, job: Job) -> Row:
+        request, s = job.request, job.request.sampling
+        generator = torch.Generator(device=self.device)
+        if s.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(s.seed)
+        if request.adapter is not None and request.adapter != self.policy_version:
+            self.stats.adapter_mismatches += 1
+        return Row(
+            job=job,
+            prompt_ids=tuple(request.prompt_ids),
+            sampling=RowSampling(s.temperature, s.top_p, s.top_logprobs, generator),
+            max_new=min(s.max_tokens, self.context_length - len(request.prompt_ids)),
+            stop=tuple(s.stop),
+        )
+
+    def _step(self, batch: DecodeBatch) -> DecodeBatch | None:
+        """Sample one token per row, resolve finished rows, run the next decode pass."""
+        choice = choose_tokens(batch.logits_BV, [row.sampling for row in batch.rows])
+        keep = []
+        for i, row in enumerate(batch.rows):
+            row.completion_ids.append(choice.tokens_B[i])
+            row.logprobs.append(choice.logprobs_B[i])
+            if choice.top_B[i] is not None:
+                row.top_logprobs.append(choice.top_B[i])
+            reason = self._finish_reason(row)
+            if row.job.cancelled:
+                continue
+            if reason is None:
+                keep.append(i)
+            else:
+                self._resolve(row, reason)
+        batch.keep(keep)
+        if not batch.rows:
+            return None
+        with self.weights_lock:
+            batch.decode(self._model, [row.completion_ids[-1] for row in batch.rows])
+        self.stats.decode_passes += 1
+        self.stats.rows_decoded += len(batch.rows)
+        self.stats.max_rows = max(self.stats.max_rows, len(batch.rows))
+        return batch
+
+    def _finish_reason(self, row: Row) -> str | None:
+        if row.completion_ids[-1] in self.eos_token_ids:
+            return "stop"
+        if row.stop:
+            window = 4 * max(len(s) for s in row.stop) + 1  # a token holds >= 1 byte, a character <= 4
+            tail = self.tokenizer.decode(row.completion_ids[-window:], skip_special_tokens=False)
+            if any(s in tail for s in row.stop):
+                return "stop"
+        if len(row.completion_ids) >= row.max_new:
+            return "length"
+        return None
+
+    def _resolve(self, row: Row, reason: str) -> None:
+        self.stats.generations += 1
+        self.stats.tokens += len(row.completion_ids)
+        generation = Generation(
+            completion_ids=tuple(row.completion_ids),
+            logprobs=tuple(row.logprobs),
+            finish_reason=reason,
+            policy_version=row.policy_version,
+            top_logprobs_T=tuple(row.top_logprobs) if row.sampling.top_logprobs > 0 else None,
+        )
+        row.job.settle(generation)
+
+    def _swap_adapter(self, folder: Path, version: int) -> None:
+        """Load the adapter under the weights lock, make it active, drop the one it replaces."""
+        self._adapters_loaded += 1
+        name = f"policy-v{version}-{self._adapters_loaded}"
+        with self.weights_lock:
+            self._model = load_lora_adapter(self._model, folder, name, replaces=self._adapter_name)
+            self._adapter_name = name
+            self.policy_version = version
+
+
+@ENGINES.register("hf")
+def create_hf_engine(
+    model: str | None,
+    *,
+    device: str = "cpu",
+    dtype: str = "auto",
+    max_batch_size: int = 32,
+    max_prefill_tokens: int = 16384,
+    eos_token_ids: list[int] | None = None,
+    num_threads: int | None = None,
+    cache_dir: str | None = None,
+) -> HFEngine:
+    """The ``hf`` factory: resolve ``model`` (folder, alias, cached hub id) and load it."""
+    if model is None:
+        raise ValueError("model: the hf engine needs a model (a local folder, a cached hub id or 'smollm2-135m')")
+    folder = resolve_model(model, Path(cache_dir) if cache_dir else None)
+    return HFEngine(folder, device=device, dtype=dtype, max_batch_size=max_batch_size,
+                    max_prefill_tokens=max_prefill_tokens, eos_token_ids=eos_token_ids, num_threads=num_threads)
+
+
+__all__ = ["HFEngine", "create_hf_engine"]
