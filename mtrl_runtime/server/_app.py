@@ -15,6 +15,7 @@ from fastapi.responses import Response
 
 from ..coordinator import Coordinator
 from ..errors import BadRequest, MtrlError
+from ._compat_routes import build_compat_router
 from ._http import error_response
 from ._openai_routes import build_openai_router
 from ._rollout_routes import build_rollout_router
@@ -30,6 +31,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     app.state.coordinator = coordinator
     app.include_router(build_openai_router(coordinator))
     app.include_router(build_rollout_router(coordinator))
+    if coordinator.config.advanced.server.sagemaker_compat:
+        app.include_router(build_compat_router(coordinator))
 
     @app.exception_handler(MtrlError)
     async def _mtrl_error(_: Request, exc: MtrlError) -> Response:

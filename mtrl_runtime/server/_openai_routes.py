@@ -19,6 +19,7 @@ from mtrl_adapters.wire import HEADER_ROLLOUT_ID, HEADER_SM_TRAJECTORY_ID
 
 from ..coordinator import ChatResult, Coordinator
 from ..errors import BadRequest, Unauthorized
+from ._compat_routes import compat_credential
 from ._http import bearer_token, json_response, openapi_body, parse_body
 from ._schemas import ChatCompletionRequest
 
@@ -34,6 +35,8 @@ def build_openai_router(coordinator: Coordinator) -> APIRouter:
         if rollout_id is None and cfg.sagemaker_compat:
             rollout_id = request.headers.get(HEADER_SM_TRAJECTORY_ID)
         token = bearer_token(request)
+        if rollout_id is not None and cfg.sagemaker_compat:
+            token = compat_credential(request, coordinator, rollout_id, token)
         if rollout_id is None:
             if not cfg.inference_mode:
                 raise BadRequest(

@@ -1,0 +1,79 @@
+"""AgentCore-hosted agents: make a ``BedrockAgentCoreApp`` entrypoint trainable.
+
+Put :func:`trainable` under ``@app.entrypoint``::
+
+    app = BedrockAgentCoreApp()
+
+    @app.entrypoint
+    @trainable
+    async def invoke(payload):
+        task = current_rollout().task if current_rollout() else None
+        ...
+
+An invocation whose payload is a rollout request (``instance`` plus
+``metadata`` with mtrl's ``rollout_token``, as ``HttpExecutor.for_agentcore``
+sends it to ``/invocations``) runs inside that rollout: model calls go to
+the coordinator, tool calls and the reward are recorded, and the rollout
+is closed when the entrypoint returns; the response is the rollout's
+result (``rollout_id``, ``status``, ``error``, ``reward``, ``result``).
+Any other payload runs the entrypoint exactly as before, so the deployed
+agent keeps serving its users. The entrypoint still receives the payload
+(and the AgentCore context when it takes one); the task is
+``current_rollout().task`` or ``payload["instance"]``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Mapping
+
+from mtrl_adapters import context_from_request, rollout, rollout_result, rollout_scope
+from mtrl_adapters._client import describe
+
+
+def is_rollout_payload(payload: Any) -> bool:
+    """True for an invocation payload that names an mtrl rollout."""
+    metadata = payload.get("metadata") if isinstance(payload, Mapping) else None
+    return isinstance(metadata, Mapping) and bool(metadata.get("rollout_token")) and "instance" in payload
+
+
+def trainable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap an AgentCore entrypoint (sync or async) so rollout payloads run as rollouts."""
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(f"trainable: streaming entrypoints are not supported yet, got generator {fn!r}")
+    agent = rollout(fn)
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_entry(payload: Any, *args: Any, **kwargs: Any) -> Any:
+            if not is_rollout_payload(payload):
+                return await fn(payload, *args, **kwargs)
+            ctx = context_from_request(payload)
+            result, error = None, None
+            with rollout_scope(ctx):
+                try:
+                    result = await agent(payload, *args, **kwargs)
+                except Exception as exc:  # recorded as the rollout's failure; the runtime keeps serving
+                    error = describe(exc)
+            return rollout_result(ctx, result, error)
+
+        return async_entry
+
+    @functools.wraps(fn)
+    def entry(payload: Any, *args: Any, **kwargs: Any) -> Any:
+        if not is_rollout_payload(payload):
+            return fn(payload, *args, **kwargs)
+        ctx = context_from_request(payload)
+        result, error = None, None
+        with rollout_scope(ctx):
+            try:
+                result = agent(payload, *args, **kwargs)
+            except Exception as exc:
+                error = describe(exc)
+        return rollout_result(ctx, result, error)
+
+    return entry
+
+
+__all__ = ["is_rollout_payload", "trainable"]

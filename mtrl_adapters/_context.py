@@ -1,0 +1,364 @@
+"""The rollout context: which rollout the code running now belongs to.
+
+One ``ContextVar`` holds the current :class:`RolloutContext`. asyncio tasks,
+``asyncio.to_thread``, Strands' sync bridge and LangChain's executors copy
+the context, so a model call or a tool call made anywhere below a rollout's
+entrypoint is attributed to that rollout, however many rollouts share one
+agent object, one compiled graph or one model client. The variable's
+default is ``None``; per-rollout state lives on the context object that
+each rollout gets for itself, never in a shared default.
+
+Hand-off from an executor to a decorated agent function::
+
+    with rollout_scope(spec):          # spec: a RolloutSpec, or a RolloutContext
+        result = await agent(spec.task)  # @rollout opens, runs and closes the rollout
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import numbers
+import threading
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+from .wire import CompletionReport, RewardReport, RolloutState, ToolCallReport, rollout_base_url
+
+MAX_RESULT_CHARS = 65536  # a tool result longer than this is cut (the store keeps what the model saw, bounded)
+
+_CURRENT: ContextVar["RolloutContext | None"] = ContextVar("mtrl_rollout", default=None)
+
+
+@dataclass(frozen=True)
+class AgentTask:
+    """A task as an agent receives it: the fields of the coordinator's ``Task``.
+
+    In-process executors hand the agent the coordinator's own ``Task``; an
+    agent server builds this from the request's ``instance``, so agent code
+    reads ``task.prompt`` / ``task.data`` the same way in both places.
+    """
+
+    id: str
+    prompt: str | None = None
+    messages: tuple[Mapping[str, Any], ...] | None = None
+    ground_truth: Any = None
+    split: str = "train"
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_instance(cls, instance: Mapping[str, Any], default_id: str) -> "AgentTask":
+        """A task from a rollout request's ``instance``: Task-shaped, or any raw dataset row."""
+        task_keys = {"id", "prompt", "messages", "ground_truth", "split", "data"}
+        if set(instance) <= task_keys and ("prompt" in instance or "messages" in instance):
+            messages = instance.get("messages")
+            return cls(
+                id=str(instance.get("id") or default_id),
+                prompt=instance.get("prompt"),
+                messages=tuple(messages) if messages is not None else None,
+                ground_truth=instance.get("ground_truth"),
+                split=instance.get("split") or "train",
+                data=dict(instance.get("data") or {}),
+            )
+        return cls(id=str(instance.get("id") or default_id), prompt=instance.get("prompt"), data=dict(instance))
+
+
+@dataclass(eq=False)
+class RolloutContext:
+    """One rollout as the agent side knows it: ids, token, endpoint, task and limits.
+
+    ``sampling`` holds the OpenAI request fields the coordinator wants every
+    model call of this rollout to use (temperature, top_p, max_tokens, seed).
+    ``http`` is an optional shared ``httpx.Client`` or ``httpx.AsyncClient``
+    (a connection pool owned by an executor or agent server; an async one
+    must belong to the loop the agent runs on); without it each report
+    opens its own.
+    """
+
+    rollout_id: str
+    token: str = field(repr=False)
+    endpoint: str
+    task: Any = None
+    group_id: str | None = None
+    model_name: str | None = None
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+    max_turns: int | None = None
+    timeout_s: float | None = None
+    http: Any = field(default=None, repr=False)
+    # per-rollout state; guarded by _lock because tools may run on threads
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _claimed: bool = field(default=False, init=False, repr=False)
+    _tool_calls: list[ToolCallReport] = field(default_factory=list, init=False, repr=False)
+    _open_tools: dict[Any, tuple[str, Any, str | None, float, float]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+    _seen_keys: set[Any] = field(default_factory=set, init=False, repr=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)  # the async owner's loop
+    _pending: list[asyncio.Task] = field(default_factory=list, init=False, repr=False)
+    outcome: RolloutState | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if not self.rollout_id:
+            raise ValueError("rollout_id must be a non-empty string")
+        if not self.endpoint or not self.endpoint.startswith(("http://", "https://")):
+            raise ValueError(f"endpoint must be an http(s) URL, got {self.endpoint!r}")
+        if not self.token:
+            raise ValueError(f"rollout {self.rollout_id!r}: token must be a non-empty string")
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def from_spec(cls, spec: Any, *, http: Any = None) -> "RolloutContext":
+        """A context from the coordinator's ``RolloutSpec`` (read by attribute; no runtime import)."""
+        if isinstance(spec, RolloutContext):
+            return spec
+        return cls(
+            rollout_id=spec.rollout_id,
+            token=spec.token,
+            endpoint=spec.endpoint,
+            task=spec.task,
+            group_id=spec.group_id,
+            model_name=getattr(spec, "model_name", None),
+            sampling=sampling_fields(getattr(spec, "sampling", None)),
+            max_turns=getattr(spec, "max_turns", None),
+            timeout_s=getattr(spec, "timeout_s", None),
+            http=http,
+        )
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI ``base_url`` that attributes calls to this rollout by path."""
+        return rollout_base_url(self.endpoint, self.rollout_id)
+
+    @property
+    def closed(self) -> bool:
+        """True once this rollout's end has been reported."""
+        return self.outcome is not None
+
+    def claim(self, loop: asyncio.AbstractEventLoop | None = None) -> bool:
+        """The first caller to claim a context owns its lifecycle (opens and closes it).
+
+        An async owner passes its event loop: reports made from that loop's
+        thread with the sync API are then sent in the background (never
+        blocking the loop, which may be the coordinator's own) and awaited
+        before the rollout closes.
+        """
+        with self._lock:
+            if self._claimed:
+                return False
+            self._claimed = True
+            self._loop = loop
+            return True
+
+    def owner_loop_running_here(self) -> bool:
+        """True when the caller runs on the async owner's event loop (a blocking call would stall it)."""
+        if self._loop is None:
+            return False
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
+    def defer(self, coroutine: Any) -> None:
+        """Send a report in the background on the owner's loop; :meth:`drain` awaits it."""
+        self._pending.append(asyncio.get_running_loop().create_task(coroutine))
+
+    async def drain(self) -> list[BaseException]:
+        """Await the background reports; returns the errors they raised."""
+        pending, self._pending = self._pending, []
+        results = await asyncio.gather(*pending, return_exceptions=True)
+        return [r for r in results if isinstance(r, BaseException)]
+
+    # ------------------------------------------------------------------ tool calls
+    def record_tool_call(
+        self,
+        name: str,
+        arguments: Any = None,
+        *,
+        result: Any = None,
+        error: str | None = None,
+        latency_s: float = 0.0,
+        call_id: str | None = None,
+        started_at: float | None = None,
+    ) -> None:
+        """Buffer one tool call; the buffer is sent when the rollout closes.
+
+        The coordinator places the call on the turn whose reply carried
+        ``call_id`` (so buffering does not blur which turn it belongs to).
+        """
+        report = ToolCallReport(
+            name=name,
+            arguments=jsonable(arguments),
+            call_id=call_id,
+            result=jsonable(result),
+            error=None if error is None else str(error)[:MAX_RESULT_CHARS],
+            status="error" if error is not None else "success",
+            latency_s=max(float(latency_s), 0.0),
+            started_at=started_at if started_at is not None else time.time() - max(float(latency_s), 0.0),
+        )
+        with self._lock:
+            self._tool_calls.append(report)
+
+    def tool_started(self, key: Any, name: str, arguments: Any, call_id: str | None = None) -> bool:
+        """Note the start of a tool call a framework announced; False if ``key`` was seen before.
+
+        ``key`` is the framework's own id for the call (LangChain run id,
+        Strands toolUseId), so a handler attached twice records it once.
+        """
+        with self._lock:
+            if key in self._seen_keys:
+                return False
+            self._seen_keys.add(key)
+            self._open_tools[key] = (name, arguments, call_id, time.time(), time.perf_counter())
+            return True
+
+    def tool_finished(self, key: Any, *, result: Any = None, error: str | None = None) -> bool:
+        """Record the end of a call started with :meth:`tool_started`; False if it was not open."""
+        with self._lock:
+            opened = self._open_tools.pop(key, None)
+        if opened is None:
+            return False
+        name, arguments, call_id, wall, perf = opened
+        self.record_tool_call(
+            name,
+            arguments,
+            result=result,
+            error=error,
+            latency_s=time.perf_counter() - perf,
+            call_id=call_id,
+            started_at=wall,
+        )
+        return True
+
+    def take_tool_calls(self) -> list[ToolCallReport]:
+        """The buffered tool calls, removed from the buffer."""
+        with self._lock:
+            calls, self._tool_calls = self._tool_calls, []
+        return calls
+
+    # ------------------------------------------------------------------ reports
+    def client(self) -> "Any":
+        from ._client import CoordinatorClient
+
+        return CoordinatorClient(self.endpoint, self.rollout_id, self.token, http=self.http)
+
+    def update_reward(self, reward: Any, metrics: Mapping[str, float] | None = None) -> None:
+        """Report this rollout's reward (a float) or per-turn rewards (a list of floats)."""
+        self.client().report_reward(reward_report(reward, metrics))
+
+    async def aupdate_reward(self, reward: Any, metrics: Mapping[str, float] | None = None) -> None:
+        """:meth:`update_reward` without blocking the event loop."""
+        await self.client().areport_reward(reward_report(reward, metrics))
+
+    def complete(self, status: str = "completed", error: str | None = None) -> RolloutState:
+        """Send the buffered tool calls, then end the rollout; returns the coordinator's record."""
+        self.outcome = self.client().close(self.take_tool_calls(), CompletionReport(status=status, error=error))
+        return self.outcome
+
+    async def acomplete(self, status: str = "completed", error: str | None = None) -> RolloutState:
+        """:meth:`complete` without blocking the event loop."""
+        report = CompletionReport(status=status, error=error)
+        self.outcome = await self.client().aclose(self.take_tool_calls(), report)
+        return self.outcome
+
+    def state(self) -> RolloutState:
+        """The coordinator's view of this rollout now (status, turns, reward)."""
+        return self.client().state()
+
+
+def current_rollout() -> RolloutContext | None:
+    """The rollout the calling code runs in, or None outside any rollout."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def rollout_scope(spec: Any, *, http: Any = None) -> Iterator[RolloutContext]:
+    """Make ``spec`` the current rollout for the code inside the block.
+
+    Executors and agent servers use this to hand a rollout to a function
+    decorated with ``@rollout``, which then opens and closes it. ``spec`` is
+    a ``RolloutSpec`` (read by attribute) or a :class:`RolloutContext`.
+    """
+    ctx = RolloutContext.from_spec(spec, http=http)
+    reset = _CURRENT.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _CURRENT.reset(reset)
+
+
+def activate(ctx: RolloutContext) -> Any:
+    """Set ``ctx`` as current; returns the token for :func:`deactivate`."""
+    return _CURRENT.set(ctx)
+
+
+def deactivate(token: Any) -> None:
+    _CURRENT.reset(token)
+
+
+def sampling_fields(sampling: Any) -> dict[str, Any]:
+    """OpenAI request fields from a ``SamplingParams``-like object or mapping (None fields dropped)."""
+    if sampling is None:
+        return {}
+    names = ("temperature", "top_p", "max_tokens", "seed")
+    if isinstance(sampling, Mapping):
+        values = {n: sampling.get(n) for n in names}
+        values["max_tokens"] = values["max_tokens"] or sampling.get("maxTokens")
+        values["top_p"] = values["top_p"] if values["top_p"] is not None else sampling.get("topP")
+    else:
+        values = {n: getattr(sampling, n, None) for n in names}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def reward_report(reward: Any, metrics: Mapping[str, float] | None) -> RewardReport:
+    """Validate ``update_reward``'s arguments into a report; bad values raise naming the field."""
+    clean_metrics = {str(k): _real(f"metrics[{k!r}]", v) for k, v in dict(metrics or {}).items()}
+    try:
+        if isinstance(reward, (list, tuple)):
+            turn_rewards = [_real(f"turn_rewards[{i}]", r) for i, r in enumerate(reward)]
+            return RewardReport(turn_rewards=turn_rewards, metrics=clean_metrics)
+        return RewardReport(reward=_real("reward", reward), metrics=clean_metrics)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise ValueError(_first_error(exc)) from None
+
+
+def _real(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float, got {value!r}")
+    return float(value)
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        return "; ".join(str(e.get("msg", "")).removeprefix("Value error, ") for e in errors())
+    return str(exc)
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` if it round-trips through JSON (strings cut to MAX_RESULT_CHARS), else its text."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return value[:MAX_RESULT_CHARS]
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)[:MAX_RESULT_CHARS]
+    return value if len(text) <= MAX_RESULT_CHARS else text[:MAX_RESULT_CHARS]
+
+
+__all__ = [
+    "AgentTask",
+    "MAX_RESULT_CHARS",
+    "RolloutContext",
+    "activate",
+    "current_rollout",
+    "deactivate",
+    "jsonable",
+    "reward_report",
+    "rollout_scope",
+    "sampling_fields",
+]

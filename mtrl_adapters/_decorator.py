@@ -1,0 +1,257 @@
+"""The ``rollout`` decorator and context manager: open, run, close one rollout.
+
+The executor (or agent server) makes a rollout current with
+``rollout_scope(spec)`` and calls the decorated function with the task; the
+decorator claims the rollout, instruments the model clients, runs the
+function and reports how it ended: ``completed``, ``failed`` (the exception's
+text is recorded and the exception re-raised) or ``timed_out``. Outside any
+rollout the decorated function runs exactly as it would undecorated, so the
+same agent serves production traffic. A decorated function called inside an
+already-open rollout (nesting) runs as part of it and closes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import sys
+import time
+from contextvars import ContextVar, Token
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+from ._client import RolloutError, describe
+from ._context import RolloutContext, activate, current_rollout, deactivate
+from ._openai import instrument_openai
+
+log = logging.getLogger("mtrl_adapters")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class RolloutTimeout(TimeoutError):
+    """The agent ran past the rollout's ``timeout_s``; the rollout ended as timed out."""
+
+
+def rollout(fn: F | None = None, /, *, context: Any = None, timeout_s: float | None = None) -> Any:
+    """Make an agent entrypoint trainable; use as ``@rollout``, ``@rollout(...)`` or ``with rollout():``.
+
+    ``context`` names the rollout explicitly (a ``RolloutSpec`` or
+    :class:`RolloutContext`); without it the decorator uses the rollout made
+    current by ``rollout_scope``. ``timeout_s`` overrides the rollout's own
+    timeout (async functions are cancelled at the deadline; sync functions
+    cannot be interrupted and are marked timed out when they return late).
+    """
+    runner = _Rollout(context, timeout_s)
+    if fn is None:
+        return runner
+    if not callable(fn):
+        raise TypeError(f"rollout: expected a function to decorate, got {fn!r}; name a rollout with rollout(context=spec)")
+    return runner(fn)
+
+
+def instrument() -> None:
+    """Install the model-call redirect and, when LangChain is loaded, the tool-call callbacks."""
+    instrument_openai()
+    if "langchain_core" in sys.modules:
+        from .langgraph import instrument_langchain
+
+        instrument_langchain()
+
+
+@dataclass
+class _Opened:
+    """A rollout entered by one call: whether this call owns its end, and since when it runs."""
+
+    ctx: RolloutContext
+    reset: Any  # ContextVar token when this call made ctx current, else None
+    owned: bool
+    started: float
+    timeout_s: float | None
+
+    def outcome(self, exc: BaseException | None) -> tuple[str, str | None]:
+        elapsed = time.monotonic() - self.started
+        late = self.timeout_s is not None and elapsed > self.timeout_s
+        if isinstance(exc, RolloutTimeout) or (exc is None and late):
+            return "timed_out", f"the agent ran {elapsed:.1f}s, past timeout_s={self.timeout_s}"
+        if exc is not None:
+            return "failed", describe(exc)
+        return "completed", None
+
+    def close(self, exc: BaseException | None) -> None:
+        if self.owned:
+            status, error = self.outcome(exc)
+            _settle(lambda: self.ctx.complete(status, error), exc)
+
+    async def aclose(self, exc: BaseException | None) -> None:
+        if self.owned:
+            late_errors = await self.ctx.drain()  # rewards reported in the background
+            status, error = self.outcome(exc)
+            try:
+                await self.ctx.acomplete(status, error)
+            except RolloutError as err:
+                _refused(err, exc)
+            if late_errors and exc is None:
+                raise late_errors[0]
+
+    def release(self) -> None:
+        if self.reset is not None:
+            deactivate(self.reset)
+
+
+def _settle(complete: Callable[[], Any], exc: BaseException | None) -> None:
+    try:
+        complete()
+    except RolloutError as err:
+        _refused(err, exc)
+
+
+def _refused(err: RolloutError, exc: BaseException | None) -> None:
+    """A refused completion: the coordinator ended the rollout already (409), or is unreachable."""
+    if err.status == 409:
+        log.warning("%s", err.message)
+        return
+    if exc is not None:  # the agent's own exception is the one to see; log ours
+        log.error("could not record the rollout's failure: %s", err.message)
+        return
+    raise err
+
+
+class _Rollout:
+    """The object ``rollout(...)`` returns: a decorator and a (sync or async) context manager."""
+
+    def __init__(self, context: Any, timeout_s: float | None) -> None:
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+        self._context = context
+        self._timeout_s = timeout_s
+        # what each `with` entered, per task/thread: one object may serve concurrent `with` blocks
+        self._entered: ContextVar[tuple[tuple[_Opened | None, Token], ...]] = ContextVar("mtrl_rollout_with", default=())
+
+    def _enter(self, loop: asyncio.AbstractEventLoop | None = None) -> _Opened | None:
+        ctx = RolloutContext.from_spec(self._context) if self._context is not None else current_rollout()
+        if ctx is None:
+            return None
+        owned = ctx.claim(loop)
+        reset = activate(ctx) if current_rollout() is not ctx else None
+        if owned:
+            instrument()
+        timeout = self._timeout_s if self._timeout_s is not None else ctx.timeout_s
+        return _Opened(ctx, reset, owned, time.monotonic(), timeout)
+
+    # ------------------------------------------------------------------ decorator
+    def __call__(self, fn: F) -> F:
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def arun(*args: Any, **kwargs: Any) -> Any:
+                opened = self._enter(asyncio.get_running_loop())
+                if opened is None or not opened.owned:
+                    return await _released(opened, fn(*args, **kwargs))
+                try:
+                    result = await _deadline(fn(*args, **kwargs), opened.timeout_s)
+                except Exception as exc:
+                    await opened.aclose(exc)
+                    raise
+                except BaseException:
+                    raise  # cancelled: whoever cancelled decides how the rollout ends
+                else:
+                    await opened.aclose(None)
+                    return result
+                finally:
+                    opened.release()
+
+            wrapper: Any = arun
+        else:
+
+            @functools.wraps(fn)
+            def run(*args: Any, **kwargs: Any) -> Any:
+                opened = self._enter()
+                if opened is None or not opened.owned:
+                    try:
+                        return fn(*args, **kwargs)
+                    finally:
+                        if opened is not None:
+                            opened.release()
+                try:
+                    result = fn(*args, **kwargs)
+                except Exception as exc:
+                    opened.close(exc)
+                    raise
+                else:
+                    opened.close(None)
+                    return result
+                finally:
+                    opened.release()
+
+            wrapper = run
+        wrapper.__mtrl_rollout__ = True
+        return wrapper  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ context manager
+    def __enter__(self) -> RolloutContext | None:
+        return self._push(self._enter())
+
+    def _push(self, opened: _Opened | None) -> RolloutContext | None:
+        stack = self._entered.get()
+        token = self._entered.set(stack + ((opened, None),))
+        self._entered.set(stack + ((opened, token),))
+        return opened.ctx if opened is not None else None
+
+    def _pop(self) -> _Opened | None:
+        opened, token = self._entered.get()[-1]
+        self._entered.reset(token)
+        return opened
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        opened = self._pop()
+        if opened is not None:
+            try:
+                if exc is None or isinstance(exc, Exception):
+                    opened.close(exc)
+            finally:
+                opened.release()
+        return False
+
+    async def __aenter__(self) -> RolloutContext | None:
+        return self._push(self._enter(asyncio.get_running_loop()))
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        opened = self._pop()
+        if opened is not None:
+            try:
+                if exc is None or isinstance(exc, Exception):
+                    await opened.aclose(exc)
+            finally:
+                opened.release()
+        return False
+
+
+async def _released(opened: _Opened | None, awaitable: Any) -> Any:
+    try:
+        return await awaitable
+    finally:
+        if opened is not None:
+            opened.release()
+
+
+async def _deadline(awaitable: Any, timeout_s: float | None) -> Any:
+    if timeout_s is None:
+        return await awaitable
+    started = time.monotonic()
+    try:
+        return await asyncio.wait_for(awaitable, timeout_s)
+    except asyncio.TimeoutError:
+        if time.monotonic() - started < timeout_s:
+            raise  # a timeout of the agent's own, before the deadline: a failure, not ours
+        raise RolloutTimeout(f"the agent did not finish within timeout_s={timeout_s}") from None
+
+
+def is_decorated(fn: Any) -> bool:
+    """True for a function wrapped by :func:`rollout`."""
+    return bool(getattr(fn, "__mtrl_rollout__", False))
+
+
+__all__ = ["RolloutTimeout", "instrument", "is_decorated", "rollout"]

@@ -1,0 +1,107 @@
+"""Redirect every ``openai`` client used inside a rollout to the coordinator.
+
+``instrument_openai()`` wraps ``openai._base_client.BaseClient._build_request``,
+the one method through which both the sync and the async client turn a
+call's options into an HTTP request (once per attempt, retries included).
+Inside a rollout context the wrapper rewrites the options before the
+request is built:
+
+* the URL becomes ``{endpoint}/rollouts/{id}/v1/<path>`` (the client's own
+  ``base_url`` is not touched, so clients shared between rollouts stay right);
+* ``Authorization`` becomes the rollout's token and ``x-mtrl-rollout-id`` is
+  added; Azure's ``api-key`` header is removed, so the user's real key never
+  leaves the process;
+* a chat completion's sampling fields take the rollout's values.
+
+Outside a rollout context the wrapper calls the original unchanged. It is
+installed only when called (the ``rollout`` decorator calls it), never at
+import, and calling it again does nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+from ._context import RolloutContext, current_rollout
+from .wire import HEADER_ROLLOUT_ID
+
+_INSTALL_LOCK = threading.Lock()
+_MARK = "__mtrl_rollout_redirect__"
+_SAMPLED_PATHS = ("chat/completions", "completions")  # the routes the coordinator samples on
+
+
+def instrument_openai() -> bool:
+    """Install the redirect; True if installed now, False if already there or openai is absent."""
+    try:
+        from openai import _base_client
+    except ImportError:
+        return False
+    with _INSTALL_LOCK:
+        original = _base_client.BaseClient._build_request
+        if getattr(original, _MARK, False):
+            return False
+
+        @functools.wraps(original)
+        def _build_request(self: Any, options: Any, *, retries_taken: int = 0) -> Any:
+            ctx = current_rollout()
+            if ctx is not None:
+                redirect_options(self, options, ctx)
+            return original(self, options, retries_taken=retries_taken)
+
+        setattr(_build_request, _MARK, True)
+        _build_request.__mtrl_original__ = original  # type: ignore[attr-defined]
+        _base_client.BaseClient._build_request = _build_request
+        return True
+
+
+def redirect_options(client: Any, options: Any, ctx: RolloutContext) -> None:
+    """Point one request's options at the rollout (in place: the client copies options per attempt)."""
+    from openai._types import Omit
+
+    path = _relative_path(client, options.url)
+    options.url = f"{ctx.base_url}/{path}"
+    headers = dict(options.headers or {})
+    for name in list(headers):
+        if name.lower() in ("authorization", "api-key", HEADER_ROLLOUT_ID):
+            del headers[name]
+    headers["Authorization"] = f"Bearer {ctx.token}"
+    headers[HEADER_ROLLOUT_ID] = ctx.rollout_id
+    headers["api-key"] = Omit()
+    options.headers = headers
+    if ctx.sampling and isinstance(options.json_data, dict) and path.startswith(_SAMPLED_PATHS):
+        options.json_data = _with_sampling(options.json_data, ctx.sampling)
+
+
+def _relative_path(client: Any, url: str) -> str:
+    """The request's path below the client's base URL; absolute URLs elsewhere are refused."""
+    import httpx
+
+    parsed = httpx.URL(url)
+    if parsed.is_relative_url:
+        return url.lstrip("/")
+    base = str(client.base_url)
+    if url.startswith(base):
+        return url[len(base):].lstrip("/")
+    raise RuntimeError(
+        f"an openai request inside a rollout names the absolute URL {url!r}, outside the client's "
+        f"base_url {base!r}; mtrl redirects only calls below base_url, and will not send this one "
+        "with the rollout's token or your API key"
+    )
+
+
+def _with_sampling(body: dict[str, Any], sampling: Any) -> dict[str, Any]:
+    body = dict(body)
+    for key, value in sampling.items():
+        if key == "max_tokens":
+            if "max_completion_tokens" in body:
+                body["max_completion_tokens"] = value
+            else:
+                body["max_tokens"] = value
+        else:
+            body[key] = value
+    return body
+
+
+__all__ = ["instrument_openai", "redirect_options"]

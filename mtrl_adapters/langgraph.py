@@ -1,0 +1,100 @@
+"""LangGraph / LangChain: record every tool call of a rollout, with no change to the graph.
+
+:class:`MtrlCallbackHandler` records tool calls (name, arguments, result,
+error, latency) from LangChain's ``on_tool_start`` / ``on_tool_end`` /
+``on_tool_error`` callbacks. :func:`instrument_langchain` (the ``rollout``
+decorator calls it when LangChain is loaded) registers it through
+LangChain's configure hook, so every run of every graph gets it; the
+handler looks up the current rollout at each event and does nothing
+outside one. It can also be passed explicitly:
+``graph.invoke(inputs, config={"callbacks": [MtrlCallbackHandler()]})`` (a call
+seen by both is recorded once).
+
+Model calls need no handler: ``ChatOpenAI`` talks through an ``openai``
+client, which the ``rollout`` decorator redirects to the coordinator with
+the rollout's id and token, so one compiled graph and one model object
+serve any number of concurrent rollouts.
+
+Tool errors: build the tool node with ``ToolNode(tools, handle_tool_errors=True)``
+(and pass it to ``create_react_agent``) so a tool's exception becomes a
+``ToolMessage`` the model sees, as Strands does; without it the exception
+ends the graph run and the rollout fails. Either way the call is recorded
+with its error.
+
+Importing this module imports ``langchain_core``.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextvars import ContextVar
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.tracers import context as _tracer_context
+
+from ._context import current_rollout
+
+_INSTALL_LOCK = threading.Lock()
+
+
+class MtrlCallbackHandler(BaseCallbackHandler):
+    """Records tool calls on the current rollout; stateless (per-call state lives on the rollout)."""
+
+    run_inline = True  # cheap and non-blocking: run in the caller's task, not on an executor thread
+    raise_error = False
+
+    def on_tool_start(
+        self,
+        serialized: dict[str, Any] | None,
+        input_str: str,
+        *,
+        run_id: UUID,
+        inputs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        ctx = current_rollout()
+        if ctx is None:
+            return
+        name = (serialized or {}).get("name") or kwargs.get("name") or "tool"
+        arguments = inputs if inputs is not None else input_str
+        ctx.tool_started(("langchain", run_id), name, arguments, kwargs.get("tool_call_id"))
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        ctx = current_rollout()
+        if ctx is None:
+            return
+        result, error = _output(output)
+        ctx.tool_finished(("langchain", run_id), result=result, error=error)
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        ctx = current_rollout()
+        if ctx is None:
+            return
+        ctx.tool_finished(("langchain", run_id), error=f"{type(error).__name__}: {error}")
+
+
+_HANDLER: ContextVar[MtrlCallbackHandler | None] = ContextVar(
+    "mtrl_langchain_handler", default=MtrlCallbackHandler()  # stateless: safe to share
+)
+
+
+def instrument_langchain() -> bool:
+    """Attach :class:`MtrlCallbackHandler` to every LangChain run; True if installed now."""
+    with _INSTALL_LOCK:
+        if any(entry[0] is _HANDLER for entry in _tracer_context._configure_hooks):
+            return False
+        _tracer_context.register_configure_hook(_HANDLER, inheritable=True)
+        return True
+
+
+def _output(output: Any) -> tuple[Any, str | None]:
+    """A tool's output (often a ToolMessage) as JSON-able content, and its error text if it failed."""
+    content = getattr(output, "content", output)
+    if getattr(output, "status", None) == "error":
+        return content, str(content)
+    return content, None
+
+
+__all__ = ["MtrlCallbackHandler", "instrument_langchain"]

@@ -1,0 +1,112 @@
+"""Strands Agents: record every tool call of a rollout, and give each rollout its own Agent.
+
+The agent's model needs no change: a Strands ``OpenAIModel`` talks through
+an ``openai`` client, which the ``rollout`` decorator redirects to the
+coordinator (any placeholder ``api_key`` will do; it never leaves the
+process). Tool calls are recorded by :class:`MtrlHooks` from Strands'
+``BeforeToolCallEvent`` / ``AfterToolCallEvent``; a tool that raises stays an
+error result for the model, as Strands makes it, and is recorded with
+status ``error``.
+
+Strands Agents are not re-entrant, so concurrent rollouts need one Agent
+each::
+
+    make_agent = agent_factory(lambda: Agent(model=OpenAIModel(...), tools=[lookup, add]))
+
+    @rollout
+    def run(task):
+        result = make_agent()(task.prompt)
+        update_reward(1.0 if "42" in str(result) else 0.0)
+
+Importing this module imports ``strands``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, TypeVar
+
+from strands.hooks import AfterToolCallEvent, BeforeToolCallEvent, HookProvider, HookRegistry
+
+from ._context import current_rollout
+
+A = TypeVar("A")
+
+
+class MtrlHooks(HookProvider):
+    """Records each tool call (name, input, result, status, error, latency) on the current rollout."""
+
+    def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
+        registry.add_callback(BeforeToolCallEvent, self.before_tool_call)
+        registry.add_callback(AfterToolCallEvent, self.after_tool_call)
+
+    def before_tool_call(self, event: BeforeToolCallEvent) -> None:
+        ctx = current_rollout()
+        if ctx is None:
+            return
+        use = event.tool_use
+        ctx.tool_started(_key(use), use.get("name", "?"), use.get("input"), use.get("toolUseId"))
+
+    def after_tool_call(self, event: AfterToolCallEvent) -> None:
+        ctx = current_rollout()
+        if ctx is None:
+            return
+        use = event.tool_use
+        result, error = _outcome(event)
+        if not ctx.tool_finished(_key(use), result=result, error=error):
+            # a retried attempt (same toolUseId): Strands measured it for us
+            ctx.record_tool_call(
+                use.get("name", "?"),
+                use.get("input"),
+                result=result,
+                error=error,
+                latency_s=event.duration or 0.0,
+                call_id=use.get("toolUseId"),
+            )
+
+
+def attach(agent: A) -> A:
+    """Add :class:`MtrlHooks` to a Strands Agent once; returns the agent."""
+    if not getattr(agent, "_mtrl_hooks_attached", False):
+        agent.hooks.add_hook(MtrlHooks())  # type: ignore[attr-defined]
+        agent._mtrl_hooks_attached = True  # type: ignore[attr-defined]
+    return agent
+
+
+def agent_factory(factory: Callable[..., A]) -> Callable[..., A]:
+    """Wrap a function that builds an Agent: each call returns a fresh Agent with :class:`MtrlHooks`."""
+
+    @functools.wraps(factory)
+    def make(*args: Any, **kwargs: Any) -> A:
+        return attach(factory(*args, **kwargs))
+
+    return make
+
+
+def _key(use: Any) -> tuple[str, Any]:
+    return ("strands", use.get("toolUseId") or id(use))
+
+
+def _outcome(event: AfterToolCallEvent) -> tuple[Any, str | None]:
+    """The tool's result as JSON-able content, and its error text (None on success)."""
+    result = event.result or {}
+    blocks = [_block(b) for b in result.get("content") or []]
+    value: Any = blocks[0] if len(blocks) == 1 else blocks
+    if event.exception is not None:
+        return value, f"{type(event.exception).__name__}: {event.exception}"
+    if event.cancel_message:
+        return value, f"cancelled: {event.cancel_message}"
+    if result.get("status") == "error":
+        return value, str(value) if value not in (None, []) else "the tool returned an error"
+    return value, None
+
+
+def _block(block: Any) -> Any:
+    if isinstance(block, dict):
+        for kind in ("text", "json"):
+            if kind in block:
+                return block[kind]
+    return block
+
+
+__all__ = ["MtrlHooks", "agent_factory", "attach"]

@@ -1,0 +1,167 @@
+"""The HTTP executor: runs each rollout on a remote agent server.
+
+It posts ``POST {url}/rollout`` in SageMaker AI MTRL's rollout-server shape
+(``instance``, ``metadata``, ``inference_params``, ``model_name``,
+``model_endpoint``), so one agent server works with both. ``metadata``
+carries SageMaker's ``job_arn``, ``trajectory_id`` (the rollout id),
+``endpoint`` (the coordinator) and ``region``, plus mtrl's ``rollout_token``,
+``group_id``, ``max_turns`` and ``timeout_s``; ``model_endpoint`` is the
+rollout's own OpenAI base URL, so an agent without mtrl's adapters can use
+it with the token as its API key. ``HttpExecutor.for_agentcore(url)``
+posts the same body to an AgentCore-style runtime (``/invocations``, ``/ping``).
+
+The agent reports its tool calls, reward and end to the coordinator itself.
+When the executor is given the coordinator, it also settles the rollout
+once the server answers: a rollout the agent did not end is ended with the
+status the server reported (or the end a SageMaker-style agent asked for
+before its reward), so none stays live.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import httpx
+
+from mtrl_adapters.wire import rollout_base_url
+
+from ..types import RolloutOutcome, RolloutSpec, RolloutStatus, Task
+
+DEFAULT_JOB_ARN = "arn:mtrl:local:job/mtrl"
+_FINAL = {s.value: s for s in RolloutStatus if s.is_final} | {"error": RolloutStatus.FAILED}
+
+
+class HttpExecutor:
+    """Runs rollouts on an agent server over HTTP (see the module docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        coordinator: Any = None,
+        api_key: str | None = None,
+        job_arn: str = DEFAULT_JOB_ARN,
+        region: str = "local",
+        rollout_path: str = "/rollout",
+        health_path: str = "/health",
+        max_connections: int = 64,
+        timeout_margin_s: float = 30.0,
+    ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"url: expected the agent server's http(s) URL, got {url!r}")
+        self.url = url.rstrip("/")
+        self.coordinator = coordinator
+        self.job_arn = job_arn
+        self.region = region
+        self.rollout_path = rollout_path
+        self.health_path = health_path
+        self.timeout_margin_s = timeout_margin_s
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            headers=headers,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            timeout=httpx.Timeout(None, connect=10.0),
+        )
+
+    @classmethod
+    def for_agentcore(cls, url: str, **kwargs: Any) -> "HttpExecutor":
+        """An executor for an AgentCore-style runtime: ``POST /invocations``, ``GET /ping``."""
+        return cls(url, rollout_path="/invocations", health_path="/ping", **kwargs)
+
+    def request_body(self, spec: RolloutSpec) -> dict[str, Any]:
+        """The ``POST /rollout`` body for ``spec``."""
+        sampling = spec.sampling
+        inference_params: dict[str, Any] = {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_tokens": sampling.max_tokens,
+        }
+        if sampling.seed is not None:
+            inference_params["seed"] = sampling.seed
+        return {
+            "instance": task_instance(spec.task),
+            "metadata": {
+                "job_arn": self.job_arn,
+                "trajectory_id": spec.rollout_id,
+                "endpoint": spec.endpoint,
+                "region": self.region,
+                "rollout_token": spec.token,
+                "group_id": spec.group_id,
+                "max_turns": spec.max_turns,
+                "timeout_s": spec.timeout_s,
+            },
+            "inference_params": inference_params,
+            "model_name": spec.model_name,
+            "model_endpoint": rollout_base_url(spec.endpoint, spec.rollout_id),
+        }
+
+    async def run(self, spec: RolloutSpec) -> RolloutOutcome:
+        try:
+            response = await self._http.post(
+                self.url + self.rollout_path,
+                json=self.request_body(spec),
+                timeout=httpx.Timeout(spec.timeout_s + self.timeout_margin_s, connect=10.0),
+            )
+        except httpx.TimeoutException:
+            outcome = RolloutOutcome(
+                spec.rollout_id, RolloutStatus.TIMED_OUT,
+                f"the agent server did not answer within {spec.timeout_s + self.timeout_margin_s:g}s",
+            )
+        except httpx.HTTPError as exc:
+            outcome = RolloutOutcome(
+                spec.rollout_id, RolloutStatus.FAILED,
+                f"could not reach the agent server at {self.url}: {type(exc).__name__}: {exc}",
+            )
+        else:
+            outcome = _outcome(spec.rollout_id, response)
+        return await self._settle(outcome)
+
+    async def health(self) -> dict[str, Any]:
+        """The agent server's health answer; raises ``httpx.HTTPStatusError`` when it is not 2xx."""
+        response = await self._http.get(self.url + self.health_path, timeout=10.0)
+        response.raise_for_status()
+        return response.json()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _settle(self, outcome: RolloutOutcome) -> RolloutOutcome:
+        """End the rollout if the agent did not, and return the coordinator's final status."""
+        coordinator = self.coordinator
+        if coordinator is None:
+            return outcome
+        rollout_id = outcome.rollout_id
+        status = coordinator.requested_end(rollout_id) or outcome.status
+        error = outcome.error if status is not RolloutStatus.COMPLETED else None
+        await coordinator.finish(rollout_id, status, error)
+        state = coordinator.state(rollout_id)
+        return RolloutOutcome(rollout_id, RolloutStatus(state.status), state.error)
+
+
+def task_instance(task: Task) -> dict[str, Any]:
+    """A task as the request's ``instance`` (the fields ``mtrl_adapters.AgentTask`` reads back)."""
+    instance: dict[str, Any] = {"id": task.id, "split": task.split, "data": dict(task.data)}
+    if task.prompt is not None:
+        instance["prompt"] = task.prompt
+    if task.messages is not None:
+        instance["messages"] = [dict(m) for m in task.messages]
+    if task.ground_truth is not None:
+        instance["ground_truth"] = task.ground_truth
+    return instance
+
+
+def _outcome(rollout_id: str, response: httpx.Response) -> RolloutOutcome:
+    try:
+        body: Any = response.json()
+    except ValueError:
+        body = None
+    reported = body.get("status") if isinstance(body, Mapping) else None
+    if isinstance(reported, str) and reported in _FINAL:
+        return RolloutOutcome(rollout_id, _FINAL[reported], body.get("error"))
+    if response.is_success:
+        return RolloutOutcome(rollout_id, RolloutStatus.COMPLETED)
+    text = response.text[:4000]
+    return RolloutOutcome(rollout_id, RolloutStatus.FAILED, f"the agent server answered {response.status_code}: {text}")
+
+
+__all__ = ["DEFAULT_JOB_ARN", "HttpExecutor", "task_instance"]

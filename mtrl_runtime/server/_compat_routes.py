@@ -1,0 +1,172 @@
+"""SageMaker AI MTRL compatibility: its feedback routes, its headers and its bearer tokens.
+
+An agent written for SageMaker's adapters (``sagemaker.train.rft``) trains
+against mtrl by pointing its runtime endpoint at the coordinator: its model
+calls name the rollout with ``X-Amzn-SageMaker-Trajectory-Id`` (the OpenAI
+routes read it in this mode), and its ``RolloutFeedbackClient`` posts
+``/complete-rollout`` then ``/update-reward``. The rollout stays live
+between the two (``Coordinator.request_end``), so it never ends without its
+reward.
+
+SageMaker's bearer token is a SigV4-presigned URL computed from the
+agent's AWS credentials. mtrl cannot check its signature without AWS, so
+it accepts such a token (well formed, not expired) only in compatibility
+mode (``advanced.server.sagemaker_compat``) and only from a loopback peer
+to a loopback-bound server; everywhere else the rollout's own token is
+required, as on every other route.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import time
+from calendar import timegm
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+
+from mtrl_adapters.wire import CompletionReport, RewardReport, SageMakerCompleteRollout, SageMakerUpdateReward
+
+from ..coordinator import Coordinator, VerifiedToken
+from ..errors import BadRequest, Unauthorized
+from ..types import RolloutStatus
+from ._http import bearer_token, describe_validation, json_response, openapi_body, parse_body
+
+SIGV4_PREFIX = "sagemaker-api-key-"
+_MAX_EXPIRES_S = 43200  # SageMaker's token lifetime cap (12 hours)
+
+_STATUSES = {
+    "ready": RolloutStatus.COMPLETED,
+    "completed": RolloutStatus.COMPLETED,
+    "succeeded": RolloutStatus.COMPLETED,
+    "failed": RolloutStatus.FAILED,
+    "error": RolloutStatus.FAILED,
+    "timed_out": RolloutStatus.TIMED_OUT,
+    "timeout": RolloutStatus.TIMED_OUT,
+}
+
+
+def sigv4_problem(token: str, now: float | None = None) -> str | None:
+    """Why ``token`` is not a well-formed, unexpired SageMaker SigV4 presign token (None if it is)."""
+    if not token.startswith(SIGV4_PREFIX):
+        return f"it does not start with {SIGV4_PREFIX!r}"
+    try:
+        url = base64.b64decode(token[len(SIGV4_PREFIX):], validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return "its body is not base64 text"
+    _, _, query = url.partition("?")
+    params = {k: v[0] for k, v in parse_qs(query).items()}
+    expected = {"Action": "CallWithBearerToken", "X-Amz-Algorithm": "AWS4-HMAC-SHA256"}
+    for key, value in expected.items():
+        if params.get(key) != value:
+            return f"{key} is {params.get(key)!r}, expected {value!r}"
+    credential = params.get("X-Amz-Credential", "").split("/")
+    if len(credential) != 5 or credential[3] != "sagemaker" or credential[4] != "aws4_request":
+        return f"X-Amz-Credential {params.get('X-Amz-Credential')!r} is not a SageMaker SigV4 scope"
+    signature = params.get("X-Amz-Signature", "")
+    if len(signature) != 64 or any(c not in "0123456789abcdef" for c in signature):
+        return "X-Amz-Signature is not 64 hex digits"
+    try:
+        signed_at = timegm(time.strptime(params.get("X-Amz-Date", ""), "%Y%m%dT%H%M%SZ"))
+        expires = int(params.get("X-Amz-Expires", ""))
+    except ValueError:
+        return f"X-Amz-Date {params.get('X-Amz-Date')!r} / X-Amz-Expires {params.get('X-Amz-Expires')!r} unreadable"
+    if not 0 < expires <= _MAX_EXPIRES_S:
+        return f"X-Amz-Expires={expires} is outside 1..{_MAX_EXPIRES_S}"
+    if (now if now is not None else time.time()) > signed_at + expires:
+        return "it has expired"
+    return None
+
+
+def compat_credential(request: Request, coordinator: Coordinator, rollout_id: str, token: str | None) -> str | None:
+    """The credential to check for ``rollout_id``: the request's token, or a verified SigV4 presign."""
+    cfg = coordinator.config.advanced.server
+    if not (cfg.sagemaker_compat and token and token.startswith(SIGV4_PREFIX)):
+        return token
+    peer = request.client.host if request.client is not None else ""
+    if not (_loopback(cfg.host) and _loopback(peer)):
+        raise Unauthorized(
+            f"SageMaker SigV4 tokens are accepted only on loopback (server {cfg.host!r}, peer {peer!r}); "
+            "send the rollout's own token",
+            param="authorization",
+        )
+    problem = sigv4_problem(token)
+    if problem is not None:
+        coordinator.counters["auth_rejected"] += 1
+        raise Unauthorized(f"the SageMaker bearer token is not valid: {problem}", param="authorization")
+    coordinator.counters["compat_sigv4_accepted"] += 1
+    return VerifiedToken(rollout_id)
+
+
+def build_compat_router(coordinator: Coordinator) -> APIRouter:
+    router = APIRouter()
+    max_bytes = coordinator.config.advanced.server.max_body_bytes
+
+    @router.post(
+        "/complete-rollout",
+        openapi_extra=openapi_body(SageMakerCompleteRollout),
+        summary="SageMaker compat: end a trajectory (waits for its reward if none came yet)",
+    )
+    async def complete_rollout(request: Request) -> Response:
+        body = await parse_body(request, SageMakerCompleteRollout, max_bytes)
+        rollout_id = body.TrajectoryId
+        token = compat_credential(request, coordinator, rollout_id, bearer_token(request))
+        status = _status(body.Status)
+        if rollout_id in coordinator.live_rollout_ids() and coordinator.request_end(rollout_id, token, status):
+            return json_response({"TrajectoryId": rollout_id, "Status": status.value, "Pending": "reward"})
+        state = await coordinator.complete(rollout_id, token, CompletionReport(status=status.value))
+        return json_response({"TrajectoryId": rollout_id, "Status": state.status})
+
+    @router.post(
+        "/update-reward",
+        openapi_extra=openapi_body(SageMakerUpdateReward),
+        summary="SageMaker compat: a trajectory's reward (one value) or per-turn rewards (a list)",
+    )
+    async def update_reward(request: Request) -> Response:
+        body = await parse_body(request, SageMakerUpdateReward, max_bytes)
+        rollout_id = body.TrajectoryId
+        token = compat_credential(request, coordinator, rollout_id, bearer_token(request))
+        await coordinator.report_reward(rollout_id, token, _reward_report(body.Rewards))
+        pending = coordinator.requested_end(rollout_id)
+        if pending is not None:
+            await coordinator.finish(rollout_id, pending)
+        return json_response({"TrajectoryId": rollout_id, "Status": coordinator.state(rollout_id).status})
+
+    return router
+
+
+def _status(value: str) -> RolloutStatus:
+    status = _STATUSES.get(value.strip().lower())
+    if status is None:
+        raise BadRequest(f"Status: unknown value {value!r}; expected one of {sorted(_STATUSES)}", param="Status")
+    return status
+
+
+def _reward_report(rewards: list[float] | float) -> RewardReport:
+    """SageMaker sends ``[r]`` for one reward and ``[r_0, ..., r_T]`` for per-turn rewards."""
+    values = rewards if isinstance(rewards, list) else [rewards]
+    if not values:
+        raise BadRequest("Rewards: give at least one value, got []", param="Rewards")
+    try:
+        if len(values) == 1:
+            return RewardReport(reward=values[0])
+        return RewardReport(turn_rewards=values)
+    except ValidationError as exc:
+        message, _ = describe_validation(exc)
+        raise BadRequest(f"Rewards: {message}", param="Rewards") from None
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+__all__ = ["SIGV4_PREFIX", "build_compat_router", "compat_credential", "sigv4_problem"]

@@ -1,0 +1,113 @@
+"""Agent processes for the remote adapter tests: ``python tests/_adapter_agents.py MODE [args]``.
+
+- ``serve``: an OpenAI-client agent under mtrl's agent server (``start_agent_server``);
+  prints ``URL <url> LIGHT <bool>`` (LIGHT: torch and the coordinator were not imported).
+- ``agentcore PORT``: the same agent as a ``BedrockAgentCoreApp`` entrypoint wrapped with
+  ``mtrl_integrations.agentcore.trainable``, served by ``app.run()`` on 127.0.0.1.
+- ``sagemaker PORT``: a Strands agent written for SageMaker AI MTRL's adapters
+  (``sagemaker_rft_handler``, ``wrap_model``, ``RolloutFeedbackClient``), no mtrl code,
+  served by ``app.run()`` on 127.0.0.1; needs AWS credentials (dummy ones do: the
+  SigV4 token is computed locally).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _adapter_tools import (  # noqa: E402
+    CRASH_KEY,
+    add,
+    aopenai_tool_loop,
+    finish_episode,
+    key_of,
+    lookup,
+    openai_tool_loop,
+    per_turn_rewards,
+)
+
+
+def serve() -> None:
+    import openai
+
+    from mtrl_adapters import rollout, start_agent_server
+
+    client = openai.OpenAI(api_key="sk-user-real-key", base_url="https://api.openai.com/v1", max_retries=0)
+
+    @rollout
+    def agent(task):
+        finish_episode(task, openai_tool_loop(client, task))
+        return {"key": key_of(task.prompt)}
+
+    server = start_agent_server(agent, "127.0.0.1", 0, background=False)
+    light = not any(m in sys.modules for m in ("torch", "mtrl_runtime"))
+    print(f"URL {server.url} LIGHT {light}", flush=True)
+    server.serve_forever()
+
+
+def agentcore(port: int) -> None:
+    import openai
+    from bedrock_agentcore import BedrockAgentCoreApp
+
+    from mtrl_adapters import current_rollout, update_reward
+    from mtrl_integrations.agentcore import trainable
+
+    app = BedrockAgentCoreApp()
+    client = openai.AsyncOpenAI(api_key="sk-user-real-key", max_retries=0)
+
+    @app.entrypoint
+    @trainable
+    async def invoke(payload):
+        ctx = current_rollout()
+        if ctx is None:  # an ordinary invocation by a user
+            return {"echo": payload}
+        task = ctx.task
+        turns = await aopenai_tool_loop(client, task)
+        if key_of(task.prompt) == CRASH_KEY:
+            raise RuntimeError("agent crashed on purpose")
+        update_reward(per_turn_rewards(turns))
+        return {"turns": turns}
+
+    app.run(port=port, host="127.0.0.1")
+
+
+def sagemaker(port: int, endpoint: str) -> None:
+    from bedrock_agentcore import BedrockAgentCoreApp
+    from sagemaker.core.token_generator import generate_token
+    from sagemaker.train.rft import sagemaker_rft_handler
+    from sagemaker.train.rft.adapters.strands import wrap_model
+    from strands import Agent, tool
+    from strands.models.openai import OpenAIModel
+
+    app = BedrockAgentCoreApp()
+    tools = [tool(lookup), tool(add)]
+
+    @app.entrypoint
+    @sagemaker_rft_handler
+    async def invoke(payload):
+        # as SageMaker's docs write it; one model per call, since wrap_model writes its
+        # headers into the model's shared client_args
+        model = wrap_model(OpenAIModel(
+            client_args={"api_key": generate_token(region="local"), "base_url": f"{endpoint}/v1"},
+            model_id="policy",
+        ))
+        agent = Agent(model=model, tools=tools, callback_handler=None)
+        await agent.invoke_async(payload["instance"]["prompt"])
+        turns = sum(1 for m in agent.messages if m["role"] == "assistant")
+        return {"reward": per_turn_rewards(turns)}
+
+    app.run(port=port, host="127.0.0.1")
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "serve":
+        serve()
+    elif mode == "agentcore":
+        agentcore(int(sys.argv[2]))
+    elif mode == "sagemaker":
+        sagemaker(int(sys.argv[2]), sys.argv[3])
+    else:
+        raise SystemExit(f"unknown mode {mode!r}; expected serve, agentcore or sagemaker")

@@ -1,0 +1,189 @@
+"""Coordinator side of the adapter tests: the scripted policy, the task set, the checks.
+
+Every task asks for one key (``K00`` .. ``K15``). The scripted policy reads
+the key from the rollout's own prompt, calls ``lookup(key)``, then
+``add(value, 5)`` with the value the tool returned (read back from the
+prompt), then answers. So each recorded turn and tool call carries its
+rollout's key: a call attributed to the wrong rollout shows up as a key
+that does not match. ``K03`` makes ``lookup`` raise (a tool error the model
+must see); ``K05`` makes the agent itself raise at the end of its episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from _adapter_tools import (  # noqa: F401  (re-exported for the tests)
+    CRASH_KEY,
+    ERROR_KEY,
+    OFFSET,
+    TOOLS,
+    add,
+    afinish_episode,
+    aopenai_tool_loop,
+    finish_episode,
+    key_of,
+    lookup,
+    openai_tool_loop,
+    per_turn_rewards,
+    value_of,
+)
+from mtrl_runtime.engines import ScriptedReply
+from mtrl_runtime.types import RolloutSpec, RolloutStatus, SamplingParams, Task
+
+_RESPONSE = re.compile(r"<tool_response>\s*(.*?)\s*</tool_response>", re.S)
+
+
+def policy(request: Any, prompt: str) -> ScriptedReply | str:
+    """The scripted policy (see the module docstring); ``prompt`` is the rendered prompt text."""
+    key = key_of(prompt)
+    if request.turn_index == 0:
+        return ScriptedReply.tool_call("lookup", {"key": key})
+    responses = _RESPONSE.findall(prompt)
+    last = _number(responses[-1]) if responses else None
+    if request.turn_index == 1:
+        if last is None:
+            return f"The lookup of {key} failed. DONE"
+        return ScriptedReply.tool_call("add", {"a": last, "b": OFFSET})
+    return f"The answer for {key} is {last}. DONE"
+
+
+def _number(text: str) -> int | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return int(text) if text.strip().isdigit() else None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, list) and value and isinstance(value[0], dict):  # OpenAI content parts
+        return _number(str(value[0].get("text", "")))
+    return None
+
+
+def tasks(n: int = 16) -> list[Task]:
+    return [Task(id=f"t{i:02d}", prompt=f"What is the value of key K{i:02d} plus {OFFSET}?") for i in range(n)]
+
+
+def specs(handle: Any, tasks_: list[Task], *, max_tokens: int = 256, timeout_s: float = 120.0) -> list[RolloutSpec]:
+    """One rollout per task on the served coordinator, as a dispatcher would make them."""
+    out = []
+    for task in tasks_:
+        created = handle.coordinator.create_rollout(task)
+        out.append(
+            RolloutSpec(
+                rollout_id=created.id,
+                group_id=created.group_id,
+                task=task,
+                token=created.token,
+                endpoint=handle.url,
+                model_name="policy",
+                sampling=SamplingParams(max_tokens=max_tokens),
+                max_turns=8,
+                timeout_s=timeout_s,
+            )
+        )
+    return out
+
+
+def check_attribution(store: Any, spec: RolloutSpec, *, crash_ok: bool = True) -> Any:
+    """Assert every turn and tool call of ``spec``'s rollout belongs to its own task; returns the rollout."""
+    rollout = store.get_rollout(spec.rollout_id)
+    key = key_of(spec.task.prompt)
+    assert rollout.task_id == spec.task.id
+    assert rollout.turns, f"{key}: no turns recorded"
+    for turn in rollout.turns:
+        user = [m for m in turn.messages if m.get("role") == "user"]
+        assert user and key in str(user[0].get("content")), f"{key}: turn {turn.index} carries {user}"
+        for call in turn.tool_calls:
+            args = call["function"]["arguments"]
+            args = json.loads(args) if isinstance(args, str) else args
+            if call["function"]["name"] == "lookup":
+                assert args == {"key": key}
+            else:
+                assert args == {"a": value_of(key), "b": OFFSET}
+    if key == CRASH_KEY and crash_ok:
+        assert rollout.status is RolloutStatus.FAILED
+        assert "agent crashed on purpose" in rollout.error
+        return rollout
+    assert rollout.status is RolloutStatus.COMPLETED, (key, rollout.status, rollout.error)
+    calls = {c.name: c for c in rollout.tool_calls}
+    assert calls["lookup"].arguments == {"key": key} and calls["lookup"].turn_index == 0
+    assert calls["lookup"].call_id == rollout.turns[0].tool_calls[0]["id"]
+    if key == ERROR_KEY:
+        assert len(rollout.tool_calls) == 1
+        assert calls["lookup"].status == "error" and "unknown key K03" in calls["lookup"].error
+        last_prompt = " ".join(str(m.get("content")) for m in rollout.turns[-1].messages)
+        assert "unknown key K03" in last_prompt  # the model saw the tool's error
+    else:
+        assert len(rollout.tool_calls) == 2
+        assert str(calls["lookup"].result) == str(value_of(key)) and calls["lookup"].status == "success"
+        assert calls["add"].arguments == {"a": value_of(key), "b": OFFSET} and calls["add"].turn_index == 1
+        assert str(calls["add"].result) == str(value_of(key) + OFFSET)
+        assert f"is {value_of(key) + OFFSET}" in rollout.turns[-1].completion_text
+    assert rollout.turn_rewards == tuple(per_turn_rewards(len(rollout.turns)))
+    assert all(c.latency_s >= 0 for c in rollout.tool_calls)
+    return rollout
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+AGENTS = Path(__file__).resolve().parent / "_adapter_agents.py"
+
+
+def spawn_agent(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``tests/_adapter_agents.py`` with ``args`` (its output on a pipe)."""
+    return subprocess.Popen(
+        [sys.executable, str(AGENTS), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the agent process exited: {proc.stdout.read()}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"the agent process did not answer {url} within {timeout}s")
+
+
+def stop_agent(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+async def run_all(executor: Any, runs: list[RolloutSpec]) -> list:
+    """Run every spec on ``executor`` at once; close the executor."""
+    try:
+        return await asyncio.gather(*(executor.run(spec) for spec in runs))
+    finally:
+        await executor.close()

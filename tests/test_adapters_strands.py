@@ -1,0 +1,95 @@
+"""A real Strands agent with two tools, 16 concurrent rollouts against the served scripted policy.
+
+The 16 Agents come from one factory (Strands Agents are not re-entrant) and
+share one OpenAIModel object; the agent code is unchanged apart from the
+decorator and the factory wrapper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+
+import pytest
+
+from _adapter_support import CRASH_KEY, ERROR_KEY, add, check_attribution, finish_episode, lookup, policy, specs, tasks
+from mtrl_adapters import rollout, rollout_scope
+from mtrl_runtime.engines import ScriptedEngine
+
+strands = pytest.importorskip("strands")
+from strands import Agent, tool  # noqa: E402
+from strands.models.openai import OpenAIModel  # noqa: E402
+
+from mtrl_adapters.strands import MtrlHooks, agent_factory  # noqa: E402
+
+lookup_tool = tool(lookup)
+add_tool = tool(add)
+
+
+def _model() -> OpenAIModel:
+    # the user's own configuration: a real provider URL and key, untouched by mtrl
+    return OpenAIModel(client_args={"api_key": "sk-user-real-key", "base_url": "https://api.openai.com/v1"},
+                       model_id="gpt-4o-mini")
+
+
+def _turns(agent: Agent) -> int:
+    return sum(1 for m in agent.messages if m["role"] == "assistant")
+
+
+async def test_strands_16_concurrent_rollouts_one_shared_model(served, tiny_tok):
+    handle = served(ScriptedEngine(tiny_tok, policy))
+    model = _model()
+    make_agent = agent_factory(lambda: Agent(model=model, tools=[lookup_tool, add_tool], callback_handler=None))
+
+    @rollout
+    async def run(task):
+        agent = make_agent()
+        result = await agent.invoke_async(task.prompt)
+        finish_episode(task, _turns(agent))
+        return str(result)
+
+    async def one(spec):
+        with rollout_scope(spec) as ctx:
+            try:
+                await run(spec.task)
+            except RuntimeError as exc:
+                assert "crashed on purpose" in str(exc)
+        return ctx
+
+    runs = specs(handle, tasks(16))
+    contexts = await asyncio.gather(*(one(s) for s in runs))
+    for spec in runs:
+        check_attribution(handle.store, spec)
+    statuses = sorted(c.outcome.status for c in contexts)
+    assert statuses.count("failed") == 1 and statuses.count("completed") == 15
+    error_rollout = next(r for r in runs if ERROR_KEY in r.task.prompt)
+    [call] = handle.store.get_rollout(error_rollout.rollout_id).tool_calls
+    assert call.error == "KeyError: 'unknown key K03'"  # the exception, as Strands gave it to the model
+    assert handle.coordinator.counters["auth_rejected"] == 0
+
+
+def test_strands_sync_agents_on_threads(served, tiny_tok):
+    """The sync entrypoint (``agent(prompt)``) runs Strands' own loop on a thread: attribution holds."""
+    handle = served(ScriptedEngine(tiny_tok, policy))
+    model = _model()
+
+    @rollout
+    def run(task):
+        agent = Agent(model=model, tools=[lookup_tool, add_tool], callback_handler=None, hooks=[MtrlHooks()])
+        agent(task.prompt)
+        finish_episode(task, _turns(agent))
+
+    def one(spec):
+        with rollout_scope(spec):
+            try:
+                run(spec.task)
+            except RuntimeError:
+                pass
+
+    runs = specs(handle, tasks(8))
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda s: contextvars.copy_context().run(one, s), runs))
+    for spec in runs:
+        check_attribution(handle.store, spec)
+    assert any(CRASH_KEY in r.task.prompt for r in runs)
