@@ -414,7 +414,7 @@ class Coordinator:
             group_id=rollout.group_id,
             status=rollout.status.value,
             turns=self.store.count_turns(rollout_id),
-            tool_calls=len(rollout.tool_calls),
+            tool_calls=self.store.count_tool_calls(rollout_id),
             reward=rollout.reward,
             turn_rewards=list(rollout.turn_rewards) if rollout.turn_rewards is not None else None,
             metrics=dict(rollout.metrics),

