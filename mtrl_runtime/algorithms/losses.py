@@ -1,0 +1,250 @@
+"""Policy losses: a registry of small pure functions on per-token tensors.
+
+Each loss takes ``(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, params)``
+and returns ``(loss, metrics)``. ``logprobs_BT`` are the current policy's
+log-probabilities of the sampled tokens (with gradient), ``old_logprobs_BT``
+the behaviour logprobs the engine recorded (temperature 1), ``mask_BT`` 1 on
+generated tokens. The ratio is r = pi_theta / pi_behaviour = exp(logprobs - old).
+
+Clip thresholds are RATIO BOUNDS for every loss, as SageMaker AI multi-turn
+RL's ``clip_low_threshold`` / ``clip_high_threshold`` and Tinker define them:
+r is clipped to [clip_low, clip_high] (PPO's 0.8 / 1.2 is epsilon = 0.2).
+
+Options shared by all losses (``LossParams``):
+
+- ``aggregation``: ``token_mean`` (sum over every unmasked token / their
+  count; the default) or ``sequence_mean`` (mean over tokens per sequence,
+  then over sequences). ``normalizer`` overrides the denominator so that
+  micro-batches of one step add up to the loss of the whole step.
+- ``kl_coef`` > 0 adds kl_coef * k3(pi_theta || pi_ref) per token, with
+  k3 = exp(ref - logp) - (ref - logp) - 1 (with LoRA the reference is the
+  base model, adapters disabled).
+- ``tis_cap``: truncated importance sampling for engine/trainer mismatch
+  and staleness. The proximal policy becomes the trainer's own detached
+  logprobs (one optimizer step per batch, so pi_prox = pi_theta in value),
+  the loss's ratio is taken against it, and each token's loss is multiplied by
+  the detached weight min(pi_prox / pi_behaviour, tis_cap).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+import torch
+
+from ..registry import Registry
+
+LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+LOSSES: Registry[LossFn] = Registry("loss function")
+
+LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: beyond this a ratio is noise, and exp would overflow in bf16
+
+
+@dataclass(frozen=True)
+class LossParams:
+    """Options of the losses; ``clip_low`` / ``clip_high`` None means the loss's own default."""
+
+    clip_low: float | None = None
+    clip_high: float | None = None
+    kl_coef: float = 0.0
+    tis_cap: float | None = None
+    aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
+
+    def __post_init__(self) -> None:
+        if self.aggregation not in ("token_mean", "sequence_mean"):
+            raise ValueError(f"aggregation must be token_mean or sequence_mean, got {self.aggregation!r}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.tis_cap is not None and self.tis_cap <= 0:
+            raise ValueError(f"tis_cap must be > 0, got {self.tis_cap}")
+        self.bounds(None, None)  # explicit bounds fail here, not at the first step
+
+    @classmethod
+    def from_config(cls, advanced: Any) -> "LossParams":
+        """From ``MtrlConfig.advanced``."""
+        return cls(
+            clip_low=advanced.clip_low,
+            clip_high=advanced.clip_high,
+            kl_coef=advanced.kl_coef,
+            tis_cap=advanced.tis_cap,
+            aggregation=advanced.loss_aggregation,
+        )
+
+    def bounds(self, default_low: float | None, default_high: float | None) -> tuple[float | None, float | None]:
+        """The ratio bounds to use, checked to bracket 1."""
+        low = self.clip_low if self.clip_low is not None else default_low
+        high = self.clip_high if self.clip_high is not None else default_high
+        if low is not None and not 0.0 <= low <= 1.0:
+            raise ValueError(f"clip_low is a ratio bound and must be in [0, 1], got {low}")
+        if high is not None and high < 1.0:
+            raise ValueError(f"clip_high is a ratio bound and must be >= 1, got {high}")
+        return low, high
+
+
+# -- shared pieces -------------------------------------------------------------
+
+
+def _ratio_and_weight(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, params: LossParams
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(ratio the loss clips, detached TIS weight or None). See the module docstring."""
+    if params.tis_cap is None:
+        log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+        return torch.exp(log_ratio), None
+    proximal = logprobs.detach()
+    weight = torch.exp((proximal - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    return torch.exp(logprobs - proximal), weight.clamp(max=params.tis_cap)
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((x * mask).sum() / mask.sum().clamp(min=1))
+
+
+def aggregate(
+    loss_BT: torch.Tensor, mask_BT: torch.Tensor, aggregation: str, normalizer: float | None = None
+) -> torch.Tensor:
+    """Reduce per-token losses to a scalar.
+
+    token_mean: sum(loss * mask) / normalizer (default: the number of unmasked
+    tokens). sequence_mean: sum over sequences of their token mean / normalizer
+    (default: the number of sequences with at least one unmasked token).
+    """
+    mask = mask_BT.to(loss_BT.dtype)
+    if aggregation == "token_mean":
+        denom = normalizer if normalizer is not None else mask.sum().clamp(min=1)
+        return (loss_BT * mask).sum() / denom
+    if aggregation == "sequence_mean":
+        tokens_B = mask.sum(-1)
+        per_seq = (loss_BT * mask).sum(-1) / tokens_B.clamp(min=1)
+        denom = normalizer if normalizer is not None else (tokens_B > 0).sum().clamp(min=1)
+        return per_seq.sum() / denom
+    raise ValueError(f"aggregation must be token_mean or sequence_mean, got {aggregation!r}")
+
+
+def _finish(
+    objective_BT: torch.Tensor,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    params: LossParams,
+    weight: torch.Tensor | None,
+    ref_logprobs: torch.Tensor | None,
+    normalizer: float | None,
+    metrics: dict[str, float],
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Apply the TIS weight and the KL term, aggregate, and add the shared metrics."""
+    mask = mask.to(logprobs.dtype)
+    loss_BT = -objective_BT
+    if weight is not None:
+        loss_BT = loss_BT * weight
+        metrics["tis_weight_mean"] = _masked_mean(weight, mask)
+        metrics["tis_capped_fraction"] = _masked_mean((weight >= params.tis_cap).to(mask.dtype), mask)
+    if params.kl_coef > 0:
+        if ref_logprobs is None:
+            raise ValueError("kl_coef > 0 needs ref_logprobs_BT (the reference policy's logprobs)")
+        delta = ref_logprobs - logprobs
+        kl_BT = torch.exp(delta) - delta - 1.0
+        loss_BT = loss_BT + params.kl_coef * kl_BT
+        metrics["kl_ref"] = _masked_mean(kl_BT.detach(), mask)
+    with torch.no_grad():
+        log_r = (logprobs - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+        metrics["ratio_mean"] = _masked_mean(torch.exp(log_r), mask)
+        # k3 estimate of KL(behaviour || current), sampled from the behaviour policy
+        metrics["approx_kl"] = _masked_mean(torch.exp(log_r) - 1.0 - log_r, mask)
+        metrics["tokens"] = float(mask.sum())
+    return aggregate(loss_BT, mask, params.aggregation, normalizer), metrics
+
+
+# -- the losses ------------------------------------------------------------------
+
+
+@LOSSES.register("ppo")
+def ppo(
+    logprobs_BT: torch.Tensor,
+    old_logprobs_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    params: LossParams = LossParams(),
+    *,
+    ref_logprobs_BT: torch.Tensor | None = None,
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped surrogate: loss_t = -min(r A, clip(r, lo, hi) A); default bounds 0.8 / 1.2.
+
+    clip_fraction counts tokens where the clipped branch is the smaller one
+    (their gradient is zero).
+    """
+    low, high = params.bounds(0.8, 1.2)
+    ratio, weight = _ratio_and_weight(logprobs_BT, old_logprobs_BT, params)
+    unclipped = ratio * advantages_BT
+    clipped = ratio.clamp(low, high) * advantages_BT
+    objective = torch.minimum(unclipped, clipped)
+    mask = mask_BT.to(logprobs_BT.dtype)
+    metrics = {"clip_fraction": _masked_mean((clipped < unclipped).to(mask.dtype), mask)}
+    return _finish(
+        objective, logprobs_BT, old_logprobs_BT, mask_BT, params, weight, ref_logprobs_BT, normalizer, metrics
+    )
+
+
+@LOSSES.register("cispo")
+def cispo(
+    logprobs_BT: torch.Tensor,
+    old_logprobs_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    params: LossParams = LossParams(),
+    *,
+    ref_logprobs_BT: torch.Tensor | None = None,
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """CISPO (MiniMax-M1, arXiv:2506.13585): loss_t = -sg(clip(r, lo, hi)) * A * log pi_theta.
+
+    Every token keeps a gradient; only the weight is bounded. Default ratio
+    bounds [0.0, 7.0]: the published recommendation "1.0 / 6.0" is read in the
+    paper's additive convention, eps_low = 1.0 and eps_high = 6.0, so
+    r in [1 - 1.0, 1 + 6.0] = [0, 7]. eps_low = 1.0 is how MiniMax-M1 writes "no
+    lower bound" (a ratio floor of 1.0 would raise every down-weighted token to
+    weight 1). Pass clip_low / clip_high (ratio bounds) to change them.
+    clip_fraction counts tokens whose ratio lies outside the bounds.
+    """
+    low, high = params.bounds(0.0, 7.0)
+    ratio, weight = _ratio_and_weight(logprobs_BT, old_logprobs_BT, params)
+    clipped = ratio.detach().clamp(low, high)
+    objective = clipped * advantages_BT * logprobs_BT
+    mask = mask_BT.to(logprobs_BT.dtype)
+    outside = (ratio.detach() != clipped).to(mask.dtype)
+    metrics = {"clip_fraction": _masked_mean(outside, mask)}
+    return _finish(
+        objective, logprobs_BT, old_logprobs_BT, mask_BT, params, weight, ref_logprobs_BT, normalizer, metrics
+    )
+
+
+@LOSSES.register("importance_sampling")
+def importance_sampling(
+    logprobs_BT: torch.Tensor,
+    old_logprobs_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    params: LossParams = LossParams(),
+    *,
+    ref_logprobs_BT: torch.Tensor | None = None,
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Off-policy REINFORCE: loss_t = -r * A, whose gradient is -r * A * grad log pi_theta.
+
+    No clipping by default; with clip_low / clip_high set the ratio is clamped
+    to them (tokens outside get no gradient), and clip_fraction counts those.
+    """
+    low, high = params.bounds(None, None)
+    ratio, weight = _ratio_and_weight(logprobs_BT, old_logprobs_BT, params)
+    used = ratio.clamp(low, high) if (low is not None or high is not None) else ratio
+    mask = mask_BT.to(logprobs_BT.dtype)
+    metrics = {"clip_fraction": _masked_mean((used.detach() != ratio.detach()).to(mask.dtype), mask)}
+    return _finish(
+        used * advantages_BT, logprobs_BT, old_logprobs_BT, mask_BT, params, weight, ref_logprobs_BT,
+        normalizer, metrics,
+    )
+
+
+__all__ = ["LOSSES", "LossFn", "LossParams", "aggregate", "cispo", "importance_sampling", "ppo"]

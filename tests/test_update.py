@@ -1,0 +1,203 @@
+"""The policy update on a real tiny Llama: learning, micro-batching, the lock, checkpoints."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from mtrl_runtime.algorithms import LossParams
+from mtrl_runtime.testing import tiny_model, tiny_tokenizer
+from mtrl_runtime.training import PolicyUpdate, UpdateSettings, build_policy, plan_micro_batches
+from mtrl_runtime.types import Sample
+
+TEXTS = [
+    "You are a helpful assistant. The answer is 42.",
+    "What is the value for key A1? Reply with DONE when finished. The answer is 42.",
+    "Call the tool, then answer with the result.",
+    "system user assistant tool 0123456789",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+def make_policy(tokenizer, **kwargs):
+    kwargs.setdefault("rank", 8)
+    kwargs.setdefault("alpha", 16)
+    return build_policy(tiny_model(tokenizer, seed=0), tokenizer, **kwargs)
+
+
+def token_logprobs(model, ids):
+    """log p(token i | tokens < i) for i >= 1, from one plain forward pass."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+    return logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1)
+
+
+def sample_for(model, tokenizer, text, prompt_len=4, advantage=1.0):
+    """A sample whose behaviour logprobs are the model's own (on-policy)."""
+    ids = tuple(tokenizer(text)["input_ids"])
+    n = len(ids)
+    logp = [0.0] + token_logprobs(model, list(ids)).tolist()
+    mask = (0,) * prompt_len + (1,) * (n - prompt_len)
+    return Sample(
+        rollout_id=text[:8], group_id="g", segment=0, token_ids_T=ids, loss_mask_T=mask,
+        behaviour_logprobs_T=tuple(lp if m else 0.0 for lp, m in zip(logp, mask)),
+        advantages_T=tuple(advantage if m else 0.0 for m in mask),
+        policy_version_T=tuple(0 if m else -1 for m in mask),
+    )
+
+
+def sequence_logprob(model, sample):
+    logp = token_logprobs(model, list(sample.token_ids_T))
+    return float((logp * torch.tensor(sample.loss_mask_T[1:], dtype=torch.float32)).sum())
+
+
+def test_plan_micro_batches_fits_the_budget():
+    # longest first: 10+8 fill 2 x 10 = 20; 5+3 fill 2 x 5 = 10
+    assert plan_micro_batches([5, 10, 3, 8], budget=20) == [[1, 3], [0, 2]]
+    assert plan_micro_batches([30, 4], budget=20) == [[0], [1]]  # too long: alone
+
+
+@pytest.mark.parametrize("loss_fn", ["ppo", "cispo", "importance_sampling"])
+def test_repeated_steps_raise_the_logprob_of_a_positive_sample(tokenizer, loss_fn):
+    policy = make_policy(tokenizer)
+    sample = sample_for(policy.model, tokenizer, TEXTS[0])
+    update = PolicyUpdate(policy, UpdateSettings(loss_fn=loss_fn, learning_rate=1e-2, precision="fp32"))
+    before = sequence_logprob(policy.model, sample)
+    for _ in range(5):
+        metrics = update.step([sample])
+    after = sequence_logprob(policy.model, sample)
+    assert after > before + 0.5, (before, after)
+    assert metrics["train/policy_version"] == 5.0 and metrics["train/tokens_trained"] == sum(sample.loss_mask_T)
+    assert not policy.model.training  # back in eval() after the update
+
+
+def test_negative_advantage_lowers_the_logprob(tokenizer):
+    policy = make_policy(tokenizer)
+    sample = sample_for(policy.model, tokenizer, TEXTS[1], advantage=-1.0)
+    update = PolicyUpdate(policy, UpdateSettings(learning_rate=1e-2, precision="fp32"))
+    before = sequence_logprob(policy.model, sample)
+    for _ in range(3):
+        update.step([sample])
+    assert sequence_logprob(policy.model, sample) < before - 0.5
+
+
+def grads_after_backward(tokenizer, samples, budget, aggregation):
+    policy = make_policy(tokenizer)
+    settings = UpdateSettings(
+        micro_batch_tokens=budget, precision="fp32", loss=LossParams(aggregation=aggregation)
+    )
+    update = PolicyUpdate(policy, settings)
+    # the LoRA B matrices start at zero, which zeroes A's gradient: give them a value first
+    with torch.no_grad():
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * 0.1)
+    metrics = update.backward(samples)
+    grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    return grads, metrics
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean"])
+def test_micro_batching_gives_the_gradient_of_one_batch(tokenizer, aggregation):
+    base = make_policy(tokenizer)
+    samples = [
+        sample_for(base.model, tokenizer, text, advantage=adv)
+        for text, adv in zip(TEXTS, [1.0, -0.5, 2.0, -1.5])
+    ]
+    one, m_one = grads_after_backward(tokenizer, samples, budget=10_000, aggregation=aggregation)
+    many, m_many = grads_after_backward(tokenizer, samples, budget=24, aggregation=aggregation)
+    assert m_one["train/micro_batches"] == 1 and m_many["train/micro_batches"] >= 3
+    assert m_one["train/loss"] == pytest.approx(m_many["train/loss"], abs=1e-6)
+    for name in one:
+        assert torch.allclose(one[name], many[name], atol=1e-6, rtol=1e-4), name
+    assert any(g.abs().sum() > 0 for g in one.values())
+
+
+def test_step_waits_for_the_weights_lock(tokenizer):
+    policy = make_policy(tokenizer)
+    sample = sample_for(policy.model, tokenizer, TEXTS[2])
+    lock = threading.Lock()
+    update = PolicyUpdate(policy, UpdateSettings(precision="fp32"), weights_lock=lock)
+    done = threading.Event()
+    with lock:  # an engine generating with the shared model
+        worker = threading.Thread(target=lambda: (update.step([sample]), done.set()))
+        worker.start()
+        time.sleep(0.3)
+        assert not done.is_set()
+    worker.join(timeout=30)
+    assert done.is_set() and update.version == 1
+
+
+def test_checkpoint_round_trip_restores_adapter_optimizer_and_version(tokenizer, tmp_path):
+    policy = make_policy(tokenizer)
+    sample = sample_for(policy.model, tokenizer, TEXTS[1])
+    settings = UpdateSettings(learning_rate=1e-2, precision="fp32")
+    update = PolicyUpdate(policy, settings)
+    update.step([sample])
+    update.step([sample])
+    folder = update.save_checkpoint(tmp_path / "step-2")
+    update.save_checkpoint(tmp_path / "step-2")  # overwriting an existing checkpoint works
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2"]  # no temp folders left
+
+    restored = PolicyUpdate(make_policy(tokenizer), settings)
+    restored.load_checkpoint(folder)
+    assert restored.version == 2
+    assert sequence_logprob(restored.policy.model, sample) == pytest.approx(
+        sequence_logprob(policy.model, sample), abs=1e-5
+    )
+    # with the optimizer state restored, the next step is identical too
+    update.step([sample])
+    restored.step([sample])
+    assert sequence_logprob(restored.policy.model, sample) == pytest.approx(
+        sequence_logprob(policy.model, sample), abs=1e-4
+    )
+
+
+def test_lora_targets_are_filtered_to_existing_modules(tokenizer):
+    policy = make_policy(tokenizer, target_modules=["q_proj", "c_attn", "v_proj"])
+    assert policy.target_modules == ("q_proj", "v_proj")
+    with pytest.raises(ValueError, match=r"none is a linear layer.*q_proj"):
+        make_policy(tokenizer, target_modules=["c_attn"])
+
+
+def test_kl_to_the_base_model_starts_at_zero_with_lora(tokenizer):
+    policy = make_policy(tokenizer)
+    sample = sample_for(policy.model, tokenizer, TEXTS[0])
+    settings = UpdateSettings(learning_rate=1e-2, precision="fp32", loss=LossParams(kl_coef=0.1))
+    update = PolicyUpdate(policy, settings)
+    first = update.step([sample])
+    assert first["train/kl_ref"] == pytest.approx(0.0, abs=1e-7)  # LoRA B = 0: policy == base
+    second = update.step([sample])
+    assert second["train/kl_ref"] > 0.0
+
+
+def test_full_finetune_and_bf16_autocast_steps(tokenizer):
+    policy = make_policy(tokenizer, lora=False)
+    assert all(p.requires_grad for p in policy.model.parameters())
+    sample = sample_for(policy.model, tokenizer, TEXTS[0])
+    update = PolicyUpdate(policy, UpdateSettings(learning_rate=1e-4, precision="bf16"))
+    before = sequence_logprob(policy.model, sample)
+    metrics = [update.step([sample]) for _ in range(3)]
+    assert all(m["train/grad_norm"] > 0 for m in metrics)
+    assert sequence_logprob(policy.model, sample) > before
+
+
+def test_samples_without_model_tokens_do_not_step(tokenizer):
+    policy = make_policy(tokenizer)
+    sample = sample_for(policy.model, tokenizer, TEXTS[0])
+    empty = Sample("r", "g", 0, sample.token_ids_T, (0,) * len(sample.token_ids_T),
+                   (0.0,) * len(sample.token_ids_T), (0.0,) * len(sample.token_ids_T),
+                   (-1,) * len(sample.token_ids_T))
+    update = PolicyUpdate(policy, UpdateSettings(precision="fp32"))
+    metrics = update.step([empty])
+    assert metrics["train/tokens_trained"] == 0 and update.version == 0
+
+
+def test_unknown_loss_is_an_error_listing_known_names():
+    with pytest.raises(KeyError, match="unknown loss function 'grpo'.*ppo"):
+        UpdateSettings(loss_fn="grpo")
