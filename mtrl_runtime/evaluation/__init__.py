@@ -1,5 +1,20 @@
-"""Evaluation: pass@k and the summary metrics of evaluation rollouts."""
+"""Evaluation: the evaluator, pass@k and summary metrics, the strict scorer, the report.
 
+``MultiTurnRLEvaluator`` runs an agent over held-out tasks (k samples each,
+fixed seeds) and compares the fine-tuned adapter with the base model;
+``run_validation`` is the same pass for the trainer's ``val_every`` steps.
+"""
+
+from ._base_model import adapter_layers, base_policy
+from ._evaluator import (
+    BASE,
+    BASE_PREFIX,
+    FINE_TUNED,
+    EvaluationResult,
+    MultiTurnRLEvaluator,
+    disputed_rollouts,
+    log_evaluation,
+)
 from ._metrics import (
     PASS_K_PREFIX,
     EvalRecord,
@@ -16,20 +31,81 @@ from ._metrics import (
     tool_call_distribution,
     turn_limit_rate,
 )
+from ._records import conversation, final_text, record_of, requested_tools, reward_function_metrics
+from ._report import ReportPaths, plot_report, render_markdown, report_data, write_report
+from ._run import (
+    EvalPlan,
+    EvalSide,
+    SeededExecutor,
+    run_side,
+    run_tag,
+    run_validation,
+    sample_seed,
+    select_tasks,
+    summarize,
+)
+from ._stack import RolloutStack, executor_for, open_stack
+from ._strict import (
+    REWARD_ONLY,
+    STRICT_ONLY,
+    Disagreement,
+    StrictComparison,
+    StrictScorer,
+    as_strict_scorer,
+    compare_with_strict,
+)
 
 __all__ = [
+    "BASE",
+    "BASE_PREFIX",
+    "FINE_TUNED",
     "PASS_K_PREFIX",
+    "REWARD_ONLY",
+    "STRICT_ONLY",
+    "Disagreement",
+    "EvalPlan",
     "EvalRecord",
+    "EvalSide",
+    "EvaluationResult",
+    "MultiTurnRLEvaluator",
+    "ReportPaths",
+    "RolloutStack",
+    "SeededExecutor",
+    "StrictComparison",
+    "StrictScorer",
+    "adapter_layers",
+    "as_strict_scorer",
+    "base_policy",
+    "compare_with_strict",
     "completion_rate",
+    "conversation",
+    "disputed_rollouts",
     "eval_metrics",
+    "executor_for",
+    "final_text",
+    "log_evaluation",
     "mean_reward",
     "mean_turns",
+    "open_stack",
     "pass_at_k",
     "pass_k_metrics",
+    "plot_report",
+    "record_of",
+    "render_markdown",
+    "report_data",
+    "requested_tools",
+    "reward_function_metrics",
     "reward_metric_means",
+    "run_side",
+    "run_tag",
+    "run_validation",
+    "sample_seed",
+    "select_tasks",
     "success_rate",
     "successes_by_task",
+    "summarize",
     "token_cap_fraction",
     "tool_call_distribution",
     "turn_limit_rate",
+    "write_report",
 ]

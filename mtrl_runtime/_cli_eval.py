@@ -1,0 +1,129 @@
+"""``mtrl eval`` and ``mtrl check reward|env``: evaluate a policy, check a reward and an environment.
+
+The same conventions as ``mtrl train``: a YAML config first, the agent as
+``--agent module:function`` or ``--agent path/to/file.py:function`` (the
+``@rollout`` entrypoint), tasks as ``--dataset tasks.jsonl``. A strict
+scorer is named the same way (``--strict module:function``, called as
+``fn(final_text, ground_truth) -> float``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ._cli_train import load_agent
+from .cli import COMMANDS
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="a YAML config (core + advanced)")
+    p.add_argument("--agent", required=True, help="the agent entrypoint: module:function or file.py:function")
+    p.add_argument("--dataset", required=True, help="a JSONL file of tasks")
+    p.add_argument("--split", help="only the tasks whose 'split' is this (e.g. test)")
+    p.add_argument("--run-dir", help="the run folder (overrides core.run_dir)")
+    p.add_argument("--output", help="where reports and trajectories go (default: under the run folder)")
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from .config import MtrlConfig
+
+    config = MtrlConfig.from_yaml(args.config)
+    return config.with_overrides({"core.run_dir": args.run_dir}) if args.run_dir else config
+
+
+def _scorer(spec: str | None) -> Any:
+    return load_agent(spec) if spec else None
+
+
+# -- mtrl eval ----------------------------------------------------------------------------------
+
+
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("--adapter", help="a peft adapter folder (default: <run_dir>/adapter when it exists)")
+    p.add_argument("--base", action="store_true", help="also evaluate the base model on the same tasks and seeds")
+    p.add_argument("--strict", help="a strict scorer module:function, compared with the reward")
+    p.add_argument("--samples", type=int, help="cap on samples per task (k = max(pass_k_values) by default)")
+    p.add_argument("--max-tasks", type=int, help="evaluate only the first N tasks")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from .evaluation import MultiTurnRLEvaluator
+
+    config = _config(args)
+    adapter = args.adapter
+    if adapter is None and (config.run_dir / "adapter" / "adapter_config.json").is_file():
+        adapter = config.run_dir / "adapter"
+    evaluator = MultiTurnRLEvaluator(
+        agent_env=load_agent(args.agent), dataset=args.dataset, config=config, output_path=args.output,
+        adapter=adapter, evaluate_base_model=args.base, strict_scorer=_scorer(args.strict), split=args.split,
+        max_tasks=args.max_tasks, max_samples=args.samples, tracking=not args.no_mlflow,
+    )
+    result = evaluator.evaluate()
+    print(_summary(result))
+    print(f"mtrl: report: {result.report.markdown} (also .json, .png)")
+    if result.tracking_uri and result.tracking_uri.startswith("sqlite:///"):
+        print(f"mtrl: open it with: mlflow ui --backend-store-uri {result.tracking_uri}")
+    return 0
+
+
+def _summary(result: Any) -> str:
+    labels = list(result.sides)
+    keys = [k for k in next(iter(result.sides.values())).metrics
+            if k.startswith(("val/reward/", "val/strict/success", "val/strict/reward_only", "val/completed",
+                             "val/truncated", "val/turn_limit"))]
+    width = max(len(k) for k in keys)
+    lines = [f"{'metric':<{width}}  " + "  ".join(f"{label:>10}" for label in labels)]
+    for key in keys:
+        values = [result.sides[label].metrics.get(key) for label in labels]
+        lines.append(f"{key:<{width}}  " + "  ".join(f"{v:>10.3f}" if v is not None else f"{'-':>10}" for v in values))
+    for label, side in result.sides.items():
+        if side.strict is not None and side.strict.reward_only:
+            ids = ", ".join(d.rollout_id for d in side.strict.reward_only[:5])
+            lines.append(f"{label}: {len(side.strict.reward_only)} rollouts succeed by the reward but not strictly "
+                         f"(suspected reward hacking), e.g. {ids}")
+    return "\n".join(lines)
+
+
+COMMANDS.register("eval")((_eval_args, _eval))
+
+
+# -- mtrl check ---------------------------------------------------------------------------------
+
+
+def _check_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="check", required=True)
+    reward = sub.add_parser("reward", help="check the reward on baseline rollouts")
+    _common(reward)
+    reward.add_argument("--strict", help="a strict scorer module:function")
+    reward.add_argument("--max-tasks", type=int, default=16, help="baseline tasks (default 16)")
+    reward.add_argument("--samples", type=int, help="rollouts per task (default: group_size, at most 8)")
+    reward.add_argument("--reward-range", nargs=2, type=float, default=[0.0, 1.0], metavar=("LOW", "HIGH"),
+                        help="the range the reward is declared to lie in (default 0 1)")
+    env = sub.add_parser("env", help="check determinism and isolation of the environment, list the tools")
+    _common(env)
+    env.add_argument("--task", action="append", dest="task_ids", help="a task id to use (twice for two tasks)")
+    for q in (reward, env):
+        q.add_argument("--json", action="store_true", help="print the checklist as JSON")
+
+
+def _check(args: argparse.Namespace) -> int:
+    from .checks import check_env, check_reward
+
+    config = _config(args)
+    agent = load_agent(args.agent)
+    if args.check == "reward":
+        checklist = check_reward(agent, args.dataset, config, strict_scorer=_scorer(args.strict),
+                                 max_tasks=args.max_tasks, samples=args.samples,
+                                 reward_range=tuple(args.reward_range), split=args.split, output_path=args.output)
+    else:
+        checklist = check_env(agent, args.dataset, config, task_ids=args.task_ids, split=args.split,
+                              output_path=args.output)
+    print(json.dumps(checklist.to_dict(), indent=2, default=str) if args.json else checklist)
+    return 0 if checklist.ok else 1
+
+
+COMMANDS.register("check")((_check_args, _check))

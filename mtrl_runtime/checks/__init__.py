@@ -1,0 +1,24 @@
+"""Checks to run before training: is the reward fit to train on, is the environment sound?
+
+``check_reward`` (``mtrl check reward``) judges the reward on baseline
+rollouts; ``check_env`` (``mtrl check env``) runs episodes twice and side by
+side to find nondeterministic tools and shared state, and lists the tools.
+Both return a ``Checklist`` whose failed items name the first fix.
+"""
+
+from ._checklist import CheckItem, Checklist, Status
+from ._env import acheck_env, check_env
+from ._reward import DEFAULT_MAX_SAMPLES, DEFAULT_MAX_TASKS, acheck_reward, check_reward, reward_checklist
+
+__all__ = [
+    "DEFAULT_MAX_SAMPLES",
+    "DEFAULT_MAX_TASKS",
+    "CheckItem",
+    "Checklist",
+    "Status",
+    "acheck_env",
+    "acheck_reward",
+    "check_env",
+    "check_reward",
+    "reward_checklist",
+]

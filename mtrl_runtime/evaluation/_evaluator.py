@@ -1,0 +1,202 @@
+"""``MultiTurnRLEvaluator``: run an agent over a held-out split and compare fine-tuned with base.
+
+Named as SageMaker AI multi-turn RL's Python SDK names its evaluator, with
+its arguments where they mean the same thing here::
+
+    evaluator = MultiTurnRLEvaluator(
+        model=trainer,                  # a MultiTurnRLTrainer (its config, agent and adapter), or a model name
+        dataset="test.jsonl",           # held-out tasks (JSONL path or rows)
+        evaluate_base_model=True,       # also run the base model on the same tasks and seeds
+        strict_scorer=strict_score,     # optional: fn(final_text, ground_truth) -> float
+    )
+    result = evaluator.evaluate()
+    print(result.metrics["val/reward/pass_k_1"], result.report.markdown)
+
+Each model runs ``k`` samples per task (k = max(``pass_k_values``), capped by
+``max_samples``) with ``val_sampling_params`` and fixed per-sample seeds.
+The fine-tuned adapter is loaded onto the engine and evaluated first; the
+base model is then evaluated on the same engine with the adapter disabled
+(``base_policy``). The report (Markdown, JSON, PNG) goes to
+``<run_dir>/eval`` (or ``output_path``) and, with ``tracking``, to an MLflow
+run named ``eval``: the fine-tuned model's metrics as ``val/...``, the
+base model's as ``base/val/...``, the report as artifacts, and a trace of
+every trajectory the strict scorer disputes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from ..config import MtrlConfig
+from ..types import Rollout, Task
+from ._base_model import base_policy
+from ._report import ReportPaths, report_data, write_report
+from ._run import EvalPlan, EvalSide, run_side, run_tag, select_tasks
+from ._stack import open_stack
+from ._strict import StrictScorer, as_strict_scorer
+
+FINE_TUNED = "fine_tuned"
+BASE = "base"
+BASE_PREFIX = "base/"  # MLflow key prefix of the base model's metrics
+MAX_TRACES = 100  # disputed trajectories traced to MLflow per evaluation
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    """What ``evaluate()`` found: one ``EvalSide`` per model, the plan, and where the report went."""
+
+    sides: Mapping[str, EvalSide]
+    plan: EvalPlan
+    output_path: Path
+    report: ReportPaths | None = None
+    mlflow_run_id: str | None = None
+    tracking_uri: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def fine_tuned(self) -> EvalSide | None:
+        return self.sides.get(FINE_TUNED)
+
+    @property
+    def base(self) -> EvalSide | None:
+        return self.sides.get(BASE)
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """Every metric: the evaluated model's as ``val/...`` (fine-tuned when there is one), the base's as
+        ``base/val/...`` when both ran."""
+        out: dict[str, float] = {}
+        for label, side in self.sides.items():
+            key_prefix = BASE_PREFIX if label == BASE and len(self.sides) > 1 else ""
+            out.update({key_prefix + k: v for k, v in side.metrics.items()})
+        return out
+
+
+class MultiTurnRLEvaluator:
+    """Evaluates an agent's policy on held-out tasks (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: Any = None,
+        agent_env: Callable[..., Any] | Any | str | None = None,
+        dataset: str | Path | Iterable[Task | Mapping[str, Any]] | None = None,
+        output_path: str | Path | None = None,
+        config: MtrlConfig | Mapping[str, Any] | str | Path | None = None,
+        *,
+        adapter: str | Path | None = None,
+        evaluate_base_model: bool = False,
+        strict_scorer: StrictScorer | Callable[[Any, Any], float] | None = None,
+        engine: Any = None,
+        split: str | None = None,
+        max_tasks: int | None = None,
+        max_samples: int | None = None,
+        tracking: bool = True,
+    ) -> None:
+        from ..training._trainer import _as_config
+
+        if model is not None and not isinstance(model, (str, Path)):  # a MultiTurnRLTrainer
+            if not hasattr(model, "config") or not hasattr(model, "agent_env"):
+                raise TypeError(f"model: expected a model name or a MultiTurnRLTrainer, got {model!r}")
+            config = model.config if config is None else config
+            agent_env = model.agent_env if agent_env is None else agent_env
+            engine = model.engine if engine is None else engine
+            trained = Path(model.config.run_dir) / "adapter"
+            if adapter is None and (trained / "adapter_config.json").is_file():
+                adapter = trained
+            model = None
+        self.config = _as_config(config)
+        if model is not None:
+            self.config = self.config.with_overrides({"core.model": str(model)})
+        if agent_env is None:
+            raise ValueError("agent_env: give the agent to evaluate (a @rollout function, a RolloutExecutor or a URL)")
+        if dataset is None:
+            raise ValueError("dataset: give held-out tasks (a JSONL path or rows); never evaluate on training prompts")
+        self.agent_env = agent_env
+        self.dataset = dataset
+        self.output_path = Path(output_path) if output_path is not None else self.config.run_dir / "eval"
+        self.adapter = Path(adapter) if adapter is not None else None
+        self.evaluate_base_model = evaluate_base_model
+        self.strict_scorer = as_strict_scorer(strict_scorer)
+        self.engine = engine
+        self.split = split
+        self.max_tasks = max_tasks
+        self.max_samples = max_samples
+        self.tracking = tracking
+
+    def tasks(self) -> list[Task]:
+        """The evaluation tasks: the dataset, filtered to ``split`` and cut to ``max_tasks``, in file order."""
+        return select_tasks(self.dataset, self.split, self.max_tasks)
+
+    def evaluate(self) -> EvaluationResult:
+        """Run the evaluation (blocking) and write the report."""
+        return asyncio.run(self.aevaluate())
+
+    async def aevaluate(self) -> EvaluationResult:
+        """``evaluate()`` for callers already inside an event loop."""
+        plan = EvalPlan.from_config(self.config, self.tasks(), max_samples=self.max_samples)
+        tag = run_tag()
+        # the coordinator's defaults are the plan's too, for agents that do not pass the rollout's sampling on
+        config = plan.dispatch_config(self.config)
+        async with open_stack(config, self.agent_env, self.output_path / "trajectories.db", self.engine) as stack:
+            sides: dict[str, EvalSide] = {}
+            if self.adapter is not None:
+                await stack.engine.load_adapter(str(self.adapter), int(stack.engine.policy_version) + 1)
+            if self.adapter is not None or stack.engine.policy_version > 0:
+                sides[FINE_TUNED] = await run_side(stack, plan, label=FINE_TUNED, group_prefix=f"eval-{tag}-ft",
+                                                   scorer=self.strict_scorer)
+            if self.evaluate_base_model or not sides:
+                async with base_policy(stack.engine):
+                    sides[BASE] = await run_side(stack, plan, label=BASE, group_prefix=f"eval-{tag}-base",
+                                                 scorer=self.strict_scorer)
+        data = report_data(list(sides.values()), plan)
+        paths = await asyncio.to_thread(write_report, data, self.output_path / "report")
+        result = EvaluationResult(sides, plan, self.output_path, paths, data=data)
+        if self.tracking:
+            result = await asyncio.to_thread(self._log, result)
+        return result
+
+    def _log(self, result: EvaluationResult) -> EvaluationResult:
+        from ..tracking import Tracker
+
+        tracker = Tracker(self.config, run_name="eval")
+        try:
+            log_evaluation(tracker, result)
+        except BaseException:
+            tracker.close("FAILED")
+            raise
+        tracker.close("FINISHED")
+        return EvaluationResult(result.sides, result.plan, result.output_path, result.report, tracker.run_id,
+                                tracker.tracking_uri, result.data)
+
+
+def log_evaluation(tracker: Any, result: EvaluationResult, step: int = 0) -> None:
+    """Metrics, report artifacts and traces of the disputed trajectories, into ``tracker``'s MLflow run."""
+    tracker.log_metrics(step, result.metrics)
+    if result.report is not None:
+        tracker.log_artifacts(result.report.folder, "evaluation")
+    tracker.log_rollouts(disputed_rollouts(result.sides.values())[:MAX_TRACES], step)
+
+
+def disputed_rollouts(sides: Iterable[EvalSide]) -> list[Rollout]:
+    """The rollouts the strict scorer and the reward judge differently, reward-only ones first."""
+    out = []
+    for side in sides:
+        if side.strict is None:
+            continue
+        by_id = {r.id: r for r in side.rollouts}
+        out += [by_id[d.rollout_id] for d in (*side.strict.reward_only, *side.strict.strict_only)]
+    return out
+
+
+__all__ = [
+    "BASE",
+    "BASE_PREFIX",
+    "FINE_TUNED",
+    "EvaluationResult",
+    "MultiTurnRLEvaluator",
+    "disputed_rollouts",
+    "log_evaluation",
+]

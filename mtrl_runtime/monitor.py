@@ -1,0 +1,88 @@
+"""The training monitor: diagnostics run on the metric history as steps finish, each finding said once.
+
+``DiagnosticsMonitor.observe(step, metrics)`` appends a step's metrics
+(training and, on validation steps, ``val/...``) to the history, runs
+``diagnostics.diagnose`` and returns the findings not reported before; each
+one is also written to ``<run_dir>/diagnostics.jsonl`` and, with a
+tracker, to MLflow (metric ``diagnostics/<rule>`` = 1 at that step, and a
+run tag ``mtrl.diagnosis.<rule>`` holding the message and the first fix).
+A rule that stops firing and fires again later is reported again.
+
+Used as an ``on_step`` callback (``trainer.train(on_step=monitor)``) it
+reads ``StepReport.metrics`` and prints each finding with ``echo``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from .diagnostics import Diagnosis, diagnose, knobs_from_config
+
+_TAG_CHARS = 4500  # MLflow tag values are capped at 5000 characters
+
+
+class DiagnosticsMonitor:
+    """Keeps the metric history of a run and reports each new diagnosis (see the module docstring)."""
+
+    def __init__(
+        self,
+        knobs: Mapping[str, Any],
+        *,
+        path: str | Path | None = None,
+        tracker: Any = None,
+        echo: Callable[[str], None] | None = print,
+    ) -> None:
+        self.knobs = dict(knobs)
+        self.path = Path(path) if path is not None else None
+        self.tracker = tracker
+        self.echo = echo
+        self.history: list[dict[str, Any]] = []
+        self._active: set[str] = set()  # rules whose finding stands (reported, still firing)
+
+    @classmethod
+    def for_config(cls, config: Any, **kwargs: Any) -> "DiagnosticsMonitor":
+        """A monitor with the config's knobs, writing ``<run_dir>/diagnostics.jsonl``."""
+        kwargs.setdefault("path", Path(config.core.run_dir) / "diagnostics.jsonl")
+        return cls(knobs_from_config(config), **kwargs)
+
+    def observe(self, step: int, metrics: Mapping[str, float], suspects: Sequence[str] = ()) -> list[Diagnosis]:
+        """Add one step's metrics; return (and log) the findings that are new at this step.
+
+        ``suspects``: rollout ids to name when the reward-hacking rule fires
+        (e.g. a validation pass's reward-only disagreements with the strict scorer).
+        """
+        if suspects:
+            self.knobs["top_rollout_ids"] = list(suspects)[:10]
+        self.history.append({**metrics, "step": step})
+        found = diagnose(self.history, self.knobs)
+        new = [d for d in found if d.rule not in self._active]
+        self._active = {d.rule for d in found}
+        for diagnosis in new:
+            self._log(step, diagnosis)
+        return new
+
+    def __call__(self, report: Any) -> list[Diagnosis]:
+        """An ``on_step`` callback: observe ``report.metrics`` and print each new finding."""
+        new = self.observe(report.step, report.metrics)
+        if self.echo is not None:
+            for diagnosis in new:
+                self.echo(f"mtrl diagnosis at step {report.step}: {diagnosis}")
+        return new
+
+    def _log(self, step: int, diagnosis: Diagnosis) -> None:
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            record = {"step": step, "time": time.time(), "rule": diagnosis.rule, "severity": diagnosis.severity.value,
+                      "message": diagnosis.message, "first_fix": diagnosis.first_fix, "evidence": dict(diagnosis.evidence)}
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record, default=str) + "\n")
+        if self.tracker is not None:
+            self.tracker.log_metrics(step, {f"diagnostics/{diagnosis.rule}": 1.0})
+            text = f"step {step}: {diagnosis.message} | first fix: {diagnosis.first_fix}"
+            self.tracker.client.set_tag(self.tracker.run_id, f"mtrl.diagnosis.{diagnosis.rule}", text[:_TAG_CHARS])
+
+
+__all__ = ["DiagnosticsMonitor"]
