@@ -1,4 +1,4 @@
-"""Policy engines: the registry, the ``hf`` engine, the ``scripted`` test double, model resolution.
+"""Policy engines: the registry, the ``hf`` and ``vllm`` engines, the ``scripted`` test double, model resolution.
 
 ``create_engine(name, model, **options)`` builds any registered engine;
 ``resolve_model`` turns a model spec into a local Hugging Face folder.
@@ -9,6 +9,7 @@ from ._jobs import EngineClosedError, EngineStats
 from ._registry import ENGINES, EngineFactory, create_engine
 from .hf import HFEngine
 from .scripted import ScriptedEngine, ScriptedFailure, ScriptedReply, ScriptExhausted, scripted_logprob
+from .vllm import VLLMEngine, VLLMRequestError, VLLMServerError
 
 __all__ = [
     "ENGINES",
@@ -21,6 +22,9 @@ __all__ = [
     "ScriptedEngine",
     "ScriptedFailure",
     "ScriptedReply",
+    "VLLMEngine",
+    "VLLMRequestError",
+    "VLLMServerError",
     "atomic_folder",
     "create_engine",
     "default_cache_dir",
