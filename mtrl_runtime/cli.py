@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable
 
@@ -21,7 +22,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="port (default 8731)")
     p.add_argument("--run-dir", help="where the trajectory store lives")
     p.add_argument("--inference", action="store_true", help="also serve calls that name no rollout")
-    p.add_argument("--api-key", help="required to bind beyond loopback")
+    p.add_argument("--api-key", help="required to bind beyond loopback (or set MTRL_API_KEY)")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -32,7 +33,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .config import MtrlConfig
     from .coordinator import Coordinator
     from .engines import create_engine
-    from .server import check_bind, create_app
+    from .server import KEEP_ALIVE_S, check_bind, create_app
     from .store import TrajectoryStore
 
     config = MtrlConfig.from_yaml(args.config) if args.config else MtrlConfig()
@@ -42,7 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
         "core.run_dir": args.run_dir,
         "advanced.server.host": args.host,
         "advanced.server.port": args.port,
-        "advanced.server.api_key": args.api_key,
+        "advanced.server.api_key": args.api_key or os.environ.get("MTRL_API_KEY"),
         "advanced.server.inference_mode": True if args.inference else None,
     }
     config = config.with_overrides({k: v for k, v in overrides.items() if v is not None})
@@ -57,7 +58,8 @@ def _serve(args: argparse.Namespace) -> int:
     port = server_cfg.port or 8731
     print(f"mtrl: serving {config.core.model} ({config.core.engine}) on http://{server_cfg.host}:{port}/v1", flush=True)
     try:
-        uvicorn.run(app, host=server_cfg.host, port=port, log_level="warning", access_log=False)
+        uvicorn.run(app, host=server_cfg.host, port=port, log_level="warning", access_log=False,
+                    timeout_keep_alive=KEEP_ALIVE_S)
     finally:
         store.close()
     return 0
@@ -67,6 +69,8 @@ COMMANDS.register("serve")((_serve_args, _serve))
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import _cli_demo, _cli_eval, _cli_train  # noqa: F401  (each registers its commands)
+
     parser = argparse.ArgumentParser(prog="mtrl", description="Multi-turn RL for the agents you already have.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
@@ -82,4 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the package module so subcommands register where main() looks them up.
+    from mtrl_runtime import cli as _cli
+
+    sys.exit(_cli.main())

@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_package_folder_is_listed_in_pyproject():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    mapping = {"integrations": "mtrl_integrations"}
+    mapping = {"integrations": "mtrl_integrations", "examples": "mtrl_examples"}
     found = set()
-    for top in ("mtrl_adapters", "mtrl_runtime", "integrations"):
+    for top in ("mtrl_adapters", "mtrl_runtime", "integrations", "examples"):
         for init in (ROOT / top).rglob("__init__.py"):
             parts = list(init.parent.relative_to(ROOT).parts)
             parts[0] = mapping.get(parts[0], parts[0])
