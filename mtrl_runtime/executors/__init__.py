@@ -1,0 +1,7 @@
+"""Rollout executors: where the user's agent runs for a rollout (this process, an agent server, a Ray cluster)."""
+
+from ._http import HttpExecutor
+from ._inprocess import InProcessExecutor
+from ._ray import RayExecutor  # imports ray only when constructed
+
+__all__ = ["HttpExecutor", "InProcessExecutor", "RayExecutor"]

@@ -1,0 +1,57 @@
+"""The in-process executor: runs a decorated agent function on this process's event loop.
+
+Each rollout runs inside ``rollout_scope(spec)``, so the ``@rollout``
+decorator finds it, instruments the agent's model clients and reports the
+end. An async agent runs as a task on the loop; a sync agent runs in a
+worker thread (``asyncio.to_thread`` copies the rollout context into it).
+A function that is not decorated is decorated here. The rollout's
+``timeout_s`` bounds the run: an async agent is cancelled at the deadline;
+a sync one cannot be interrupted, so its thread is left to finish while the
+rollout is reported ``timed_out`` (later reports of it are refused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import Any
+
+from mtrl_adapters import is_decorated, rollout, rollout_scope
+
+from ..types import AgentFn, RolloutOutcome, RolloutSpec, RolloutStatus
+
+_STATUSES = {s.value: s for s in RolloutStatus}
+
+
+class InProcessExecutor:
+    """Runs ``agent_fn(task)`` for each RolloutSpec, in this process (see the module docstring)."""
+
+    def __init__(self, agent_fn: AgentFn) -> None:
+        if not callable(agent_fn):
+            raise TypeError(f"agent_fn: expected a function taking a task, got {agent_fn!r}")
+        self.agent_fn = agent_fn if is_decorated(agent_fn) else rollout(agent_fn)
+        self._async = inspect.iscoroutinefunction(self.agent_fn)
+
+    async def run(self, spec: RolloutSpec) -> RolloutOutcome:
+        with rollout_scope(spec) as ctx:
+            try:
+                await asyncio.wait_for(self._call(spec), spec.timeout_s)
+            except TimeoutError:
+                return RolloutOutcome(spec.rollout_id, RolloutStatus.TIMED_OUT,
+                                      f"the agent did not finish within timeout_s={spec.timeout_s:g}")
+            except Exception as exc:  # the agent failed: the rollout is data, the run goes on
+                return RolloutOutcome(spec.rollout_id, RolloutStatus.FAILED, f"{type(exc).__name__}: {exc}")
+        reported = ctx.outcome
+        status = _STATUSES.get(reported.status, RolloutStatus.COMPLETED) if reported is not None else RolloutStatus.COMPLETED
+        return RolloutOutcome(spec.rollout_id, status, reported.error if reported is not None else None)
+
+    def _call(self, spec: RolloutSpec) -> Any:
+        if self._async:
+            return self.agent_fn(spec.task)
+        return asyncio.to_thread(self.agent_fn, spec.task)
+
+    async def close(self) -> None:
+        """Nothing to release: rollouts share this process's loop and threads."""
+
+
+__all__ = ["InProcessExecutor"]

@@ -1,0 +1,54 @@
+"""Training: the policy update (LoRA or full), the dispatcher, sync/async loops, checkpoints, the trainer."""
+
+from ._policy import DEFAULT_TARGET_MODULES, Policy, atomic_folder, build_policy, policy_from_config
+from ._update import PolicyUpdate, UpdateSettings, plan_micro_batches, resolve_autocast
+from ._batch import PreparedBatch, prepare_batch, staleness
+from ._checkpoint import CheckpointState, Checkpoints, StepRecord
+from ._data import TaskSchedule, load_tasks, task_from_row
+from ._dispatcher import Dispatcher, GroupResult, StepBatch, group_id_for
+from ._groups import GROUP_POLICIES, GroupDecision, GroupRound
+from ._loop import StepReport, TrainingLoop, off_policy_bound
+from ._metrics import reward_function_metrics, rollout_metrics
+from ._resume import ResumePlan, plan_resume
+from ._trainer import MultiTurnRLTrainer, TrainingResult
+from ._weights import PushedWeights, SharedWeights, shares_model
+
+__all__ = [
+    "DEFAULT_TARGET_MODULES",
+    "GROUP_POLICIES",
+    "CheckpointState",
+    "Checkpoints",
+    "Dispatcher",
+    "GroupDecision",
+    "GroupResult",
+    "GroupRound",
+    "MultiTurnRLTrainer",
+    "Policy",
+    "PolicyUpdate",
+    "PreparedBatch",
+    "PushedWeights",
+    "ResumePlan",
+    "SharedWeights",
+    "StepBatch",
+    "StepRecord",
+    "StepReport",
+    "TaskSchedule",
+    "TrainingLoop",
+    "TrainingResult",
+    "UpdateSettings",
+    "atomic_folder",
+    "build_policy",
+    "group_id_for",
+    "load_tasks",
+    "off_policy_bound",
+    "plan_micro_batches",
+    "plan_resume",
+    "policy_from_config",
+    "prepare_batch",
+    "resolve_autocast",
+    "reward_function_metrics",
+    "rollout_metrics",
+    "shares_model",
+    "staleness",
+    "task_from_row",
+]

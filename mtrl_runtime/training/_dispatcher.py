@@ -1,0 +1,244 @@
+"""The dispatcher: runs ``group_size`` rollouts per task through a RolloutExecutor and forms groups.
+
+For each task of a step it opens rollouts with the coordinator (id, token,
+``step``, ``max_turns``), hands a RolloutSpec to the executor under one
+concurrency limit (``advanced.max_concurrency``, shared by every step in
+flight), and bounds each rollout by ``advanced.rollout_timeout_s``: a
+rollout still running then is cancelled and finished ``timed_out``. A
+rollout the agent did not end itself is finished with the executor's
+outcome. The store's record is what counts; the group policy
+(``_groups``) then keeps, drops or retries the group.
+
+Group ids are ``s<step>-g<index>`` (index in the step's batch), so a resumed
+run finds the rollouts a crashed run recorded for the same group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Coroutine, Mapping, Sequence
+
+from ..config import MtrlConfig
+from ..types import Rollout, RolloutExecutor, RolloutOutcome, RolloutSpec, RolloutStatus, Task
+from ._groups import GROUP_POLICIES, GroupRound
+
+log = logging.getLogger("mtrl.train")
+
+ENVIRONMENT_PROBLEM_RATE = 0.01  # permanent failures above this share of a step's rollouts
+_TIMEOUT_GRACE_S = 1.0  # the executor enforces the timeout itself; this catches one that does not
+
+
+def group_id_for(step: int, index: int) -> str:
+    return f"s{step}-g{index}"
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """One task's group after the policy decided: ``kept`` holds the completed rollouts it trains on."""
+
+    id: str
+    task: Task
+    kept: tuple[Rollout, ...]
+    finished: tuple[Rollout, ...]  # every rollout of the group that ended (kept, failed, retried, reused)
+    dropped: bool
+    retries: int = 0
+    reused: int = 0
+    permanent_failures: int = 0
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """The groups of one step, with what the dispatcher saw collecting them."""
+
+    step: int
+    groups: tuple[GroupResult, ...]
+    group_size: int
+    seconds: float
+    first_version: int
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def rollouts(self) -> list[Rollout]:
+        return [r for g in self.groups for r in g.finished]
+
+    @property
+    def kept_groups(self) -> list[GroupResult]:
+        return [g for g in self.groups if not g.dropped]
+
+    def failure_metrics(self) -> dict[str, float]:
+        statuses = Counter(r.status for r in self.rollouts)
+        slots = max(len(self.groups) * self.group_size, 1)
+        permanent = sum(g.permanent_failures for g in self.groups)
+        rate = permanent / slots
+        return {
+            "failures/rollouts_failed": float(statuses[RolloutStatus.FAILED]),
+            "failures/rollouts_timed_out": float(statuses[RolloutStatus.TIMED_OUT]),
+            "failures/retries": float(sum(g.retries for g in self.groups)),
+            "failures/groups_dropped": float(sum(g.dropped for g in self.groups)),
+            "failures/permanent": float(permanent),
+            "failures/permanent_rate": rate,
+            "failures/environment_problem": float(rate > ENVIRONMENT_PROBLEM_RATE),
+            "rollout/reused": float(sum(g.reused for g in self.groups)),
+        }
+
+
+@dataclass
+class _GroupRun:
+    """A group being collected."""
+
+    id: str
+    task: Task
+    completed: list[Rollout] = field(default_factory=list)
+    finished: list[Rollout] = field(default_factory=list)
+    reused: int = 0
+
+
+class Dispatcher:
+    """Collects a step's groups through an executor (see the module docstring).
+
+    ``server_loop`` is the event loop the coordinator's server runs on;
+    coordinator coroutines are run there (None: the caller's loop).
+    """
+
+    def __init__(
+        self,
+        coordinator: Any,
+        executor: RolloutExecutor,
+        config: MtrlConfig,
+        endpoint: str,
+        server_loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self.coordinator = coordinator
+        self.executor = executor
+        self.config = config
+        self.endpoint = endpoint
+        self.server_loop = server_loop
+        self.policy = GROUP_POLICIES.get(config.advanced.group_policy.on_failure)
+        self._slots: asyncio.Semaphore | None = None
+
+    @property
+    def slots(self) -> asyncio.Semaphore:
+        if self._slots is None:  # created on the loop that runs the dispatcher
+            self._slots = asyncio.Semaphore(self.config.advanced.max_concurrency)
+        return self._slots
+
+    async def collect(
+        self, step: int, tasks: Sequence[Task], reuse: Mapping[str, Sequence[Rollout]] | None = None
+    ) -> StepBatch:
+        """Run every group of ``step``; ``reuse[group_id]`` holds completed rollouts recorded earlier."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        first_version = int(self.coordinator.engine.policy_version)
+        reuse = reuse or {}
+        groups = await asyncio.gather(
+            *(self._group(step, group_id_for(step, i), task, reuse.get(group_id_for(step, i), ()))
+              for i, task in enumerate(tasks))
+        )
+        batch = StepBatch(step, tuple(groups), self.config.core.group_size, loop.time() - started, first_version)
+        return _with_warnings(batch)
+
+    async def _group(self, step: int, group_id: str, task: Task, reused: Sequence[Rollout]) -> GroupResult:
+        size = self.config.core.group_size
+        run = _GroupRun(group_id, task)
+        run.completed = [r for r in reused if r.status is RolloutStatus.COMPLETED][:size]
+        run.finished = list(run.completed)
+        run.reused = len(run.completed)
+        need, rounds, retried, failed = size - len(run.completed), 0, 0, 0
+        while True:
+            if need > 0:
+                new = await asyncio.gather(*(self._rollout(step, group_id, task) for _ in range(need)))
+                ok = [r for r in new if r.status is RolloutStatus.COMPLETED]
+                run.finished.extend(new)
+                run.completed.extend(ok)
+                failed = len(new) - len(ok)  # failures of earlier rounds were replaced by this round
+            state = GroupRound(size, len(run.completed), failed, rounds)
+            decision = self.policy(state, self.config.advanced.group_policy)
+            if decision.action != "retry":
+                break
+            rounds += 1
+            retried += decision.retry
+            need = decision.retry
+        dropped = decision.action == "drop"
+        return GroupResult(
+            id=group_id,
+            task=task,
+            kept=() if dropped else tuple(run.completed),
+            finished=tuple(run.finished),
+            dropped=dropped,
+            retries=retried,
+            reused=run.reused,
+            permanent_failures=failed,
+        )
+
+    async def _rollout(self, step: int, group_id: str, task: Task) -> Rollout:
+        """Run one rollout to its end and return it as the store recorded it (with turns)."""
+        core, advanced = self.config.core, self.config.advanced
+        async with self.slots:
+            handle = await asyncio.to_thread(
+                self.coordinator.create_rollout, task, group_id, step=step, max_turns=core.max_turns
+            )
+            spec = RolloutSpec(
+                rollout_id=handle.id,
+                group_id=group_id,
+                task=task,
+                token=handle.token,
+                endpoint=self.endpoint,
+                model_name=self.coordinator.model_name,
+                sampling=core.sampling_params.to_params(),
+                max_turns=core.max_turns,
+                timeout_s=advanced.rollout_timeout_s,
+            )
+            try:
+                outcome = await asyncio.wait_for(self.executor.run(spec), advanced.rollout_timeout_s + _TIMEOUT_GRACE_S)
+            except asyncio.TimeoutError:
+                outcome = RolloutOutcome(handle.id, RolloutStatus.TIMED_OUT, _timeout_error(advanced.rollout_timeout_s))
+            except asyncio.CancelledError:
+                self._finish_soon(handle.id, RolloutStatus.FAILED, "cancelled: the trainer stopped before the rollout ended")
+                raise
+            except Exception as exc:  # the executor itself broke: the rollout failed, the run goes on
+                outcome = RolloutOutcome(handle.id, RolloutStatus.FAILED, f"executor error: {type(exc).__name__}: {exc}")
+            status = outcome.status if outcome.status.is_final else RolloutStatus.FAILED
+            await self._on_server(self.coordinator.finish(handle.id, status, outcome.error))
+        rollout = await asyncio.to_thread(self.coordinator.store.get_rollout, handle.id)
+        if rollout is None:  # pragma: no cover - the store lost a rollout it committed
+            raise RuntimeError(f"rollout {handle.id!r} is missing from the store")
+        return rollout
+
+    async def _on_server(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        if self.server_loop is None or self.server_loop is asyncio.get_running_loop():
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.server_loop))
+
+    def _finish_soon(self, rollout_id: str, status: RolloutStatus, error: str) -> None:
+        """End a rollout without waiting (used while being cancelled)."""
+        coro = self.coordinator.finish(rollout_id, status, error)
+        if self.server_loop is None:
+            asyncio.ensure_future(coro)
+        else:
+            asyncio.run_coroutine_threadsafe(coro, self.server_loop)
+
+
+def _timeout_error(limit: float) -> str:
+    return f"the rollout ran longer than advanced.rollout_timeout_s={limit:g} s and was stopped"
+
+
+def _with_warnings(batch: StepBatch) -> StepBatch:
+    """Add the environment-problem warning when permanent failures exceed 1% of the step's rollouts."""
+    metrics = batch.failure_metrics()
+    if not metrics["failures/environment_problem"]:
+        return batch
+    errors = Counter((r.error or r.status.value)[:200] for g in batch.groups for r in g.finished
+                     if r.status is not RolloutStatus.COMPLETED)
+    common = "; ".join(f"{n}x {e!r}" for e, n in errors.most_common(3))
+    line = (
+        f"environment problem at step {batch.step}: {metrics['failures/permanent_rate']:.1%} of rollouts failed "
+        f"for good (above {ENVIRONMENT_PROBLEM_RATE:.0%}); most common errors: {common}"
+    )
+    log.warning("mtrl: %s", line)
+    return StepBatch(batch.step, batch.groups, batch.group_size, batch.seconds, batch.first_version, (line,))
+
+
+__all__ = ["Dispatcher", "ENVIRONMENT_PROBLEM_RATE", "GroupResult", "StepBatch", "group_id_for"]

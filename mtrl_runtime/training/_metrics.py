@@ -1,0 +1,60 @@
+"""Per-step rollout metrics, under the names DESIGN.md gives them.
+
+``rollout/reward/mean`` averages every rollout that ended in the step
+(failed ones count with the reward they were given); ``valid_mean`` only
+completed rollouts whose agent reported a reward; ``zero_frac`` is the
+share of rollouts whose reward is 0. ``rollout/tokens/response_max`` is the
+most tokens the policy generated in one rollout (all its turns). The reward
+function's own metrics are averaged over the rollouts that report them, as
+``rollout/metrics/<name>``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..types import Rollout, RolloutStatus
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else 0.0
+
+
+def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """Reward, turn, token and reward-function metrics of one step's rollouts."""
+    rewards = [r.total_reward for r in rollouts]
+    valid = [r.total_reward for r in rollouts if r.status is RolloutStatus.COMPLETED and not r.reward_defaulted]
+    response_tokens = [sum(len(t.completion_ids) for t in r.turns) for r in rollouts]
+    turns = [t for r in rollouts for t in r.turns]
+    metrics = {
+        "rollout/count": float(len(rollouts)),
+        "rollout/reward/mean": _mean(rewards),
+        "rollout/reward/valid_mean": _mean(valid),
+        "rollout/reward/zero_frac": _mean([float(x == 0.0) for x in rewards]),
+        "rollout/reward/max": max(rewards, default=0.0),
+        "rollout/reward/min": min(rewards, default=0.0),
+        "rollout/reward_defaulted_frac": _mean([float(r.reward_defaulted) for r in rollouts]),
+        "rollout/completed_frac": _mean([float(r.status is RolloutStatus.COMPLETED) for r in rollouts]),
+        "rollout/turns/mean": _mean([float(len(r.turns)) for r in rollouts]),
+        "rollout/tool_calls/mean": _mean([float(len(r.tool_calls)) for r in rollouts]),
+        "rollout/tokens/response_max": float(max(response_tokens, default=0)),
+        "rollout/tokens/response_mean": _mean([float(n) for n in response_tokens]),
+        "rollout/truncated_frac": _mean([float(t.finish_reason == "length") for t in turns]),
+        "rollout/malformed_tool_calls": float(sum(t.malformed_tool_call for t in turns)),
+        "rollout/prefix_breaks": float(sum(t.break_reason is not None for t in turns)),
+    }
+    for name, value in reward_function_metrics(rollouts).items():
+        metrics[f"rollout/metrics/{name}"] = value
+    return metrics
+
+
+def reward_function_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """Mean of each metric the agents reported with ``update_reward``, over the rollouts reporting it."""
+    values: dict[str, list[float]] = {}
+    for rollout in rollouts:
+        for name, value in rollout.metrics.items():
+            values.setdefault(name, []).append(float(value))
+    return {name: _mean(v) for name, v in sorted(values.items())}
+
+
+__all__ = ["reward_function_metrics", "rollout_metrics"]

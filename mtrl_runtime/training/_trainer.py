@@ -1,0 +1,268 @@
+"""``MultiTurnRLTrainer``: one object that wires engine, endpoint, store, dispatcher, update and MLflow.
+
+Named as SageMaker AI multi-turn RL's Python SDK names its trainer, with the
+same arguments where they mean the same thing here::
+
+    trainer = MultiTurnRLTrainer(
+        model="smollm2-135m",
+        agent_env=my_agent,             # a @rollout function, a RolloutExecutor, or an agent server URL
+        training_dataset="tasks.jsonl",  # or a list of Task / dict rows
+        output_path="runs/x",           # the run folder (store, checkpoints, adapter, mlflow.db)
+    )
+    trainer.hyperparameters.max_steps = 20
+    result = trainer.train()
+    print(result.output_adapter_path)
+
+``train()`` starts the coordinator on loopback, runs the loop (``_loop``),
+saves the final adapter to ``<output_path>/adapter`` and logs it to MLflow.
+``resume=True`` continues from the run folder's latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from ..config import CoreConfig, MtrlConfig
+from ..types import RolloutExecutor, Task
+from ._checkpoint import Checkpoints
+from ._data import TaskSchedule, load_tasks
+from ._dispatcher import Dispatcher
+from ._loop import StepReport, TrainingLoop
+from ._resume import plan_resume
+from ._weights import PushedWeights, SharedWeights, shares_model
+
+MLFLOW_RUN_KEY = "mlflow_run_id"
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    """What a finished ``train()`` leaves behind."""
+
+    run_dir: Path
+    start_step: int
+    final_step: int  # the number of steps trained in total (the next step to train)
+    output_adapter_path: Path
+    mlflow_run_id: str | None
+    tracking_uri: str | None
+    reports: tuple[StepReport, ...]
+
+
+class MultiTurnRLTrainer:
+    """Trains the policy behind an agent with multi-turn RL (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        agent_env: Callable[..., Any] | RolloutExecutor | str | None = None,
+        training_dataset: str | Path | Iterable[Task | Mapping[str, Any]] | None = None,
+        output_path: str | Path | None = None,
+        config: MtrlConfig | Mapping[str, Any] | str | Path | None = None,
+        *,
+        engine: Any = None,
+        resume: bool = False,
+        tracking: bool = True,
+    ) -> None:
+        self.config = _as_config(config)
+        overrides = {"core.model": model, "core.run_dir": str(output_path) if output_path is not None else None}
+        self.config = self.config.with_overrides({k: v for k, v in overrides.items() if v is not None})
+        if agent_env is None:
+            raise ValueError("agent_env: give the agent to train (a @rollout function, a RolloutExecutor or an agent server URL)")
+        self.agent_env = agent_env
+        self.training_dataset = training_dataset if training_dataset is not None else self.config.core.dataset
+        if self.training_dataset is None:
+            raise ValueError("training_dataset: give tasks (a JSONL path or rows), or set core.dataset in the config")
+        self.engine = engine
+        self.resume = resume
+        self.tracking = tracking
+
+    @property
+    def hyperparameters(self) -> CoreConfig:
+        """The core settings (validated on assignment): ``trainer.hyperparameters.max_steps = 20``."""
+        return self.config.core
+
+    def train(self, progress: bool = True, on_step: Callable[[StepReport], bool | None] | None = None) -> TrainingResult:
+        """Train to ``core.max_steps`` (blocking); ``progress`` shows step, reward and time per step.
+
+        ``on_step`` is called after every step; returning True ends the run there (with a checkpoint).
+        """
+        if not progress:
+            return asyncio.run(self.atrain(on_step))
+        from ._progress import ProgressDisplay
+
+        with ProgressDisplay(self.config.core.max_steps) as display:
+            def both(report: StepReport) -> bool | None:
+                display(report)
+                return on_step(report) if on_step is not None else None
+
+            return asyncio.run(self.atrain(both))
+
+    async def atrain(self, on_step: Callable[[StepReport], bool | None] | None = None) -> TrainingResult:
+        """``train()`` for callers already inside an event loop."""
+        run = await asyncio.to_thread(_Run.open, self)
+        try:
+            if run.start_step > 0:  # resumed: the engine serves the restored version
+                await run.weights.publish()
+            reports = await run.loop(on_step).run(run.start_step)
+            adapter = await asyncio.to_thread(run.finish)
+        except BaseException:
+            await asyncio.to_thread(run.abort)
+            raise
+        finally:
+            await run.close()
+        return TrainingResult(
+            run_dir=self.config.run_dir,
+            start_step=run.start_step,
+            final_step=max([run.start_step] + [r.step + 1 for r in reports]),
+            output_adapter_path=adapter,
+            mlflow_run_id=run.tracker.run_id if run.tracker else None,
+            tracking_uri=run.tracker.tracking_uri if run.tracker else None,
+            reports=tuple(reports),
+        )
+
+
+class _Run:
+    """The parts of one ``train()`` call, built in order and torn down in reverse."""
+
+    def __init__(self) -> None:
+        self.parts_to_close: list[Callable[[], Any]] = []
+        self.tracker: Any = None
+
+    @classmethod
+    def open(cls, trainer: MultiTurnRLTrainer) -> "_Run":
+        run = cls()
+        try:
+            run._build(trainer)
+        except BaseException:
+            run._close_sync()
+            raise
+        return run
+
+    def _build(self, trainer: MultiTurnRLTrainer) -> None:
+        from ..coordinator import Coordinator
+        from ..server import create_app, start_server
+        from ..store import TrajectoryStore
+        from ._policy import policy_from_config
+        from ._update import PolicyUpdate, UpdateSettings
+
+        config = trainer.config
+        config.run_dir.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self.schedule = TaskSchedule.of(load_tasks(trainer.training_dataset), config.core.train_batch_size, config.core.seed)
+        self.engine, self.owns_engine = trainer.engine, trainer.engine is None
+        if self.engine is None:
+            from ..engines import create_engine
+
+            self.engine = create_engine(config.core.engine, config.core.model, **config.advanced.engine_options)
+        self.store = TrajectoryStore(config.run_dir / "trajectories.db")
+        self.parts_to_close.append(self.store.close)
+        settings = UpdateSettings.from_config(config)
+        if shares_model(self.engine):
+            policy = policy_from_config(config, self.engine.model, self.engine.tokenizer)
+            self.update = PolicyUpdate(policy, settings, weights_lock=self.engine.weights_lock)
+            self.weights: Any = SharedWeights(self.engine, self.update)
+        else:
+            from ..engines import resolve_model
+
+            policy = policy_from_config(config, resolve_model(config.core.model))
+            self.update = PolicyUpdate(policy, settings)
+            self.weights = PushedWeights(self.engine, self.update, config.run_dir)
+        self.checkpoints = Checkpoints(config.run_dir, self.store)
+        self.start_step, self.plan = self._restore(trainer.resume)
+        self.coordinator = Coordinator(self.engine, self.store, config)
+        server_cfg = config.advanced.server
+        self.server = start_server(create_app(self.coordinator), server_cfg.host, server_cfg.port, server_cfg.api_key)
+        self.parts_to_close.append(self.server.stop)
+        self.executor = _executor(trainer.agent_env)
+        self.tracker = self._tracker(trainer.tracking)
+
+    def _restore(self, resume: bool) -> tuple[int, Any]:
+        latest = self.checkpoints.latest()
+        if not resume:
+            if latest is not None:
+                raise FileExistsError(
+                    f"run_dir {str(self.config.run_dir)!r} already holds a run (checkpoint {latest.name}); "
+                    "resume it (resume=True, mtrl train --resume) or choose another run_dir"
+                )
+            return 0, None
+        if latest is None:
+            raise FileNotFoundError(f"resume: no checkpoint under {self.checkpoints.folder}; start without resume")
+        state = self.checkpoints.restore(self.update)
+        return state.next_step, plan_resume(self.store, state.next_step, int(self.update.version))
+
+    def _tracker(self, enabled: bool) -> Any:
+        if not enabled:
+            return None
+        from ..tracking import Tracker
+
+        tracker = Tracker(self.config, run_id=self.store.get_meta(MLFLOW_RUN_KEY))
+        self.store.set_meta(MLFLOW_RUN_KEY, tracker.run_id)
+        return tracker
+
+    def loop(self, on_step: Callable[[StepReport], bool | None] | None) -> TrainingLoop:
+        dispatcher = Dispatcher(self.coordinator, self.executor, self.config, self.server.url, self.server.loop)
+        return TrainingLoop(
+            config=self.config,
+            schedule=self.schedule,
+            dispatcher=dispatcher,
+            weights=self.weights,
+            checkpoints=self.checkpoints,
+            tracker=self.tracker,
+            resume=self.plan,
+            on_step=on_step,
+        )
+
+    def finish(self) -> Path:
+        """Save the final adapter (or model), log it to MLflow, end the MLflow run."""
+        adapter = self.update.policy.save_weights(self.config.run_dir / "adapter")
+        if self.tracker is not None:
+            self.tracker.log_artifacts(adapter, "adapter")
+            self.tracker.close("FINISHED")
+        return adapter
+
+    def abort(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close("FAILED")
+
+    async def close(self) -> None:
+        await self.executor.close()
+        if self.owns_engine:
+            await self.engine.close()
+        await asyncio.to_thread(self._close_sync)
+
+    def _close_sync(self) -> None:
+        while self.parts_to_close:
+            self.parts_to_close.pop()()
+
+
+def _executor(agent_env: Any) -> RolloutExecutor:
+    """A RolloutExecutor from what the user gave: an executor, an agent server URL, or a function."""
+    if hasattr(agent_env, "run") and hasattr(agent_env, "close") and not callable(agent_env):
+        return agent_env
+    if isinstance(agent_env, str):
+        from .. import executors
+
+        http = getattr(executors, "HttpExecutor", None)
+        if http is None:
+            raise ValueError(f"agent_env {agent_env!r}: running agents over HTTP needs mtrl_runtime.executors.HttpExecutor")
+        return http(agent_env)
+    if callable(agent_env):
+        from ..executors import InProcessExecutor
+
+        return InProcessExecutor(agent_env)
+    raise TypeError(f"agent_env: expected a function, a RolloutExecutor or a URL, got {agent_env!r}")
+
+
+def _as_config(config: MtrlConfig | Mapping[str, Any] | str | Path | None) -> MtrlConfig:
+    if config is None:
+        return MtrlConfig()
+    if isinstance(config, MtrlConfig):
+        return config.model_copy(deep=True)
+    if isinstance(config, (str, Path)):
+        return MtrlConfig.from_yaml(config)
+    return MtrlConfig.from_dict(dict(config))
+
+
+__all__ = ["MultiTurnRLTrainer", "TrainingResult"]

@@ -1,0 +1,83 @@
+"""How a new policy version reaches the engine that serves the agents.
+
+Two strategies with one method, ``apply(samples) -> metrics`` (run the
+update, then make its version the one served):
+
+- ``SharedWeights``: the in-process ``hf`` engine runs the trainer's own
+  model object (peft injects the LoRA layers in place). The update and the
+  version bump happen under the engine's ``weights_lock``, so no forward pass
+  sees half-updated weights and a turn is never labelled with a version its
+  weights are not; the new version is served from the next forward pass.
+- ``PushedWeights``: the engine lives elsewhere (a vLLM server, another
+  process). Each new version is saved as an adapter folder
+  (``<run_dir>/adapters/v<N>``) and handed over with
+  ``await engine.load_adapter(folder, N)``; older folders are removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..types import PolicyEngine, Sample
+
+
+def shares_model(engine: Any) -> bool:
+    """True when the engine exposes the model it runs and a lock to serialize with it."""
+    return getattr(engine, "model", None) is not None and hasattr(engine, "weights_lock") and hasattr(
+        engine, "set_policy_version"
+    )
+
+
+class SharedWeights:
+    """The engine and the trainer hold the same model object (see the module docstring)."""
+
+    def __init__(self, engine: Any, update: Any) -> None:
+        self.engine = engine
+        self.update = update
+
+    def _step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        with self.engine.weights_lock:  # re-entrant: the update takes the same lock
+            metrics = self.update.step(samples)
+            self.engine.set_policy_version(self.update.version)
+        return metrics
+
+    async def apply(self, samples: Sequence[Sample]) -> dict[str, float]:
+        return await asyncio.to_thread(self._step, samples)
+
+    async def publish(self) -> None:
+        """Make the engine's version the trainer's (after a resume restored the weights in place)."""
+        self.engine.set_policy_version(self.update.version)
+
+
+class PushedWeights:
+    """The engine loads every new version from an adapter folder (see the module docstring)."""
+
+    def __init__(self, engine: PolicyEngine, update: Any, run_dir: str | Path, keep: int = 2) -> None:
+        self.engine = engine
+        self.update = update
+        self.folder = Path(run_dir) / "adapters"
+        self.keep = keep
+        self._published: list[Path] = []
+
+    async def apply(self, samples: Sequence[Sample]) -> dict[str, float]:
+        before = self.update.version
+        metrics = await asyncio.to_thread(self.update.step, samples)
+        if self.update.version != before:
+            await self.publish()
+        return metrics
+
+    async def publish(self) -> None:
+        version = int(self.update.version)
+        target = self.folder / f"v{version}"
+        await asyncio.to_thread(self.update.policy.save_weights, target)
+        await self.engine.load_adapter(str(target), version)
+        self._published.append(target)
+        for old in self._published[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        self._published = self._published[-self.keep :]
+
+
+__all__ = ["PushedWeights", "SharedWeights", "shares_model"]
