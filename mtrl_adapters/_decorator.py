@@ -143,7 +143,7 @@ class _Rollout:
 
     # ------------------------------------------------------------------ decorator
     def __call__(self, fn: F) -> F:
-        if inspect.iscoroutinefunction(fn):
+        if _is_async(fn):
 
             @functools.wraps(fn)
             async def arun(*args: Any, **kwargs: Any) -> Any:
@@ -176,7 +176,7 @@ class _Rollout:
                         if opened is not None:
                             opened.release()
                 try:
-                    result = fn(*args, **kwargs)
+                    result = _not_awaitable(fn(*args, **kwargs))
                 except Exception as exc:
                     opened.close(exc)
                     raise
@@ -227,6 +227,23 @@ class _Rollout:
             finally:
                 opened.release()
         return False
+
+
+def _is_async(fn: Any) -> bool:
+    """An ``async def`` function, or an object whose ``__call__`` is one (a class-based agent)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+def _not_awaitable(result: Any) -> Any:
+    """A sync agent's result; an awaitable would never run, so the rollout must fail rather than end empty."""
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()  # never awaited: close it without the "never awaited" warning
+        raise TypeError(
+            f"the agent returned {type(result).__name__} {result!r:.80}, an awaitable nobody awaits; "
+            "make the agent an `async def` (or give its class an `async def __call__`)"
+        )
+    return result
 
 
 async def _released(opened: _Opened | None, awaitable: Any) -> Any:

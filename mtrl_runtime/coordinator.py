@@ -10,6 +10,7 @@ rollouts a run makes; later lookups read the store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import secrets
 import threading
@@ -137,7 +138,8 @@ class Coordinator:
             step=step,
             created_at=time.time(),
         )
-        self.store.put_task(task)
+        with _client_data("task"):
+            self.store.put_task(task)
         self.store.create_rollout(rollout, hash_token(token))
         live = _Live(
             rollout_id=rollout_id,
@@ -302,14 +304,16 @@ class Coordinator:
     # ------------------------------------------------------------------ reports
     async def record_tool_call(self, rollout_id: str, token: str | None, report: ToolCallReport) -> None:
         live = self._live_rollout(rollout_id, token)
-        await self.store.aadd_tool_call(_tool_call(live, report))
+        with _client_data("tool_call"):
+            await self.store.aadd_tool_call(_tool_call(live, report))
         self.counters["tool_calls"] += 1
 
     async def record_tool_calls(self, rollout_id: str, token: str | None, reports: list[ToolCallReport]) -> None:
         """Several tool calls of one rollout (an adapter's buffer), committed together, in order."""
         live = self._live_rollout(rollout_id, token)
         calls = [_tool_call(live, report) for report in reports]
-        await asyncio.gather(*(self.store.aadd_tool_call(call) for call in calls))
+        with _client_data("calls"):
+            await asyncio.gather(*(self.store.aadd_tool_call(call) for call in calls))
         self.counters["tool_calls"] += len(calls)
 
     def request_end(self, rollout_id: str, token: str | None, status: RolloutStatus) -> bool:
@@ -351,7 +355,8 @@ class Coordinator:
                 f"turn_rewards has {len(report.turn_rewards)} values but rollout {rollout_id!r} has {live.turns} turns",
                 param="turn_rewards",
             )
-        await self.store.aset_reward(rollout_id, report.reward, _tuple(report.turn_rewards), dict(report.metrics))
+        with _client_data("reward"):
+            await self.store.aset_reward(rollout_id, report.reward, _tuple(report.turn_rewards), dict(report.metrics))
 
     def _ended_rollout(self, rollout_id: str, token: str | None) -> Rollout:
         stored_hash = self.store.token_hash(rollout_id)
@@ -438,7 +443,7 @@ def _tool_call(live: _Live, report: ToolCallReport) -> ToolCall:
         rollout_id=live.rollout_id,
         name=report.name,
         arguments=report.arguments,
-        call_id=report.call_id,
+        call_id=report.call_id or None,  # an empty id names no model tool call
         result=report.result,
         error=report.error,
         status=report.status,
@@ -446,6 +451,15 @@ def _tool_call(live: _Live, report: ToolCallReport) -> ToolCall:
         turn_index=turn_index,
         started_at=report.started_at or time.time(),
     )
+
+
+@contextlib.contextmanager
+def _client_data(param: str) -> Any:
+    """A value a client sent that the store refuses (it validates before writing anything) is a 400."""
+    try:
+        yield
+    except ValueError as exc:
+        raise BadRequest(f"{param}: {exc}", param=param) from None
 
 
 def _tuple(values: list[float] | None) -> tuple[float, ...] | None:

@@ -34,6 +34,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     if coordinator.config.advanced.server.sagemaker_compat:
         app.include_router(build_compat_router(coordinator))
 
+    _document_errors(app)
+
     @app.exception_handler(MtrlError)
     async def _mtrl_error(_: Request, exc: MtrlError) -> Response:
         return error_response(exc)
@@ -44,6 +46,49 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         return error_response(BadRequest("; ".join(parts)))
 
     return app
+
+
+_ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string", "description": "what is wrong, naming the field and the value"},
+                "type": {"type": "string"},
+                "param": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                "code": {"type": "integer"},
+            },
+            "required": ["message", "type", "code"],
+        }
+    },
+    "required": ["error"],
+}
+
+
+def _document_errors(app: FastAPI) -> None:
+    """Publish the errors the routes really answer: OpenAI's error shape on 4xx (and 502), never a 422."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()
+        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+        for unused in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(unused, None)
+        schemas["Error"] = _ERROR_SCHEMA
+        error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+        for path, operations in schema.get("paths", {}).items():
+            for operation in operations.values():
+                responses = operation.setdefault("responses", {})
+                responses.pop("422", None)
+                responses["4XX"] = {"description": "The request is refused; error.message says why", **error}
+                if path.endswith("/chat/completions"):
+                    responses["502"] = {"description": "The policy engine failed on this call", **error}
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def is_loopback(host: str) -> bool:
@@ -61,6 +106,11 @@ def check_bind(host: str, api_key: str | None) -> None:
         raise ValueError(
             f"advanced.server.host={host!r} is not a loopback address; set advanced.server.api_key to bind there"
         )
+
+
+KEEP_ALIVE_S = 30
+"""How long an idle connection stays open. Longer than clients' own idle limit (httpx and openai: 5 s), so a
+client never sends on a connection the server is closing at that moment (a ReadError for an agent's report)."""
 
 
 @dataclass
@@ -112,6 +162,7 @@ def start_server(app: FastAPI, host: str = "127.0.0.1", port: int = 0, api_key: 
         loop="asyncio",
         http="httptools",
         timeout_graceful_shutdown=2,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     server = _Server(config)
     thread = threading.Thread(target=server.run, name="mtrl-server", daemon=True)
@@ -127,4 +178,4 @@ def start_server(app: FastAPI, host: str = "127.0.0.1", port: int = 0, api_key: 
     return ServerHandle(server=server, thread=thread, host=host, port=bound_port)
 
 
-__all__ = ["ServerHandle", "check_bind", "create_app", "is_loopback", "start_server"]
+__all__ = ["KEEP_ALIVE_S", "ServerHandle", "check_bind", "create_app", "is_loopback", "start_server"]

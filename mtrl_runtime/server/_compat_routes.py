@@ -105,6 +105,7 @@ def compat_credential(request: Request, coordinator: Coordinator, rollout_id: st
 def build_compat_router(coordinator: Coordinator) -> APIRouter:
     router = APIRouter()
     max_bytes = coordinator.config.advanced.server.max_body_bytes
+    max_chars = coordinator.config.advanced.server.max_string_chars
 
     @router.post(
         "/complete-rollout",
@@ -112,7 +113,7 @@ def build_compat_router(coordinator: Coordinator) -> APIRouter:
         summary="SageMaker compat: end a trajectory (waits for its reward if none came yet)",
     )
     async def complete_rollout(request: Request) -> Response:
-        body = await parse_body(request, SageMakerCompleteRollout, max_bytes)
+        body = await parse_body(request, SageMakerCompleteRollout, max_bytes, max_chars)
         rollout_id = body.TrajectoryId
         token = compat_credential(request, coordinator, rollout_id, bearer_token(request))
         status = _status(body.Status)
@@ -127,7 +128,7 @@ def build_compat_router(coordinator: Coordinator) -> APIRouter:
         summary="SageMaker compat: a trajectory's reward (one value) or per-turn rewards (a list)",
     )
     async def update_reward(request: Request) -> Response:
-        body = await parse_body(request, SageMakerUpdateReward, max_bytes)
+        body = await parse_body(request, SageMakerUpdateReward, max_bytes, max_chars)
         rollout_id = body.TrajectoryId
         token = compat_credential(request, coordinator, rollout_id, bearer_token(request))
         await coordinator.report_reward(rollout_id, token, _reward_report(body.Rewards))

@@ -14,15 +14,21 @@ from ..errors import BadRequest, MtrlError, PayloadTooLarge
 M = TypeVar("M", bound=BaseModel)
 
 
-def json_response(payload: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json", headers=headers)
 
 
 def error_response(exc: MtrlError) -> Response:
-    """OpenAI clients read ``error.message``; ``param`` names the field at fault."""
+    """OpenAI clients read ``error.message``; ``param`` names the field at fault.
+
+    A 4xx is final (a 409 for an ended rollout or max_turns would be the same
+    on a retry), so it tells OpenAI-style clients not to retry; an engine
+    failure (5xx) may pass, and clients retry it as usual.
+    """
     return json_response(
         {"error": {"message": exc.message, "type": exc.code, "param": exc.param, "code": exc.status}},
         status=exc.status,
+        headers={"x-should-retry": "false"} if exc.status < 500 else None,
     )
 
 
@@ -44,8 +50,8 @@ def describe_validation(exc: ValidationError) -> tuple[str, str | None]:
     return "; ".join(parts), first_param
 
 
-async def parse_body(request: Request, model: type[M], max_bytes: int) -> M:
-    """Read, size-check, decode and validate a JSON body into ``model``."""
+async def parse_body(request: Request, model: type[M], max_bytes: int, max_string_chars: int | None = None) -> M:
+    """Read, size-check, decode and validate a JSON body into ``model``; no string may exceed ``max_string_chars``."""
     body = await read_limited(request, max_bytes)
     if not body:
         raise BadRequest("the request body is empty; send a JSON object", param="body")
@@ -55,6 +61,8 @@ async def parse_body(request: Request, model: type[M], max_bytes: int) -> M:
         raise BadRequest(f"the request body is not valid JSON: {exc}", param="body") from None
     if not isinstance(data, dict):
         raise BadRequest(f"the request body must be a JSON object, got {type(data).__name__}", param="body")
+    if max_string_chars is not None and len(body) > max_string_chars:  # a shorter body holds no longer string
+        check_string_lengths(data, max_string_chars)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -76,6 +84,25 @@ async def read_limited(request: Request, max_bytes: int) -> bytes:
             raise PayloadTooLarge(f"the request body exceeds the limit of {max_bytes} bytes", param="body")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def check_string_lengths(data: Any, limit: int) -> None:
+    """Refuse the first string (value or key) longer than ``limit`` characters, naming where it is."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, str):
+            if len(node) > limit:
+                where = path or "body"
+                raise BadRequest(f"{where}: a string of {len(node)} characters; the limit is {limit}", param=where)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                child = f"{path}.{key}" if path else str(key)
+                if len(key) > limit:
+                    raise BadRequest(f"{path or 'body'}: a key of {len(key)} characters; the limit is {limit}", param=path or "body")
+                stack.append((child, value))
+        elif isinstance(node, list):
+            stack.extend((f"{path}[{i}]", value) for i, value in enumerate(node))
 
 
 def bearer_token(request: Request) -> str | None:
@@ -117,6 +144,7 @@ def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
 
 __all__ = [
     "bearer_token",
+    "check_string_lengths",
     "describe_validation",
     "error_response",
     "json_response",

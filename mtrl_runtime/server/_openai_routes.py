@@ -29,7 +29,7 @@ def build_openai_router(coordinator: Coordinator) -> APIRouter:
     cfg = coordinator.config.advanced.server
 
     async def chat(request: Request, path_rollout_id: str | None) -> Response:
-        body = await parse_body(request, ChatCompletionRequest, cfg.max_body_bytes)
+        body = await parse_body(request, ChatCompletionRequest, cfg.max_body_bytes, cfg.max_string_chars)
         _check_limits(body, cfg)
         rollout_id = path_rollout_id or request.headers.get(HEADER_ROLLOUT_ID)
         if rollout_id is None and cfg.sagemaker_compat:

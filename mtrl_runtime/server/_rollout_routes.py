@@ -29,6 +29,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
     router = APIRouter()
     server_cfg = coordinator.config.advanced.server
     max_bytes = server_cfg.max_body_bytes
+    max_chars = server_cfg.max_string_chars
 
     @router.post(
         "/v1/rollouts",
@@ -38,7 +39,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
     async def create(request: Request) -> Response:
         if server_cfg.api_key and bearer_token(request) != server_cfg.api_key:
             raise Unauthorized("creating rollouts needs 'Authorization: Bearer <api key>'", param="authorization")
-        body = await parse_body(request, CreateRolloutRequest, max_bytes)
+        body = await parse_body(request, CreateRolloutRequest, max_bytes, max_chars)
         task = Task(id=body.task_id, prompt=body.prompt, ground_truth=body.ground_truth, data=body.data)
         handle = coordinator.create_rollout(task, body.group_id, max_turns=body.max_turns)
         base = str(request.base_url).rstrip("/")
@@ -53,7 +54,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         summary="Record one tool call of a rollout",
     )
     async def tool_call(rollout_id: str, request: Request) -> Response:
-        report = await parse_body(request, ToolCallReport, max_bytes)
+        report = await parse_body(request, ToolCallReport, max_bytes, max_chars)
         await coordinator.record_tool_call(rollout_id, bearer_token(request), report)
         return json_response({"ok": True})
 
@@ -63,7 +64,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         summary="Record several tool calls of a rollout (an adapter's buffer)",
     )
     async def tool_call_batch(rollout_id: str, request: Request) -> Response:
-        batch = await parse_body(request, ToolCallBatch, max_bytes)
+        batch = await parse_body(request, ToolCallBatch, max_bytes, max_chars)
         await coordinator.record_tool_calls(rollout_id, bearer_token(request), batch.calls)
         return json_response({"ok": True, "recorded": len(batch.calls)})
 
@@ -73,7 +74,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         summary="update_reward: a scalar or per-turn rewards, and metrics",
     )
     async def reward(rollout_id: str, request: Request) -> Response:
-        report = await parse_body(request, RewardReport, max_bytes)
+        report = await parse_body(request, RewardReport, max_bytes, max_chars)
         await coordinator.report_reward(rollout_id, bearer_token(request), report)
         return json_response({"ok": True})
 
@@ -83,7 +84,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         summary="End a rollout: completed, failed or timed out",
     )
     async def complete(rollout_id: str, request: Request) -> Response:
-        report = await parse_body(request, CompletionReport, max_bytes)
+        report = await parse_body(request, CompletionReport, max_bytes, max_chars)
         state = await coordinator.complete(rollout_id, bearer_token(request), report)
         return json_response(state.model_dump())
 

@@ -7,22 +7,55 @@ and ignored, since clients add them over time.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from ..types import SamplingParams
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+# Published schemas of fields the chat normalizer checks itself (its errors name the message and part):
+# text parts only, and tool calls in OpenAI's function shape.
+_TEXT_PART = {
+    "type": "object",
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    "required": ["text"],
+}
+_TOOL_CALL = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+            "required": ["name"],
+        },
+    },
+    "required": ["function"],
+}
+Content = Annotated[
+    str | list[dict[str, Any]] | None,
+    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, {"type": "null"}]}),
+]
+ToolCalls = Annotated[
+    list[dict[str, Any]] | None,
+    WithJsonSchema({"anyOf": [{"type": "array", "items": _TOOL_CALL}, {"type": "null"}]}),
+]
+ToolChoice = Annotated[
+    str | dict[str, Any] | None,
+    WithJsonSchema({"anyOf": [{"enum": ["auto", "none", "required"]}, {"type": "object"}, {"type": "null"}]}),
+]
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Role
-    content: str | list[dict[str, Any]] | None = None
+    content: Content = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: ToolCalls = None
     tool_call_id: str | None = None
 
 
@@ -53,7 +86,7 @@ class ChatCompletionRequest(BaseModel):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ToolSpec] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: ToolChoice = None
     temperature: float | None = Field(default=None, ge=0.0, le=5.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(default=None, ge=1)
