@@ -1,0 +1,66 @@
+"""MLflow: a short training run's params, metrics, adapter and traces, read back with the MLflow client."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import _lookup_task as lookup
+from mtrl_runtime.config import MtrlConfig
+from mtrl_runtime.tracking import default_tracking_uri, flatten_params, metric_key
+from mtrl_runtime.training import MultiTurnRLTrainer
+
+
+def test_flatten_params_and_metric_keys():
+    assert flatten_params({"core": {"group_size": 8, "stop": ["a"]}, "x": {}}) == {
+        "core.group_size": "8", "core.stop": "['a']", "x": "{}",
+    }
+    assert metric_key("rollout/metrics/field acc") == "rollout/metrics/field acc"
+    assert metric_key("rollout/metrics/f1@k") == "rollout/metrics/f1_k"
+
+
+@pytest.mark.timeout(240)
+def test_metrics_params_adapter_and_one_trace_per_trajectory_read_back(tmp_path):
+    import mlflow
+    from mlflow import MlflowClient
+
+    cfg = MtrlConfig.from_dict(lookup.config(tmp_path / "run", max_steps=2, train_batch_size=1, group_size=4))
+    result = MultiTurnRLTrainer(
+        agent_env=lookup.agent, training_dataset=lookup.tasks(), config=cfg, engine=lookup.build_engine(),
+    ).train(progress=False)
+
+    assert result.tracking_uri == default_tracking_uri(tmp_path / "run")
+    assert (tmp_path / "run" / "mlflow.db").is_file()
+    client = MlflowClient(tracking_uri=result.tracking_uri)
+    run = client.get_run(result.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["core.group_size"] == "4"
+    assert run.data.params["core.advantage_method"] == "group_based_per_turn"
+    for name in ("rollout/reward/mean", "rollout/reward/valid_mean", "rollout/reward/zero_frac",
+                 "rollout/turns/mean", "rollout/tokens/response_max", "analysis/zero_adv_groups",
+                 "rollout/metrics/tool_ok", "time/step", "failures/permanent_rate"):
+        history = client.get_metric_history(result.mlflow_run_id, name)
+        assert [m.step for m in history] == [0, 1], name
+    logged = [m.value for m in client.get_metric_history(result.mlflow_run_id, "rollout/reward/mean")]
+    assert logged == pytest.approx([r.metrics["rollout/reward/mean"] for r in result.reports])
+    assert "adapter" in {a.path for a in client.list_artifacts(result.mlflow_run_id)}
+
+    mlflow.set_tracking_uri(result.tracking_uri)
+    traces = mlflow.search_traces(locations=[run.info.experiment_id], return_type="list", flush=True)
+    assert len(traces) == 2 * 4  # one per rollout: 2 steps x 1 task x 4
+    for trace in traces:
+        tags = trace.info.tags
+        assert {"mtrl.rollout_id", "mtrl.group_id", "mtrl.step", "mtrl.reward"} <= set(tags)
+        spans = trace.data.spans
+        llm = [s for s in spans if s.name.startswith("llm turn")]
+        tools = [s for s in spans if s.name.startswith("tool ")]
+        assert llm, "every rollout made at least one model call"
+        assert all("messages" in s.inputs and "content" in s.outputs for s in llm)
+        assert all(s.inputs["name"] == "lookup" and "key" in s.inputs["arguments"] for s in tools)
+        text = json.dumps(trace.to_dict())
+        assert "prompt_ids" not in text and "completion_ids" not in text and "logprobs" not in text
+    by_step = sorted(int(t.info.tags["mtrl.step"]) for t in traces)
+    assert by_step == [0] * 4 + [1] * 4
+    tool_spans = [s for t in traces for s in t.data.spans if s.name == "tool lookup"]
+    assert all(s.outputs["result"].split()[0] in lookup.TABLE.values() for s in tool_spans)  # what the tool returned

@@ -1,0 +1,159 @@
+"""The dispatcher against a real coordinator on loopback: groups, failures, timeouts, the data order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+
+import openai
+import pytest
+
+from mtrl_adapters import aupdate_reward, current_rollout, rollout
+from mtrl_runtime.config import GroupPolicyConfig, MtrlConfig
+from mtrl_runtime.engines import ScriptedEngine
+from mtrl_runtime.executors import InProcessExecutor
+from mtrl_runtime.training import GROUP_POLICIES, Dispatcher, GroupRound, TaskSchedule, load_tasks
+from mtrl_runtime.types import RolloutStatus, Task
+
+
+def test_schedule_is_seeded_epoch_wise_and_a_pure_function_of_the_step():
+    tasks = load_tasks([{"id": f"t{i}", "prompt": str(i)} for i in range(5)])
+    schedule = TaskSchedule.of(tasks, batch_size=2, seed=7)
+    first_epoch = [t.id for step in range(2) for t in schedule.batch(step)] + [schedule.batch(2)[0].id]
+    assert sorted(first_epoch) == [f"t{i}" for i in range(5)]  # every task once per epoch
+    assert [t.id for t in schedule.batch(3)] == [t.id for t in TaskSchedule.of(tasks, 2, seed=7).batch(3)]
+    assert [t.id for t in schedule.batch(0)] != [t.id for t in TaskSchedule.of(tasks, 2, seed=8).batch(0)] or \
+        [t.id for t in schedule.batch(1)] != [t.id for t in TaskSchedule.of(tasks, 2, seed=8).batch(1)]
+    assert schedule.position(3) == {"prompts_drawn": 6, "epoch": 1, "offset": 1}
+
+
+def test_load_tasks_errors_name_the_row_and_the_field(tmp_path):
+    with pytest.raises(ValueError, match="row 1: needs a 'prompt' or 'messages'"):
+        load_tasks([{"prompt": "a"}, {"id": "x"}])
+    with pytest.raises(ValueError, match="task id 'a' appears more than once"):
+        load_tasks([{"id": "a", "prompt": "1"}, {"id": "a", "prompt": "2"}])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "prompt": "1"}\nnot json\n')
+    with pytest.raises(ValueError, match="line 2 is not JSON"):
+        load_tasks(bad)
+
+
+@pytest.mark.parametrize(
+    ("policy", "completed", "failed", "retries_used", "action"),
+    [
+        ("drop_group", 4, 0, 0, "keep"),
+        ("drop_group", 3, 1, 0, "drop"),
+        ("keep_survivors", 2, 2, 0, "keep"),
+        ("keep_survivors", 1, 3, 0, "drop"),
+        ("retry", 2, 2, 0, "retry"),
+        ("retry", 3, 1, 1, "keep"),  # retries used up: keep the survivors
+        ("retry", 1, 3, 1, "drop"),
+    ],
+)
+def test_group_policies(policy, completed, failed, retries_used, action):
+    decision = GROUP_POLICIES.get(policy)(GroupRound(4, completed, failed, retries_used), GroupPolicyConfig(min_survivors=2))
+    assert decision.action == action
+    assert decision.retry == (failed if action == "retry" else 0)
+
+
+def _agent(fail_first: dict[str, int]):
+    """An agent that makes one model call, then fails its group's first ``fail_first[task]`` attempts."""
+    attempts: Counter[str] = Counter()
+    client = openai.AsyncOpenAI(base_url="http://unused.invalid/v1", api_key="unused", max_retries=0)
+
+    @rollout
+    async def agent(task: Task) -> None:
+        ctx = current_rollout()
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": task.prompt}])
+        attempts[ctx.group_id] += 1
+        if task.data.get("sleep"):
+            await asyncio.sleep(task.data["sleep"])
+        if attempts[ctx.group_id] <= fail_first.get(task.id, 0):
+            raise RuntimeError(f"tool backend down for {task.id}")
+        await aupdate_reward(1.0 if attempts[ctx.group_id] % 2 else 0.0)
+
+    return agent
+
+
+def _collect(handle, config: MtrlConfig, tasks: list[Task], fail_first: dict[str, int]):
+    dispatcher = Dispatcher(handle.coordinator, InProcessExecutor(_agent(fail_first)), config, handle.url, handle.loop)
+    return asyncio.run(dispatcher.collect(0, tasks))
+
+
+TASKS = [Task(id="clean", prompt="a"), Task(id="one-fails", prompt="b"), Task(id="three-fail", prompt="c")]
+FAILS = {"one-fails": 1, "three-fail": 3}
+
+
+@pytest.mark.parametrize(
+    ("on_failure", "kept_sizes", "dropped", "retries", "permanent"),
+    [
+        ("drop_group", [4, 0, 0], 2, 0, 4),
+        ("keep_survivors", [4, 3, 0], 1, 0, 4),  # min_survivors 2
+        ("retry", [4, 4, 4], 0, 4, 0),  # one round: 1 + 3 retries, all succeed
+    ],
+)
+def test_group_policy_decides_what_failed_rollouts_do_to_their_group(
+    served, tiny_tok, caplog, on_failure, kept_sizes, dropped, retries, permanent
+):
+    config = MtrlConfig.from_dict({
+        "core": {"group_size": 4},
+        "advanced": {"group_policy": {"on_failure": on_failure, "min_survivors": 2, "max_retries": 1}},
+    })
+    handle = served(ScriptedEngine(tiny_tok, lambda req, text: "DONE"), config)
+    with caplog.at_level(logging.WARNING, logger="mtrl.train"):
+        batch = _collect(handle, config, TASKS, FAILS)
+
+    assert [len(g.kept) for g in batch.groups] == kept_sizes
+    assert all(r.status is RolloutStatus.COMPLETED and r.turns for g in batch.groups for r in g.kept)
+    metrics = batch.failure_metrics()
+    assert metrics["failures/groups_dropped"] == dropped
+    assert metrics["failures/retries"] == retries
+    assert metrics["failures/rollouts_failed"] == 4  # failed rollouts are recorded whatever the policy
+    assert metrics["failures/permanent"] == permanent
+    failed = [r for r in batch.rollouts if r.status is RolloutStatus.FAILED]
+    assert all("tool backend down" in r.error for r in failed)  # the agent's error, stored
+    stored = handle.store.rollouts(step=0, with_turns=False)
+    assert len(stored) == 12 + retries and all(r.status.is_final for r in stored)
+    assert {r.group_id for r in stored} == {"s0-g0", "s0-g1", "s0-g2"}
+    if permanent:  # 4 of 12 rollouts failed for good: far above 1%
+        assert metrics["failures/environment_problem"] == 1.0
+        assert batch.warnings and "environment problem at step 0" in batch.warnings[0]
+        assert "tool backend down" in caplog.text
+    else:
+        assert metrics["failures/environment_problem"] == 0.0 and not batch.warnings
+
+
+def test_a_rollout_past_its_timeout_is_finished_timed_out(served, tiny_tok):
+    config = MtrlConfig.from_dict({
+        "core": {"group_size": 2},
+        "advanced": {"rollout_timeout_s": 0.5, "group_policy": {"on_failure": "keep_survivors", "min_survivors": 1}},
+    })
+    handle = served(ScriptedEngine(tiny_tok, lambda req, text: "DONE"), config)
+    batch = _collect(handle, config, [Task(id="slow", prompt="s", data={"sleep": 5.0})], {})
+    (group,) = batch.groups
+    assert group.dropped and [r.status for r in group.finished] == [RolloutStatus.TIMED_OUT] * 2
+    assert all("timeout_s=0.5" in r.error for r in group.finished)
+    assert batch.failure_metrics()["failures/rollouts_timed_out"] == 2
+    assert batch.seconds < 4  # the agents were stopped, not waited for
+    assert handle.coordinator.live_rollout_ids() == []
+
+
+def test_concurrency_is_limited_across_the_batch(served, tiny_tok):
+    config = MtrlConfig.from_dict({"core": {"group_size": 4}, "advanced": {"max_concurrency": 3}})
+    handle = served(ScriptedEngine(tiny_tok, lambda req, text: "DONE"), config)
+    running, peak = 0, 0
+
+    @rollout
+    async def agent(task: Task) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        await aupdate_reward(0.0)
+
+    dispatcher = Dispatcher(handle.coordinator, InProcessExecutor(agent), config, handle.url, handle.loop)
+    batch = asyncio.run(dispatcher.collect(5, [Task(id="a", prompt="a"), Task(id="b", prompt="b")]))
+    assert peak == 3
+    assert len(batch.rollouts) == 8 and all(r.step == 5 for r in batch.rollouts)
