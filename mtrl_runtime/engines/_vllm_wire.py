@@ -14,27 +14,11 @@ from typing import Any, Mapping, Sequence
 import httpx
 
 from ..types import Generation, GenerationRequest
+from ._checks import check_request
 
 
 class VLLMRequestError(RuntimeError):
     """The vLLM server refused or failed one request (the message quotes its answer)."""
-
-
-def check_request(request: GenerationRequest) -> None:
-    """Reject a request vLLM would refuse, naming the field and the value."""
-    ids, s = request.prompt_ids, request.sampling
-    if not ids:
-        raise ValueError("prompt_ids: must not be empty")
-    if min(ids) < 0:
-        raise ValueError(f"prompt_ids: token id {min(ids)} is negative")
-    if s.max_tokens < 1:
-        raise ValueError(f"sampling.max_tokens: must be >= 1, got {s.max_tokens}")
-    if s.temperature < 0:
-        raise ValueError(f"sampling.temperature: must be >= 0, got {s.temperature}")
-    if not 0 < s.top_p <= 1:
-        raise ValueError(f"sampling.top_p: must be in (0, 1], got {s.top_p}")
-    if s.top_logprobs < 0:
-        raise ValueError(f"sampling.top_logprobs: must be >= 0, got {s.top_logprobs}")
 
 
 def completion_body(request: GenerationRequest, model_name: str, max_model_len: int | None) -> dict[str, Any]:

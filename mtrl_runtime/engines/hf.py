@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from ..types import Generation, GenerationRequest
+from ._checks import check_request
 from ._decoding import DecodeBatch, Row
 from ._jobs import EngineClosedError, EngineStats, Job
 from ._loading import default_eos_ids, load_lora_adapter, load_pretrained, resolve_model
@@ -156,22 +157,11 @@ class HFEngine:
 
     # ------------------------------------------------------------------ caller side
     def _check_request(self, request: GenerationRequest) -> None:
-        ids, s = request.prompt_ids, request.sampling
-        if not ids:
-            raise ValueError("prompt_ids: must not be empty")
-        low, high = min(ids), max(ids)
-        if low < 0 or high >= self.vocab_size:
-            raise ValueError(f"prompt_ids: token id {low if low < 0 else high} is outside [0, {self.vocab_size})")
-        if len(ids) >= self.context_length:
-            raise ValueError(f"prompt_ids: {len(ids)} tokens leave no room in the context of {self.context_length}")
-        if s.max_tokens < 1:
-            raise ValueError(f"sampling.max_tokens: must be >= 1, got {s.max_tokens}")
-        if s.temperature < 0:
-            raise ValueError(f"sampling.temperature: must be >= 0, got {s.temperature}")
-        if not 0 < s.top_p <= 1:
-            raise ValueError(f"sampling.top_p: must be in (0, 1], got {s.top_p}")
-        if s.top_logprobs < 0:
-            raise ValueError(f"sampling.top_logprobs: must be >= 0, got {s.top_logprobs}")
+        check_request(request, self.vocab_size)
+        if len(request.prompt_ids) >= self.context_length:
+            raise ValueError(
+                f"prompt_ids: {len(request.prompt_ids)} tokens leave no room in the context of {self.context_length}"
+            )
 
     def _submit(self, job: Job) -> None:
         """Queue ``job``, starting the worker on first use (under the lock close() takes)."""
