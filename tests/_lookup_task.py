@@ -31,6 +31,7 @@ unlike the first. A random policy scores about 0.05; a good one 1.0.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 KEYS = ("K0", "K1", "K2", "K3")
@@ -38,6 +39,7 @@ TABLE = {"K0": "red", "K1": "green", "K2": "blue", "K3": "gold"}
 TRAIN_KEY = "K2"
 VALUE_REPEAT = 64  # the tool's result says its value many times: the answer turn looks unlike the first
 PENALTY = 0.5  # turn 2 calling the tool again
+TOOL_LATENCY_S = 0.0  # benchmarks set it to stand for a real tool's I/O
 
 
 def tool_call_text(key: str) -> str:
@@ -136,6 +138,8 @@ def _agent_body() -> Any:
         def lookup(key: str) -> str:
             """The value stored under a key."""
             calls.append(key)
+            if TOOL_LATENCY_S:
+                time.sleep(TOOL_LATENCY_S)  # Strands runs sync tools in a worker thread
             return " ".join([TABLE.get(key, "none")] * VALUE_REPEAT)
 
         model = OpenAIModel(client=_client(), model_id="policy")

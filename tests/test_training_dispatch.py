@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 
 import openai
@@ -157,3 +158,24 @@ def test_concurrency_is_limited_across_the_batch(served, tiny_tok):
     batch = asyncio.run(dispatcher.collect(5, [Task(id="a", prompt="a"), Task(id="b", prompt="b")]))
     assert peak == 3
     assert len(batch.rollouts) == 8 and all(r.step == 5 for r in batch.rollouts)
+
+
+def test_sync_undecorated_agents_run_in_threads_inside_their_rollout(served, tiny_tok):
+    from mtrl_adapters import update_reward
+
+    config = MtrlConfig.from_dict({"core": {"group_size": 12}, "advanced": {"max_concurrency": 24}})
+    handle = served(ScriptedEngine(tiny_tok, lambda req, text: "DONE"), config)
+    client = openai.OpenAI(base_url="http://unused.invalid/v1", api_key="unused", max_retries=0)
+
+    def agent(task: Task) -> None:  # plain sync code, not decorated: the executor decorates it
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": task.prompt}])
+        time.sleep(0.4)  # a blocking tool
+        update_reward(float(current_rollout().rollout_id[-1] in "0123456789"))
+
+    executor = InProcessExecutor(agent, max_threads=24)
+    dispatcher = Dispatcher(handle.coordinator, executor, config, handle.url, handle.loop)
+    batch = asyncio.run(dispatcher.collect(0, [Task(id="a", prompt="a"), Task(id="b", prompt="b")]))
+    asyncio.run(executor.close())
+    assert len(batch.rollouts) == 24
+    assert all(r.status is RolloutStatus.COMPLETED and len(r.turns) == 1 and not r.reward_defaulted for r in batch.rollouts)
+    assert batch.seconds < 0.4 * 24 / 6  # more than asyncio's default 6 threads ran at once

@@ -52,5 +52,6 @@ def test_tiny_model_learns_the_lookup_task_with_a_strands_agent(tmp_path):
     assert last["rollout/metrics/tool_ok"] > 0.8 and last["rollout/metrics/answer_ok"] > 0.6
     assert last["rollout/turns/mean"] == pytest.approx(2.0, abs=0.25)
     assert all(r.metrics["samples/extension_rate"] == 1.0 for r in result.reports)  # one sequence per rollout
+    assert all(r.metrics["async/staleness_max"] == 0 for r in result.reports)  # the sync loop is on-policy
     assert result.final_step == len(rewards) and (tmp_path / "run" / "adapter").is_dir()
     assert elapsed < 120

@@ -1,10 +1,10 @@
 """Kill ``mtrl train`` mid-run with SIGKILL, resume it, and check the store: nothing lost, nothing twice.
 
-The run checkpoints every 2 steps. It is killed while step 3 collects
-rollouts, after the checkpoint before step 2 and after step 2 was trained
-(but not checkpointed). The resumed run restarts at step 2: step 2's
-rollouts (made by the checkpoint's policy) are reused, not regenerated;
-step 3's completed rollouts (made by the lost policy of step 2's update) are
+The run checkpoints every 2 steps. It is killed while an odd step N + 1
+collects rollouts: after the checkpoint before step N, and after step N was
+trained but not checkpointed. The resumed run restarts at step N: step N's
+rollouts (made by the checkpoint's policy) are reused, not regenerated; step
+N + 1's completed rollouts (made by the lost policy of step N's update) are
 discarded and regenerated; running ones are finished as interrupted.
 """
 
@@ -28,7 +28,7 @@ from mtrl_runtime.store import TrajectoryStore
 from mtrl_runtime.types import RolloutStatus
 
 TESTS = Path(__file__).parent
-MAX_STEPS = 6
+MAX_STEPS = 8
 
 
 def _write_run(tmp: Path) -> tuple[Path, Path]:
@@ -61,28 +61,35 @@ def _completed_rollouts(db: Path, step: int) -> int:
         return 0
 
 
-def _kill_during_step_3(proc: subprocess.Popen, run: Path) -> None:
+def _latest_checkpoint(run: Path) -> int | None:
+    found = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*")) if (run / "checkpoints").is_dir() else []
+    return found[-1] if found else None
+
+
+def _kill_during_an_uncheckpointed_step(proc: subprocess.Popen, run: Path) -> int:
+    """SIGKILL once the step after a checkpointed, trained step is collecting; returns the checkpoint's step."""
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"mtrl train ended early:\n{proc.stdout.read()}"
-        if (run / "checkpoints" / "step-000002").is_dir() and _completed_rollouts(run / "trajectories.db", 3) >= 3:
+        latest = _latest_checkpoint(run)
+        if latest is not None and latest < MAX_STEPS - 2 and _completed_rollouts(run / "trajectories.db", latest + 1) >= 3:
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
-            return
+            return _latest_checkpoint(run)
         time.sleep(0.02)
     proc.kill()
-    pytest.fail("step 3 never started collecting")
+    pytest.fail("no uncheckpointed step was seen collecting")
 
 
 @pytest.mark.timeout(300)
 def test_sigkill_then_resume_loses_nothing_and_trains_nothing_twice(tmp_path):
     config, run = _write_run(tmp_path)
-    _kill_during_step_3(_train(config), run)
+    start = _kill_during_an_uncheckpointed_step(_train(config), run)  # 2 or 4: checkpoints every 2 steps
     killed = TrajectoryStore(run / "trajectories.db")
     before = {r.id: r for r in killed.rollouts(with_turns=False)}
-    # only the checkpointed steps are committed: step 2 was trained, but its update died with the process
-    assert [s for s, _, _ in killed.metric_history("time/step")] == [0, 1]
-    assert {killed.trained_step(rid) for rid in before} <= {None, 0, 1}
+    # only checkpointed steps are committed: step `start` was trained, but its update died with the process
+    assert [s for s, _, _ in killed.metric_history("time/step")] == list(range(start))
+    assert {killed.trained_step(rid) for rid in before} <= {None, *range(start)}
     killed.close()
 
     resumed = _train(config, "--resume")
@@ -94,18 +101,18 @@ def test_sigkill_then_resume_loses_nothing_and_trains_nothing_twice(tmp_path):
         rollouts = store.rollouts(with_turns=False)
         trained_at = {r.id: store.trained_step(r.id) for r in rollouts}
         (record,) = store.get_meta("resumes")
-        assert record["start_step"] == 2
-        # step 2's rollouts were made by the checkpoint's policy: reused, not regenerated
-        step2_before = [r for r in before.values() if r.step == 2 and r.status is RolloutStatus.COMPLETED]
-        assert step2_before and {r.id for r in step2_before} <= set(record["reused"])
+        assert record["start_step"] == start
+        # step `start`'s rollouts were made by the checkpoint's policy: reused, not regenerated
+        reused_before = [r for r in before.values() if r.step == start and r.status is RolloutStatus.COMPLETED]
+        assert reused_before and {r.id for r in reused_before} <= set(record["reused"])
         per_group = defaultdict(list)
         for r in rollouts:
-            if r.step == 2 and r.status is RolloutStatus.COMPLETED:
+            if r.step == start and r.status is RolloutStatus.COMPLETED:
                 per_group[r.group_id].append(r)
         assert all(len(g) == 8 for g in per_group.values())  # group_size: none run again
-        # step 3's completed rollouts came from step 2's lost update: discarded, never trained
-        step3_before = {r.id for r in before.values() if r.step == 3 and r.status is RolloutStatus.COMPLETED}
-        assert step3_before and step3_before <= set(record["discarded"])
+        # the next step's completed rollouts came from the lost update: discarded, never trained
+        lost = {r.id for r in before.values() if r.step == start + 1 and r.status is RolloutStatus.COMPLETED}
+        assert lost and lost <= set(record["discarded"])
         by_id = {r.id: r for r in rollouts}
         assert all(trained_at[i] is None for i in record["discarded"])
         assert all(by_id[i].status is RolloutStatus.FAILED for i in record["interrupted"])

@@ -2,8 +2,9 @@
 
 Each rollout runs inside ``rollout_scope(spec)``, so the ``@rollout``
 decorator finds it, instruments the agent's model clients and reports the
-end. An async agent runs as a task on the loop; a sync agent runs in a
-worker thread (``asyncio.to_thread`` copies the rollout context into it).
+end. An async agent runs as a task on the loop; a sync agent runs in a thread
+of the executor's own pool (``max_threads``, so sync agents are not capped
+by asyncio's small default pool), with the rollout context copied in.
 A function that is not decorated is decorated here. The rollout's
 ``timeout_s`` bounds the run: an async agent is cancelled at the deadline;
 a sync one cannot be interrupted, so its thread is left to finish while the
@@ -13,7 +14,9 @@ rollout is reported ``timed_out`` (later reports of it are refused).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mtrl_adapters import is_decorated, rollout, rollout_scope
@@ -26,11 +29,15 @@ _STATUSES = {s.value: s for s in RolloutStatus}
 class InProcessExecutor:
     """Runs ``agent_fn(task)`` for each RolloutSpec, in this process (see the module docstring)."""
 
-    def __init__(self, agent_fn: AgentFn) -> None:
+    def __init__(self, agent_fn: AgentFn, max_threads: int = 64) -> None:
         if not callable(agent_fn):
             raise TypeError(f"agent_fn: expected a function taking a task, got {agent_fn!r}")
+        if max_threads < 1:
+            raise ValueError(f"max_threads: must be >= 1, got {max_threads}")
         self.agent_fn = agent_fn if is_decorated(agent_fn) else rollout(agent_fn)
         self._async = inspect.iscoroutinefunction(self.agent_fn)
+        self.max_threads = max_threads
+        self._pool: ThreadPoolExecutor | None = None
 
     async def run(self, spec: RolloutSpec) -> RolloutOutcome:
         with rollout_scope(spec) as ctx:
@@ -48,10 +55,16 @@ class InProcessExecutor:
     def _call(self, spec: RolloutSpec) -> Any:
         if self._async:
             return self.agent_fn(spec.task)
-        return asyncio.to_thread(self.agent_fn, spec.task)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.max_threads, thread_name_prefix="mtrl-agent")
+        context = contextvars.copy_context()  # carries the rollout into the thread
+        return asyncio.get_running_loop().run_in_executor(self._pool, context.run, self.agent_fn, spec.task)
 
     async def close(self) -> None:
-        """Nothing to release: rollouts share this process's loop and threads."""
+        """Release the thread pool of sync agents (threads still running finish on their own)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
 
 __all__ = ["InProcessExecutor"]

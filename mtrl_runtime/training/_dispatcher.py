@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Coroutine, Mapping, Sequence
 
 from ..config import MtrlConfig
 from ..types import Rollout, RolloutExecutor, RolloutOutcome, RolloutSpec, RolloutStatus, Task
@@ -28,7 +28,8 @@ from ._groups import GROUP_POLICIES, GroupRound
 log = logging.getLogger("mtrl.train")
 
 ENVIRONMENT_PROBLEM_RATE = 0.01  # permanent failures above this share of a step's rollouts
-_TIMEOUT_GRACE_S = 1.0  # the executor enforces the timeout itself; this catches one that does not
+_TIMEOUT_GRACE_S = 1.0
+_CANCELLED = "cancelled: the trainer stopped before the rollout ended"  # the executor enforces the timeout itself; this catches one that does not
 
 
 def group_id_for(step: int, index: int) -> str:
@@ -85,17 +86,6 @@ class StepBatch:
         }
 
 
-@dataclass
-class _GroupRun:
-    """A group being collected."""
-
-    id: str
-    task: Task
-    completed: list[Rollout] = field(default_factory=list)
-    finished: list[Rollout] = field(default_factory=list)
-    reused: int = 0
-
-
 class Dispatcher:
     """Collects a step's groups through an executor (see the module docstring).
 
@@ -134,7 +124,8 @@ class Dispatcher:
         first_version = int(self.coordinator.engine.policy_version)
         reuse = reuse or {}
         groups = await asyncio.gather(
-            *(self._group(step, group_id_for(step, i), task, reuse.get(group_id_for(step, i), ()))
+            *(self._group(step, group_id_for(step, i), task,
+                          [r for r in reuse.get(group_id_for(step, i), ()) if r.task_id == task.id])
               for i, task in enumerate(tasks))
         )
         batch = StepBatch(step, tuple(groups), self.config.core.group_size, loop.time() - started, first_version)
@@ -142,20 +133,17 @@ class Dispatcher:
 
     async def _group(self, step: int, group_id: str, task: Task, reused: Sequence[Rollout]) -> GroupResult:
         size = self.config.core.group_size
-        run = _GroupRun(group_id, task)
-        run.completed = [r for r in reused if r.status is RolloutStatus.COMPLETED][:size]
-        run.finished = list(run.completed)
-        run.reused = len(run.completed)
-        need, rounds, retried, failed = size - len(run.completed), 0, 0, 0
+        completed = [r for r in reused if r.status is RolloutStatus.COMPLETED][:size]
+        finished, n_reused = list(completed), len(completed)
+        need, rounds, retried, failed = size - n_reused, 0, 0, 0
         while True:
             if need > 0:
                 new = await asyncio.gather(*(self._rollout(step, group_id, task) for _ in range(need)))
                 ok = [r for r in new if r.status is RolloutStatus.COMPLETED]
-                run.finished.extend(new)
-                run.completed.extend(ok)
+                finished.extend(new)
+                completed.extend(ok)
                 failed = len(new) - len(ok)  # failures of earlier rounds were replaced by this round
-            state = GroupRound(size, len(run.completed), failed, rounds)
-            decision = self.policy(state, self.config.advanced.group_policy)
+            decision = self.policy(GroupRound(size, len(completed), failed, rounds), self.config.advanced.group_policy)
             if decision.action != "retry":
                 break
             rounds += 1
@@ -165,11 +153,11 @@ class Dispatcher:
         return GroupResult(
             id=group_id,
             task=task,
-            kept=() if dropped else tuple(run.completed),
-            finished=tuple(run.finished),
+            kept=() if dropped else tuple(completed),
+            finished=tuple(finished),
             dropped=dropped,
             retries=retried,
-            reused=run.reused,
+            reused=n_reused,
             permanent_failures=failed,
         )
 
@@ -195,8 +183,8 @@ class Dispatcher:
                 outcome = await asyncio.wait_for(self.executor.run(spec), advanced.rollout_timeout_s + _TIMEOUT_GRACE_S)
             except asyncio.TimeoutError:
                 outcome = RolloutOutcome(handle.id, RolloutStatus.TIMED_OUT, _timeout_error(advanced.rollout_timeout_s))
-            except asyncio.CancelledError:
-                self._finish_soon(handle.id, RolloutStatus.FAILED, "cancelled: the trainer stopped before the rollout ended")
+            except asyncio.CancelledError:  # the run is stopping: end the rollout before leaving
+                await self._on_server(self.coordinator.finish(handle.id, RolloutStatus.FAILED, _CANCELLED))
                 raise
             except Exception as exc:  # the executor itself broke: the rollout failed, the run goes on
                 outcome = RolloutOutcome(handle.id, RolloutStatus.FAILED, f"executor error: {type(exc).__name__}: {exc}")
@@ -211,14 +199,6 @@ class Dispatcher:
         if self.server_loop is None or self.server_loop is asyncio.get_running_loop():
             return await coro
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.server_loop))
-
-    def _finish_soon(self, rollout_id: str, status: RolloutStatus, error: str) -> None:
-        """End a rollout without waiting (used while being cancelled)."""
-        coro = self.coordinator.finish(rollout_id, status, error)
-        if self.server_loop is None:
-            asyncio.ensure_future(coro)
-        else:
-            asyncio.run_coroutine_threadsafe(coro, self.server_loop)
 
 
 def _timeout_error(limit: float) -> str:

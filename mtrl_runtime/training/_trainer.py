@@ -175,7 +175,7 @@ class _Run:
         server_cfg = config.advanced.server
         self.server = start_server(create_app(self.coordinator), server_cfg.host, server_cfg.port, server_cfg.api_key)
         self.parts_to_close.append(self.server.stop)
-        self.executor = _executor(trainer.agent_env)
+        self.executor = _executor(trainer.agent_env, config.advanced.max_concurrency)
         self.tracker = self._tracker(trainer.tracking)
 
     def _restore(self, resume: bool) -> tuple[int, Any]:
@@ -237,7 +237,7 @@ class _Run:
             self.parts_to_close.pop()()
 
 
-def _executor(agent_env: Any) -> RolloutExecutor:
+def _executor(agent_env: Any, max_concurrency: int) -> RolloutExecutor:
     """A RolloutExecutor from what the user gave: an executor, an agent server URL, or a function."""
     if hasattr(agent_env, "run") and hasattr(agent_env, "close") and not callable(agent_env):
         return agent_env
@@ -251,7 +251,7 @@ def _executor(agent_env: Any) -> RolloutExecutor:
     if callable(agent_env):
         from ..executors import InProcessExecutor
 
-        return InProcessExecutor(agent_env)
+        return InProcessExecutor(agent_env, max_threads=max_concurrency)
     raise TypeError(f"agent_env: expected a function, a RolloutExecutor or a URL, got {agent_env!r}")
 
 
