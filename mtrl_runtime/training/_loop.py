@@ -106,7 +106,7 @@ class TrainingLoop:
         if prepared.samples:
             update_metrics = await self.weights.apply(prepared.samples)
         else:  # nothing carries signal (e.g. every group had equal rewards): no update this step
-            update_metrics = {"train/skipped": 1.0}
+            update_metrics = {"train/skipped": 1.0, "train/policy_version": float(self.update.version)}
         now = time.perf_counter()
         metrics = rollout_metrics(batch.rollouts)
         metrics.update(batch.failure_metrics())
