@@ -51,11 +51,11 @@ class RolloutStack:
                 await result
 
 
-def executor_for(agent_env: Any) -> RolloutExecutor:
+def executor_for(agent_env: Any, max_concurrency: int) -> RolloutExecutor:
     """A RolloutExecutor from a ``@rollout`` function, an agent server URL, or an executor."""
     from ..training._trainer import _executor  # the trainer's rule, so both accept the same agent_env
 
-    return _executor(agent_env)
+    return _executor(agent_env, max_concurrency)
 
 
 @asynccontextmanager
@@ -89,7 +89,7 @@ async def open_stack(
             start_server, create_app(coordinator), server_cfg.host, server_cfg.port, server_cfg.api_key
         )
         closers.append(lambda: asyncio.to_thread(server.stop))
-        executor = executor_for(agent_env)
+        executor = executor_for(agent_env, config.advanced.max_concurrency)
         closers.append(executor.close)
         stack = RolloutStack(coordinator, executor, config, server.url, server.loop, closers)
         yield stack
