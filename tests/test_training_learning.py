@@ -21,6 +21,11 @@ from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.training import MultiTurnRLTrainer
 
 
+# Most runs learn in 15-25 steps; about one in five needs more than 60 (the sampling order of
+# concurrent rollouts varies). 100 steps stay under two minutes on 2 cores.
+MAX_STEPS = 100
+
+
 def _learned(rewards: list[float]) -> bool:
     return len(rewards) >= 3 and sum(rewards[-3:]) / 3 > 0.85
 
@@ -38,7 +43,7 @@ def test_tiny_model_learns_the_lookup_task_with_a_strands_agent(tmp_path):
     trainer = MultiTurnRLTrainer(
         agent_env=lookup.agent,
         training_dataset=lookup.tasks(),
-        config=MtrlConfig.from_dict(lookup.config(tmp_path / "run")),
+        config=MtrlConfig.from_dict(lookup.config(tmp_path / "run", max_steps=MAX_STEPS)),
         engine=lookup.build_engine(seed=0),
         tracking=False,
     )
@@ -47,7 +52,7 @@ def test_tiny_model_learns_the_lookup_task_with_a_strands_agent(tmp_path):
 
     print(f"rewards per step: {[round(x, 2) for x in rewards]}; {elapsed:.1f} s")
     assert rewards[0] < 0.2
-    assert _learned(rewards), "the reward did not rise above 0.85 within 60 steps"
+    assert _learned(rewards), f"the reward did not rise above 0.85 within {MAX_STEPS} steps"
     last = result.reports[-1].metrics
     assert last["rollout/metrics/tool_ok"] > 0.8 and last["rollout/metrics/answer_ok"] > 0.6
     assert last["rollout/turns/mean"] == pytest.approx(2.0, abs=0.25)
