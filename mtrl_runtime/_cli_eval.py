@@ -34,7 +34,7 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _scorer(spec: str | None) -> Any:
-    return load_agent(spec) if spec else None
+    return load_agent(spec, "--strict") if spec else None
 
 
 # -- mtrl eval ----------------------------------------------------------------------------------

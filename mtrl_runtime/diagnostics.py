@@ -1,10 +1,10 @@
 """Training diagnostics: rules that read a run's metric history and name the first fix.
 
 ``diagnose(history, knobs)`` runs every rule in ``RULES`` over a list of
-per-step metric dicts (the names DESIGN.md gives: ``rollout/reward/mean``,
-``val/reward/mean``, ``analysis/zero_adv_groups``, ... plus
-``rollout/truncated_frac``, ``rollout/failed_frac`` and
-``val/reward/base_success``) and the run's configuration knobs
+per-step metric dicts, under the names the training loop logs them
+(``rollout/reward/mean``, ``val/reward/mean``, ``analysis/zero_adv_frac``,
+``rollout/truncated_frac``, ``failures/permanent_rate``,
+``val/reward/base_success``), and the run's configuration knobs
 (``knobs_from_config``). A rule is a small function returning a ``Diagnosis``
 or None; adding one is a function and a ``@RULES.register`` line.
 
@@ -39,9 +39,9 @@ FAILED_MAX = 0.01  # more than 1% permanent failures is a bug, not flakiness
 
 REWARD = "rollout/reward/mean"
 VAL_REWARD = "val/reward/mean"
-ZERO_ADV = "analysis/zero_adv_groups"
+ZERO_ADV = "analysis/zero_adv_frac"  # share of the step's groups whose advantages were all zero
 TRUNCATED = "rollout/truncated_frac"
-FAILED = "rollout/failed_frac"
+FAILED = "failures/permanent_rate"  # failures left after the group policy, per rollout slot
 BASE_SUCCESS = "val/reward/base_success"
 
 

@@ -8,8 +8,12 @@ tracker, to MLflow (metric ``diagnostics/<rule>`` = 1 at that step, and a
 run tag ``mtrl.diagnosis.<rule>`` holding the message and the first fix).
 A rule that stops firing and fires again later is reported again.
 
-Used as an ``on_step`` callback (``trainer.train(on_step=monitor)``) it
-reads ``StepReport.metrics`` and prints each finding with ``echo``.
+The trainer runs one inside its loop (each finding also lands in
+``StepReport.warnings``); a resumed run ``preload``s the store's metric
+history first, so rules keep counting from step 0 and a finding already
+said before the crash is not said again. Used on its own as an ``on_step``
+callback (``trainer.train(on_step=monitor)``) it reads
+``StepReport.metrics`` and prints each finding with ``echo``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .diagnostics import Diagnosis, diagnose, knobs_from_config
 
@@ -47,6 +51,11 @@ class DiagnosticsMonitor:
         """A monitor with the config's knobs, writing ``<run_dir>/diagnostics.jsonl``."""
         kwargs.setdefault("path", Path(config.core.run_dir) / "diagnostics.jsonl")
         return cls(knobs_from_config(config), **kwargs)
+
+    def preload(self, history: Sequence[Mapping[str, Any]]) -> None:
+        """Start from an earlier run's history; the findings standing at its end count as said."""
+        self.history = [dict(entry) for entry in history]
+        self._active = {d.rule for d in diagnose(self.history, self.knobs)} if self.history else set()
 
     def observe(self, step: int, metrics: Mapping[str, float], suspects: Sequence[str] = ()) -> list[Diagnosis]:
         """Add one step's metrics; return (and log) the findings that are new at this step.
@@ -85,4 +94,12 @@ class DiagnosticsMonitor:
             self.tracker.client.set_tag(self.tracker.run_id, f"mtrl.diagnosis.{diagnosis.rule}", text[:_TAG_CHARS])
 
 
-__all__ = ["DiagnosticsMonitor"]
+def history_from_rows(rows: Iterable[tuple[int, str, float]]) -> list[dict[str, Any]]:
+    """``TrajectoryStore.metric_history()`` rows ``(step, name, value)`` as one dict per step, in step order."""
+    steps: dict[int, dict[str, Any]] = {}
+    for step, name, value in rows:
+        steps.setdefault(int(step), {"step": int(step)})[name] = value
+    return [steps[s] for s in sorted(steps)]
+
+
+__all__ = ["DiagnosticsMonitor", "history_from_rows"]

@@ -90,8 +90,9 @@ def make_agent(log_path: Path, kill: str | None) -> Any:
                 result = " ".join([lookup.TABLE.get(called, "none")] * lookup.VALUE_REPEAT)
                 record_tool_call("lookup", {"key": called}, result=result, call_id=call.id)
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-        # a reward that differs between rollouts of a group, so every step has signal and trains
-        await aupdate_reward((int(current_rollout().rollout_id[-4:], 16) % 5) / 4)
+        # a reward that differs between the rollouts of a group (32 random bits of the id), so every
+        # step's update runs and moves the policy version: step 3's rollouts are then never reusable
+        await aupdate_reward(int(current_rollout().rollout_id[-8:], 16) / 0xFFFFFFFF)
 
     return agent
 

@@ -17,9 +17,9 @@ def history(rewards, *, val=None, zero_adv=0.2, truncated=0.01, failed=0.0, base
         entry = {
             "step": i,
             "rollout/reward/mean": r,
-            "analysis/zero_adv_groups": zero_adv[i] if isinstance(zero_adv, list) else zero_adv,
+            "analysis/zero_adv_frac": zero_adv[i] if isinstance(zero_adv, list) else zero_adv,
             "rollout/truncated_frac": truncated[i] if isinstance(truncated, list) else truncated,
-            "rollout/failed_frac": failed[i] if isinstance(failed, list) else failed,
+            "failures/permanent_rate": failed[i] if isinstance(failed, list) else failed,
             "rollout/turns/mean": 3.0,
             "rollout/tokens/response_max": 900,
         }

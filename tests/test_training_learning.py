@@ -22,7 +22,7 @@ from mtrl_runtime.training import MultiTurnRLTrainer
 
 
 # Most runs learn in 15-25 steps; about one in five needs more than 60 (the sampling order of
-# concurrent rollouts varies). 100 steps stay under two minutes on 2 cores.
+# concurrent rollouts varies). Speed is not asserted here: the pytest timeout only bounds a hang.
 MAX_STEPS = 100
 
 
@@ -59,4 +59,3 @@ def test_tiny_model_learns_the_lookup_task_with_a_strands_agent(tmp_path):
     assert all(r.metrics["samples/extension_rate"] == 1.0 for r in result.reports)  # one sequence per rollout
     assert all(r.metrics["async/staleness_max"] == 0 for r in result.reports)  # the sync loop is on-policy
     assert result.final_step == len(rewards) and (tmp_path / "run" / "adapter").is_dir()
-    assert elapsed < 120

@@ -217,13 +217,15 @@ async def run_validation(
     Runs on the trainer's own coordinator, engine and executor, with the
     policy the engine serves now. Before the first update (policy version 0)
     the metrics also hold ``val/reward/base_success``, which the diagnostics
-    rule ``base_zero_success`` reads.
+    rule ``base_zero_success`` reads: the strict scorer's success rate when
+    there is one (the independent judge of "solved"), else the reward's.
     """
     stack = RolloutStack.from_dispatcher(dispatcher)
     plan = EvalPlan.from_config(stack.config, tasks, max_samples=max_samples)
     side = await run_side(stack, plan, label="policy", group_prefix=f"val-s{step}", scorer=strict_scorer)
     if side.policy_version == 0:
-        side = replace(side, metrics={**side.metrics, BASE_SUCCESS: success_rate(side.records)})
+        base = side.strict.success_rate if side.strict is not None else success_rate(side.records)
+        side = replace(side, metrics={**side.metrics, BASE_SUCCESS: base})
     return side
 
 

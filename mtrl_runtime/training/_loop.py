@@ -11,19 +11,42 @@ than ``s`` versions away, which happens when an engine serves a version
 late (adapters pushed to another process) or rollouts are reused on resume.
 
 Per step: advantages → samples → update (``_weights``) → metrics (store
-history via the checkpoint commit, MLflow now) → a checkpoint every
-``advanced.checkpoint_every`` steps and after the last one.
+history via the checkpoint commit, MLflow now) → diagnostics → a checkpoint
+every ``advanced.checkpoint_every`` steps and after the last one.
+
+Validation (with validation tasks and ``core.val_every > 0``): the pass "at
+step ``s``" measures the policy after ``s`` updates, the one that generates
+step ``s``'s rollouts. It runs at step 0 (the base model), at every multiple
+of ``val_every``, and after the last step (at step ``max_steps``, or the
+step after an early stop). A pass at a trained step runs while that step's
+rollouts are collected; its ``val/...`` metrics join the step's metrics
+(MLflow now, the store with the step's commit). The pass after the last
+step runs once the final checkpoint is written, so it is logged to the
+store at once; its metrics go into the last StepReport (replacing those of
+a pass the last step itself ran). A pass is skipped when the store already
+holds ``val/reward/mean`` at its step: a resumed run does not repeat it.
+Validation rollouts have ``step`` None and group ids ``val-s<step>-t<i>``:
+no step's batch and no resume plan ever contains them.
+
+Diagnostics: the ``DiagnosticsMonitor`` observes each step's metrics (with
+its validation metrics) and the final pass; each new finding is logged by
+the monitor (``diagnostics.jsonl``, MLflow) and listed in the StepReport's
+``warnings``, which the progress display prints.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Sequence
 
 from ..algorithms import AdvantageParams
 from ..config import MtrlConfig
+from ..diagnostics import VAL_REWARD, ZERO_ADV
+from ..evaluation import run_validation
+from ..types import Task
 from ._batch import prepare_batch
 from ._checkpoint import Checkpoints
 from ._data import TaskSchedule
@@ -31,16 +54,32 @@ from ._dispatcher import Dispatcher, StepBatch
 from ._metrics import rollout_metrics
 from ._resume import ResumePlan
 
+log = logging.getLogger("mtrl.train")
+
 
 @dataclass(frozen=True)
 class StepReport:
-    """What one step did, for progress displays and callers of ``train()``."""
+    """What one step did, for progress displays and callers of ``train()``.
+
+    ``metrics`` holds the step's ``val/...`` metrics when a validation pass ran
+    with it (the last report: the pass after the last step). ``warnings``:
+    environment problems and the diagnostics that fired at this step.
+    """
 
     step: int
     max_steps: int
     metrics: dict[str, float]
     warnings: tuple[str, ...] = ()
     checkpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class ValidationPass:
+    """One validation pass as the loop logs it: ``val/...`` metrics and the rollouts to name if hacked."""
+
+    step: int
+    metrics: dict[str, float]
+    suspects: tuple[str, ...] = ()  # reward-only disagreements with the strict scorer
 
 
 def off_policy_bound(config: MtrlConfig) -> int:
@@ -62,10 +101,21 @@ class TrainingLoop:
     resume: ResumePlan | None = None
     on_step: Callable[[StepReport], bool | None] | None = None  # returning True ends the run after that step
     extra_state: dict[str, Any] = field(default_factory=dict)
+    validation_tasks: Sequence[Task] = ()
+    strict_scorer: Any = None  # evaluation.StrictScorer | None
+    monitor: Any = None  # monitor.DiagnosticsMonitor | None
 
     @property
     def update(self) -> Any:
         return self.weights.update
+
+    @property
+    def validates(self) -> bool:
+        return bool(self.validation_tasks) and self.config.core.val_every > 0
+
+    def validates_at(self, step: int) -> bool:
+        """Whether a trained step ``step`` starts with a validation pass (step 0 and every ``val_every``)."""
+        return self.validates and step % self.config.core.val_every == 0
 
     async def run(self, start: int) -> list[StepReport]:
         max_steps = self.config.core.max_steps
@@ -78,15 +128,21 @@ class TrainingLoop:
                 for ahead in range(step, min(step + bound, max_steps - 1) + 1):
                     if ahead not in pending:
                         pending[ahead] = asyncio.create_task(self._collect(ahead), name=f"mtrl-collect-{ahead}")
+                validated = await self._validate(step) if self.validates_at(step) else None  # while step collects
                 waited = time.perf_counter()
                 batch = await pending.pop(step)
                 waited = time.perf_counter() - waited
-                report = await self._train(batch, bound, waited, last_end)
+                report = await self._train(batch, bound, waited, last_end, validated)
                 last_end = time.perf_counter()
+                last = step == max_steps - 1
+                if last:
+                    report = await self._final_validation(report)
                 reports.append(report)
                 if self.on_step is not None and self.on_step(report):
                     if report.checkpoint is None:  # stopping early: commit what was trained
                         await self._checkpoint(step + 1)
+                    if not last:
+                        reports[-1] = await self._final_validation(report)
                     break
         finally:
             for task in pending.values():
@@ -98,7 +154,44 @@ class TrainingLoop:
         reuse = self.resume.for_step(step) if self.resume is not None else None
         return await self.dispatcher.collect(step, self.schedule.batch(step), reuse)
 
-    async def _train(self, batch: StepBatch, bound: int, waited: float, last_end: float) -> StepReport:
+    async def _validate(self, step: int) -> ValidationPass | None:
+        """Run the validation pass at ``step`` on the served policy; None when the store already has it."""
+        if await asyncio.to_thread(self._validated_before, step):
+            return None
+        started = time.perf_counter()
+        side = await run_validation(self.dispatcher, self.validation_tasks, step=step, strict_scorer=self.strict_scorer)
+        if self.tracker is not None:
+            self.tracker.log_rollouts(side.rollouts, step)
+        suspects = tuple(d.rollout_id for d in side.strict.reward_only) if side.strict is not None else ()
+        return ValidationPass(step, {**side.metrics, "time/validation": time.perf_counter() - started}, suspects)
+
+    def _validated_before(self, step: int) -> bool:
+        return any(s == step for s, _, _ in self.checkpoints.store.metric_history(VAL_REWARD))
+
+    async def _final_validation(self, report: StepReport) -> StepReport:
+        """The pass after the last trained step, once its checkpoint exists; merged into ``report``."""
+        step = report.step + 1
+        validated = await self._validate(step) if self.validates else None
+        if validated is None:
+            return report
+        if self.tracker is not None:
+            self.tracker.log_metrics(step, validated.metrics)
+        await asyncio.to_thread(self.checkpoints.store.log_metrics, step, validated.metrics)  # its policy is saved
+        found = self._diagnose(step, validated.metrics, validated.suspects)
+        return replace(report, metrics={**report.metrics, **validated.metrics}, warnings=report.warnings + found)
+
+    def _diagnose(self, step: int, metrics: Mapping[str, float], suspects: Sequence[str] = ()) -> tuple[str, ...]:
+        """The monitor's new findings at ``step`` (it logs them) as warning lines."""
+        if self.monitor is None:
+            return ()
+        lines = tuple(f"diagnosis at step {step}: {d}" for d in self.monitor.observe(step, metrics, suspects))
+        for line in lines:
+            log.info("mtrl: %s", line)
+        return lines
+
+    async def _train(
+        self, batch: StepBatch, bound: int, waited: float, last_end: float, validated: ValidationPass | None = None
+    ) -> StepReport:
         core = self.config.core
         params = AdvantageParams(success_threshold=core.success_threshold)
         prepared = prepare_batch(batch.groups, core.advantage_method, params, int(self.update.version), bound)
@@ -111,6 +204,8 @@ class TrainingLoop:
         metrics = rollout_metrics(batch.rollouts)
         metrics.update(batch.failure_metrics())
         metrics.update(prepared.metrics)
+        groups = sum(1 for g in batch.groups if g.kept)  # the groups advantages were computed over
+        metrics[ZERO_ADV] = metrics["analysis/zero_adv_groups"] / groups if groups else 0.0
         metrics.update(update_metrics)
         metrics.update({
             "time/rollout": batch.seconds,
@@ -119,12 +214,15 @@ class TrainingLoop:
             "time/step": now - last_end,
             "rollout/first_policy_version": float(batch.first_version),
         })
+        if validated is not None:
+            metrics.update(validated.metrics)
+        found = self._diagnose(batch.step, metrics, validated.suspects if validated is not None else ())
         if self.tracker is not None:
             self.tracker.log_metrics(batch.step, metrics)
             self.tracker.log_rollouts(batch.rollouts, batch.step)
         self.checkpoints.record(batch.step, prepared.rollout_ids, metrics)
         saved = await self._maybe_checkpoint(batch.step + 1)
-        return StepReport(batch.step, core.max_steps, metrics, batch.warnings, saved)
+        return StepReport(batch.step, core.max_steps, metrics, batch.warnings + found, saved)
 
     async def _maybe_checkpoint(self, next_step: int) -> str | None:
         every = self.config.advanced.checkpoint_every

@@ -1,14 +1,19 @@
 """The progress display of ``mtrl train``: step, reward and seconds per step (rich).
 
 On a terminal it is a live bar; elsewhere (logs, CI) one line per step.
-Warnings of a step (e.g. an environment problem) are printed as they come.
+Warnings of a step (an environment problem, a diagnosis with its first fix)
+and the results of a validation pass are printed as they come.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..diagnostics import VAL_REWARD
+from ..evaluation import PASS_K_PREFIX
 from ._loop import StepReport
+
+STRICT_SUCCESS = "val/strict/success_rate"
 
 
 class ProgressDisplay:
@@ -39,10 +44,14 @@ class ProgressDisplay:
         return self
 
     def __call__(self, report: StepReport) -> None:
+        from rich.markup import escape
+
         reward = report.metrics.get("rollout/reward/mean", 0.0)
         pace = report.metrics.get("time/step", 0.0)
-        for line in report.warnings:
-            self.console.print(f"[yellow]warning[/yellow]: {line}")
+        for line in report.warnings:  # diagnoses start "[error] rule: ...": escape, or rich reads a tag
+            self.console.print(f"[yellow]warning[/yellow]: {escape(line)}")
+        if VAL_REWARD in report.metrics:
+            self.console.print(validation_line(report.metrics))
         if self._progress is not None:
             self._progress.update(self._task, completed=report.step + 1, reward=f"{reward:.3f}", pace=f"{pace:.2f}")
         else:
@@ -55,4 +64,15 @@ class ProgressDisplay:
             self._progress.stop()
 
 
-__all__ = ["ProgressDisplay"]
+def validation_line(metrics: dict[str, float]) -> str:
+    """``validation: reward 0.412  pass@1 0.375  pass@8 0.750  strict 0.250`` from a step's ``val/...`` metrics."""
+    parts = [f"reward {metrics[VAL_REWARD]:.3f}"]
+    ks = sorted(int(name[len(PASS_K_PREFIX):]) for name in metrics if name.startswith(PASS_K_PREFIX))
+    shown = sorted({ks[0], ks[-1]}) if ks else []  # the smallest and the largest k
+    parts += [f"pass@{k} {metrics[f'{PASS_K_PREFIX}{k}']:.3f}" for k in shown]
+    if STRICT_SUCCESS in metrics:
+        parts.append(f"strict {metrics[STRICT_SUCCESS]:.3f}")
+    return "validation: " + "  ".join(parts)
+
+
+__all__ = ["ProgressDisplay", "validation_line"]

@@ -8,14 +8,17 @@ same arguments where they mean the same thing here::
         agent_env=my_agent,             # a @rollout function, a RolloutExecutor, or an agent server URL
         training_dataset="tasks.jsonl",  # or a list of Task / dict rows
         output_path="runs/x",           # the run folder (store, checkpoints, adapter, mlflow.db)
+        validation_dataset="val.jsonl",  # optional: validated every core.val_every steps
+        strict_scorer=exact_match,      # optional: fn(final_text, ground_truth) -> float
     )
     trainer.hyperparameters.max_steps = 20
     result = trainer.train()
     print(result.output_adapter_path)
 
-``train()`` starts the coordinator on loopback, runs the loop (``_loop``),
-saves the final adapter to ``<output_path>/adapter`` and logs it to MLflow.
-``resume=True`` continues from the run folder's latest checkpoint.
+``train()`` starts the coordinator on loopback, runs the loop (``_loop``:
+validation passes and diagnostics included), saves the final adapter to
+``<output_path>/adapter`` and logs it to MLflow. ``resume=True`` continues
+from the run folder's latest checkpoint.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..config import CoreConfig, MtrlConfig
+from ..evaluation import StrictScorer, as_strict_scorer
+from ..monitor import DiagnosticsMonitor, history_from_rows
 from ..types import RolloutExecutor, Task
 from ._checkpoint import Checkpoints
 from ._data import TaskSchedule, load_tasks
@@ -64,6 +69,8 @@ class MultiTurnRLTrainer:
         engine: Any = None,
         resume: bool = False,
         tracking: bool = True,
+        validation_dataset: str | Path | Iterable[Task | Mapping[str, Any]] | None = None,
+        strict_scorer: StrictScorer | Callable[[Any, Any], float] | None = None,
     ) -> None:
         self.config = _as_config(config)
         overrides = {"core.model": model, "core.run_dir": str(output_path) if output_path is not None else None}
@@ -74,6 +81,10 @@ class MultiTurnRLTrainer:
         self.training_dataset = training_dataset if training_dataset is not None else self.config.core.dataset
         if self.training_dataset is None:
             raise ValueError("training_dataset: give tasks (a JSONL path or rows), or set core.dataset in the config")
+        if strict_scorer is not None and validation_dataset is None:
+            raise ValueError("strict_scorer: it scores validation passes; give a validation_dataset too")
+        self.validation_dataset = validation_dataset
+        self.strict_scorer = as_strict_scorer(strict_scorer)
         self.engine = engine
         self.resume = resume
         self.tracking = tracking
@@ -151,6 +162,8 @@ class _Run:
         config.run_dir.mkdir(parents=True, exist_ok=True)
         self.config = config
         self.schedule = TaskSchedule.of(load_tasks(trainer.training_dataset), config.core.train_batch_size, config.core.seed)
+        self.validation_tasks = _validation_tasks(trainer.validation_dataset, self.schedule.tasks)
+        self.strict_scorer = trainer.strict_scorer
         self.engine, self.owns_engine = trainer.engine, trainer.engine is None
         if self.engine is None:
             from ..engines import create_engine
@@ -177,6 +190,9 @@ class _Run:
         self.parts_to_close.append(self.server.stop)
         self.executor = _executor(trainer.agent_env, config.advanced.max_concurrency)
         self.tracker = self._tracker(trainer.tracking)
+        self.monitor = DiagnosticsMonitor.for_config(config, tracker=self.tracker, echo=None)
+        if self.start_step > 0:  # resumed: the rules read the whole run, and what was said stays said
+            self.monitor.preload(history_from_rows(self.store.metric_history()))
 
     def _restore(self, resume: bool) -> tuple[int, Any]:
         latest = self.checkpoints.latest()
@@ -212,6 +228,9 @@ class _Run:
             tracker=self.tracker,
             resume=self.plan,
             on_step=on_step,
+            validation_tasks=self.validation_tasks,
+            strict_scorer=self.strict_scorer,
+            monitor=self.monitor,
         )
 
     def finish(self) -> Path:
@@ -253,6 +272,19 @@ def _executor(agent_env: Any, max_concurrency: int) -> RolloutExecutor:
 
         return InProcessExecutor(agent_env, max_threads=max_concurrency)
     raise TypeError(f"agent_env: expected a function, a RolloutExecutor or a URL, got {agent_env!r}")
+
+
+def _validation_tasks(source: Any, training: Sequence[Task]) -> tuple[Task, ...]:
+    """The validation tasks; an id naming a different training task is refused (the store keys tasks by id)."""
+    if source is None:
+        return ()
+    tasks = tuple(load_tasks(source))
+    by_id = {t.id: t for t in training}
+    for task in tasks:
+        if task.id in by_id and by_id[task.id] != task:
+            raise ValueError(f"validation_dataset: task id {task.id!r} names a different training task; "
+                             "give validation tasks their own ids")
+    return tasks
 
 
 def _as_config(config: MtrlConfig | Mapping[str, Any] | str | Path | None) -> MtrlConfig:
