@@ -133,7 +133,10 @@ def _demo(args: argparse.Namespace) -> int:
         console.print(f"report: {evaluation.report}")
     if result.tracking_uri:
         console.print(f"MLflow run {result.mlflow_run_id}: open it with\n  mlflow ui --backend-store-uri {result.tracking_uri}")
-    console.print(f"serve the trained agent:\n  mtrl serve --model {config.core.model} --adapter {result.output_adapter_path}")
+    console.print(f"serve the trained agent (OpenAI-compatible, http://127.0.0.1:8731/v1):\n"
+                  f"  mtrl serve --adapter {config.run_dir} --inference\n"
+                  f"or export it (a peft adapter; --merged for a standalone model folder vLLM serves too):\n"
+                  f"  mtrl export {config.run_dir} {config.run_dir / 'export'} --merged")
     return 0
 
 

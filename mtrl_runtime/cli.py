@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Callable
 
 from .registry import Registry
@@ -16,8 +17,8 @@ COMMANDS: Registry[Command] = Registry("command")
 def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="a YAML config; flags below override it")
     p.add_argument("--engine", help="engine name (hf, vllm, scripted)")
-    p.add_argument("--model", help="local folder, hub id, or smollm2-135m")
-    p.add_argument("--adapter", help="a peft adapter folder to serve on top of the model")
+    p.add_argument("--model", help="local folder, hub id, or smollm2-135m (default: the adapter's base model)")
+    p.add_argument("--adapter", help="a peft adapter folder, or a run folder (its trained adapter), to serve")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8731)")
     p.add_argument("--run-dir", help="where the trajectory store lives")
@@ -37,9 +38,10 @@ def _serve(args: argparse.Namespace) -> int:
     from .store import TrajectoryStore
 
     config = MtrlConfig.from_yaml(args.config) if args.config else MtrlConfig()
+    adapter, adapter_base = _served_adapter(args.adapter) if args.adapter else (None, None)
     overrides = {
         "core.engine": args.engine,
-        "core.model": args.model,
+        "core.model": args.model or (None if args.config else adapter_base),
         "core.run_dir": args.run_dir,
         "advanced.server.host": args.host,
         "advanced.server.port": args.port,
@@ -50,8 +52,8 @@ def _serve(args: argparse.Namespace) -> int:
     server_cfg = config.advanced.server
     check_bind(server_cfg.host, server_cfg.api_key)
     engine = create_engine(config.core.engine, config.core.model, **config.advanced.engine_options)
-    if args.adapter:
-        asyncio.run(engine.load_adapter(args.adapter, 1))
+    if adapter is not None:
+        asyncio.run(engine.load_adapter(str(adapter), 1))
     config.run_dir.mkdir(parents=True, exist_ok=True)
     store = TrajectoryStore(config.run_dir / "trajectories.db")
     app = create_app(Coordinator(engine, store, config))
@@ -65,11 +67,29 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _served_adapter(spec: str) -> tuple[Path, str | None]:
+    """The LoRA folder that ``--adapter`` names (an adapter, run or checkpoint folder) and its base model, if known."""
+    from .export import ExportError, find_trained_weights, resolve_base_model
+
+    try:
+        weights = find_trained_weights(spec, field="--adapter")
+        if weights.kind != "lora":
+            raise ExportError(f"--adapter {spec!r}: holds full model weights, not a LoRA adapter; "
+                              "serve it with --model")
+        try:
+            base: str | None = str(resolve_base_model(weights))
+        except ExportError:
+            base = None  # the adapter's base is not here: --model or the config must name it
+    except ExportError as exc:
+        raise SystemExit(f"mtrl serve: {exc}") from None
+    return weights.folder, base
+
+
 COMMANDS.register("serve")((_serve_args, _serve))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import _cli_demo, _cli_eval, _cli_train  # noqa: F401  (each registers its commands)
+    from . import _cli_demo, _cli_eval, _cli_export, _cli_train  # noqa: F401  (each registers its commands)
 
     parser = argparse.ArgumentParser(prog="mtrl", description="Multi-turn RL for the agents you already have.")
     sub = parser.add_subparsers(dest="command", required=True)

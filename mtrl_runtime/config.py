@@ -129,6 +129,8 @@ class AdvancedConfig(_Section):
     max_concurrency: int = Field(default=64, ge=1)
     default_reward: float = 0.0  # given to a rollout that never reports, and flagged
     checkpoint_every: int = Field(default=5, ge=0)
+    keep_checkpoints: int = Field(default=2, ge=1)
+    train_device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")  # auto: cuda when present  # newest complete checkpoints kept; older ones are removed
     engine_options: dict[str, Any] = Field(default_factory=dict)
     server: ServerConfig = Field(default_factory=ServerConfig)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)

@@ -105,6 +105,7 @@ def test_a_run_killed_anywhere_resumes_without_losing_or_repeating_anything(tmp_
         if kill in ("generation", "update"):  # step 3 was under way: its rollouts were set aside
             assert record["discarded"] or record["interrupted"]
     assert [f.name for f in _checkpoints(run_dir)][-1] == f"step-{MAX_STEPS:06d}"
+    assert not list((run_dir / "checkpoints").glob(".step-*"))  # the dead write's temporary was removed
     # the checkpoints' commit records (the steps each one made durable) never name a rollout twice
     committed = [rid for folder in _checkpoints(run_dir)
                  for record in json.loads((folder / "state.json").read_text())["commits"]

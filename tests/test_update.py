@@ -201,3 +201,39 @@ def test_samples_without_model_tokens_do_not_step(tokenizer):
 def test_unknown_loss_is_an_error_listing_known_names():
     with pytest.raises(KeyError, match="unknown loss function 'grpo'.*ppo"):
         UpdateSettings(loss_fn="grpo")
+
+
+def test_checkpoints_keep_the_newest_and_remove_what_a_dead_write_left(tokenizer, tmp_path):
+    from mtrl_runtime.store import TrajectoryStore
+    from mtrl_runtime.training._checkpoint import Checkpoints
+
+    update = PolicyUpdate(make_policy(tokenizer), UpdateSettings(precision="fp32"))
+    with TrajectoryStore(tmp_path / "trajectories.db") as store:
+        checkpoints = Checkpoints(tmp_path, store, keep=3)
+        dead = [tmp_path / "checkpoints" / ".step-000004.tmp-abc", tmp_path / "checkpoints" / ".step-000002.old-77"]
+        for folder in dead:  # what a SIGKILL mid-write leaves
+            (folder / "policy").mkdir(parents=True)
+        unrelated = tmp_path / "checkpoints" / "notes.txt"
+        unrelated.write_text("mine")
+        for step in (2, 4, 6, 8):
+            checkpoints.save(step, update, {"epoch": 0, "index": step})
+        assert [p.name for p in sorted((tmp_path / "checkpoints").glob("step-*"))] == [
+            "step-000004", "step-000006", "step-000008"]
+        assert not any(folder.exists() for folder in dead) and unrelated.read_text() == "mine"
+        state = Checkpoints(tmp_path, store, keep=3).restore(update)
+        assert state.next_step == 8 and state.data_position == {"epoch": 0, "index": 8}
+        with pytest.raises(ValueError, match="keep: must be >= 1, got 0"):
+            Checkpoints(tmp_path, store, keep=0)
+
+
+def test_the_training_device_is_cuda_when_present_and_an_unavailable_one_is_named():
+    from mtrl_runtime.config import ConfigError, MtrlConfig
+    from mtrl_runtime.training._policy import train_device
+
+    assert train_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert train_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="advanced.train_device: 'cuda:1'"):
+            train_device("cuda:1")
+    with pytest.raises(ConfigError, match="advanced.train_device.*'tpu'"):
+        MtrlConfig.from_dict({"advanced": {"train_device": "tpu"}})

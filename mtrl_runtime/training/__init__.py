@@ -1,9 +1,9 @@
 """Training: the policy update (LoRA or full), the dispatcher, sync/async loops, checkpoints, the trainer."""
 
-from ._policy import DEFAULT_TARGET_MODULES, Policy, atomic_folder, build_policy, policy_from_config
-from ._update import PolicyUpdate, UpdateSettings, plan_micro_batches, resolve_autocast
+from ._policy import DEFAULT_TARGET_MODULES, Policy, atomic_folder, build_policy, policy_from_config, train_device
+from ._update import WEIGHTS_FOLDER, PolicyUpdate, UpdateSettings, plan_micro_batches, resolve_autocast
 from ._batch import PreparedBatch, prepare_batch, staleness
-from ._checkpoint import CheckpointState, Checkpoints, StepRecord
+from ._checkpoint import CHECKPOINTS, POLICY_FOLDER, CheckpointState, Checkpoints, StepRecord
 from ._data import TaskSchedule, load_tasks, task_from_row
 from ._dispatcher import Dispatcher, GroupResult, StepBatch, group_id_for
 from ._groups import GROUP_POLICIES, GroupDecision, GroupRound
@@ -14,6 +14,10 @@ from ._trainer import MultiTurnRLTrainer, TrainingResult
 from ._weights import PushedWeights, SharedWeights, shares_model
 
 __all__ = [
+    "CHECKPOINTS",
+    "POLICY_FOLDER",
+    "WEIGHTS_FOLDER",
+    "train_device",
     "DEFAULT_TARGET_MODULES",
     "GROUP_POLICIES",
     "CheckpointState",

@@ -5,7 +5,9 @@ step to train) holding the policy weights and optimizer (``policy/``), the
 RNG states (``rng.pt``) and ``state.json``: the step, the policy version, the
 data position and the *commit records* of the steps trained since the
 previous checkpoint (their rollout ids and metrics). It is written to a
-temporary sibling and renamed into place, so it is complete or absent.
+temporary sibling, fsynced, and renamed into place, so it is complete or
+absent; the temporaries of a write that died are removed on resume and at
+the next save. ``advanced.keep_checkpoints`` (default 2) newest are kept.
 
 The trajectory store learns that a step was trained only when a checkpoint
 holding its update exists: after the rename, each commit record marks its
@@ -38,6 +40,7 @@ RNG_FILE = "rng.pt"
 POLICY_FOLDER = "policy"
 COMMIT_SENTINEL = "time/step"  # every step logs it; its presence in the history marks a committed step
 _NAME = re.compile(r"^step-(\d{6,})$")
+_LEFTOVER = re.compile(r"^\.step-\d{6,}\.(tmp|old)-")
 
 
 @dataclass(frozen=True)
@@ -122,12 +125,22 @@ class Checkpoints:
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         self.commit(state)
+        self.remove_leftovers()
         return state
 
     def _prune(self) -> None:
+        """Keep the newest ``keep`` checkpoints; remove the temporaries a killed write left behind."""
         found = sorted((int(m.group(1)), p) for p in self.folder.glob("step-*") if (m := _NAME.match(p.name)))
         for _, path in found[: -self.keep]:
             shutil.rmtree(path, ignore_errors=True)
+        self.remove_leftovers()
+
+    def remove_leftovers(self) -> list[Path]:
+        """Remove ``.step-*.tmp-*`` / ``.step-*.old-*`` folders of writes that died (one trainer per run folder)."""
+        leftovers = [p for p in self.folder.glob(".step-*") if _LEFTOVER.match(p.name)]
+        for path in leftovers:
+            shutil.rmtree(path, ignore_errors=True)
+        return leftovers
 
 
 def _state_json(state: CheckpointState) -> dict[str, Any]:

@@ -109,15 +109,19 @@ def build_policy(
     dropout: float = 0.0,
     target_modules: Sequence[str] = DEFAULT_TARGET_MODULES,
     keep_reference: bool = False,
+    device: str = "auto",
 ) -> Policy:
     """Load (from a local folder) or take a causal LM and make it trainable.
 
     With ``lora`` only LoRA adapters on ``target_modules`` that exist in the
     model train (names not present are skipped; none present is an error);
-    otherwise every parameter trains. The model is left in eval() mode.
+    otherwise every parameter trains. The model is left in eval() mode. A
+    model loaded from a folder goes to ``device`` (``auto``: CUDA when there
+    is one); a model object stays where it is (e.g. shared with the hf engine).
     """
     if isinstance(model, (str, Path)):
         model, tokenizer = _load_folder(Path(model), tokenizer)
+        model = model.to(train_device(device))
     if lora:
         from peft import LoraConfig, get_peft_model
 
@@ -149,7 +153,17 @@ def policy_from_config(config: Any, model: str | Path | Any, tokenizer: Any | No
         dropout=advanced.lora_dropout,
         target_modules=advanced.lora_target_modules,
         keep_reference=advanced.full_finetune and advanced.kl_coef > 0,
+        device=advanced.train_device,
     )
+
+
+def train_device(device: str = "auto") -> torch.device:
+    """``auto``: the first CUDA device when torch sees one, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"advanced.train_device: {device!r} asked for, but torch sees no CUDA device")
+    return torch.device(device)
 
 
 @contextlib.contextmanager
@@ -158,22 +172,46 @@ def atomic_folder(folder: str | Path) -> Iterator[Path]:
 
     A reader sees either the old complete folder or the new one: the old one
     is moved aside before the new one is renamed into place, and removed after.
+    The files are fsynced before the rename and the parent after it, so the
+    folder is complete after a power loss too, not only after a killed process.
     """
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     try:
         yield tmp
+        fsync_tree(tmp)
         old = None
         if folder.exists():
             old = folder.parent / f".{folder.name}.old-{os.getpid()}"
             os.replace(folder, old)
         os.replace(tmp, folder)
+        _fsync_path(folder.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file under ``root``, then each folder (its entries), deepest first."""
+    folders = [root]
+    for path in sorted(root.rglob("*")):
+        if path.is_dir():
+            folders.append(path)
+        elif path.is_file():
+            _fsync_path(path)
+    for path in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        _fsync_path(path)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _load_folder(folder: Path, tokenizer: Any | None) -> tuple[Any, Any | None]:

@@ -182,7 +182,7 @@ class _Run:
             policy = policy_from_config(config, resolve_model(config.core.model))
             self.update = PolicyUpdate(policy, settings)
             self.weights = PushedWeights(self.engine, self.update, config.run_dir)
-        self.checkpoints = Checkpoints(config.run_dir, self.store)
+        self.checkpoints = Checkpoints(config.run_dir, self.store, keep=config.advanced.keep_checkpoints)
         self.start_step, self.plan = self._restore(trainer.resume)
         self.coordinator = Coordinator(self.engine, self.store, config)
         server_cfg = config.advanced.server
