@@ -6,16 +6,24 @@ one length and concatenated along the batch. Finished rows leave by index
 selection, and columns that became padding for every row are cropped.
 Each row's position ids count only its real tokens, so a row's logits are
 those of an unpadded forward pass of its own tokens.
+
+A row may start from reused KV (a cached prompt prefix): its prefix sits
+left-padded in the first columns and its left-padded rest after them, so
+the mask can have holes between a row's prefix and its suffix. Merging,
+decoding and cropping only look at the mask, so holes cost columns, never
+correctness.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from ._prefix_cache import KV
 from ._sampling import RowSampling
 
 
@@ -29,6 +37,7 @@ class Row:
     max_new: int  # max_tokens, capped by the model's context
     stop: tuple[str, ...]
     policy_version: int = 0
+    cache_epoch: int = 0  # the prefix cache's epoch at prefill: its KV may be stored only while it holds
     completion_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
@@ -48,20 +57,13 @@ class DecodeBatch:
         self.logits_BV = logits_BV
 
     @classmethod
-    def prefill(cls, model: Any, rows: list[Row], pad_id: int, device: torch.device) -> "DecodeBatch":
-        """Run the prompts of ``rows`` (left-padded to one length) through ``model``."""
-        length = max(len(r.prompt_ids) for r in rows)
-        ids_BL = torch.full((len(rows), length), pad_id, dtype=torch.long)
-        mask_BL = torch.zeros((len(rows), length), dtype=torch.long)
-        for b, row in enumerate(rows):
-            ids_BL[b, length - len(row.prompt_ids):] = torch.tensor(row.prompt_ids, dtype=torch.long)
-            mask_BL[b, length - len(row.prompt_ids):] = 1
-        ids_BL, mask_BL = ids_BL.to(device), mask_BL.to(device)
-        positions_BL = (mask_BL.cumsum(dim=-1) - 1).clamp(min=0)
-        out = model(
-            input_ids=ids_BL, attention_mask=mask_BL, position_ids=positions_BL, use_cache=True, logits_to_keep=1
-        )
-        return cls(rows, out.past_key_values, mask_BL, out.logits[:, -1, :])
+    def prefill(
+        cls, model: Any, rows: list[Row], pad_id: int, device: torch.device, prefixes: Sequence[KV | None] = ()
+    ) -> "DecodeBatch":
+        """Run the prompts of ``rows`` through ``model``; ``prefixes[b]`` (optional) is reused KV of row b's
+        first prompt tokens, and only the tokens after it are fed."""
+        cache, mask_BL, logits_BV = forward_prompts(model, [r.prompt_ids for r in rows], pad_id, device, prefixes)
+        return cls(rows, cache, mask_BL, logits_BV)
 
     def decode(self, model: Any, tokens_B: list[int]) -> None:
         """Feed one new token per row; ``logits_BV`` becomes the logits after it."""
@@ -114,6 +116,87 @@ class DecodeBatch:
             layer.keys = layer.keys[index_K, :, first:, :]
             layer.values = layer.values[index_K, :, first:, :]
 
+    def row_states(self, b: int, start: int = 0) -> KV:
+        """Row ``b``'s KV from its ``start``-th real token on, per layer [1, H, n, D] (padding and holes dropped)."""
+        return row_states(self.cache, self.mask_BL, b, start)
+
+
+def plain_kv_cache(model: Any) -> bool:
+    """Whether ``model``'s cache is all plain full-attention layers, whose KV can be cut and re-stacked."""
+    try:
+        layers = DynamicCache(config=model.config).layers
+    except Exception:  # no usable config: treat the cache as opaque
+        return False
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def forward_prompts(
+    model: Any, prompts: Sequence[tuple[int, ...]], pad_id: int, device: torch.device,
+    prefixes: Sequence[KV | None] = (),
+) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """One forward pass over ``prompts``; returns (cache, mask_BL, next-token logits_BV).
+
+    Columns: each row's prefix KV left-padded to the longest prefix P, then
+    its remaining prompt tokens left-padded to the longest rest S. Position
+    ids continue from the row's own prefix length.
+    """
+    prefixes = list(prefixes) or [None] * len(prompts)
+    lengths_B = [0 if p is None else p[0][0].shape[2] for p in prefixes]
+    rests = [prompt[n:] for prompt, n in zip(prompts, lengths_B)]
+    if min(len(r) for r in rests) < 1:
+        raise ValueError("prefixes: each prefix must leave at least one prompt token to feed")
+    width_P, width_S = max(lengths_B), max(len(r) for r in rests)
+    ids_BS = torch.full((len(prompts), width_S), pad_id, dtype=torch.long)
+    mask_BL = torch.zeros((len(prompts), width_P + width_S), dtype=torch.long)
+    for b, (rest, n) in enumerate(zip(rests, lengths_B)):
+        ids_BS[b, width_S - len(rest):] = torch.tensor(rest, dtype=torch.long)
+        mask_BL[b, width_P - n : width_P] = 1
+        mask_BL[b, width_P + width_S - len(rest):] = 1
+    ids_BS, mask_BL = ids_BS.to(device), mask_BL.to(device)
+    offsets_B1 = torch.tensor(lengths_B, device=device)[:, None]
+    positions_BS = offsets_B1 + (mask_BL[:, width_P:].cumsum(dim=-1) - 1).clamp(min=0)
+    past = _stack_prefixes(prefixes, lengths_B, width_P) if width_P else None
+    out = model(input_ids=ids_BS, attention_mask=mask_BL, position_ids=positions_BS,
+                past_key_values=past, use_cache=True, logits_to_keep=1)
+    return out.past_key_values, mask_BL, out.logits[:, -1, :]
+
+
+def row_states(cache: Any, mask_BL: torch.Tensor, b: int, start: int = 0) -> KV:
+    """Row ``b``'s real columns of ``cache`` from its ``start``-th real token on, per layer [1, H, n, D]."""
+    columns_N = mask_BL[b].nonzero()[start:, 0]
+    return [
+        (layer.keys[b : b + 1].index_select(2, columns_N), layer.values[b : b + 1].index_select(2, columns_N))
+        for layer in cache.layers
+    ]
+
+
+def _stack_prefixes(prefixes: Sequence[KV | None], lengths_B: list[int], width_P: int) -> DynamicCache:
+    """A cache whose row b holds ``prefixes[b]`` right-aligned in ``width_P`` columns (zeros before it).
+
+    Rows that all share one prefix get a broadcast view (the model's first
+    update copies it into the grown cache anyway).
+    """
+    given = next(p for p in prefixes if p is not None)
+    shared = all(p is given for p in prefixes)
+    layers = []
+    for layer, (keys_1HPD, _) in enumerate(given):
+        if shared:
+            shape = (len(prefixes), *keys_1HPD.shape[1:])
+            layers.append((keys_1HPD.expand(shape), given[layer][1].expand(shape)))
+            continue
+        shape = (len(prefixes), keys_1HPD.shape[1], width_P, keys_1HPD.shape[3])
+        keys, values = keys_1HPD.new_zeros(shape), keys_1HPD.new_zeros(shape)
+        for b, (prefix, n) in enumerate(zip(prefixes, lengths_B)):
+            if prefix is not None:
+                keys[b, :, width_P - n :] = prefix[layer][0][0]
+                values[b, :, width_P - n :] = prefix[layer][1][0]
+        layers.append((keys, values))
+    cache = DynamicCache(ddp_cache_data=[(None, None)] * len(layers))  # plain DynamicLayers, filled below
+    for cache_layer, (keys, values) in zip(cache.layers, layers):
+        cache_layer.lazy_initialization(keys, values)
+        cache_layer.keys, cache_layer.values = keys, values  # no copy: the model's update concatenates
+    return cache
+
 
 def _left_pad(states_BHLD: torch.Tensor, length: int) -> torch.Tensor:
     return F.pad(states_BHLD, (0, 0, length - states_BHLD.shape[-2], 0))
@@ -123,4 +206,4 @@ def _left_pad_mask(mask_BL: torch.Tensor, length: int) -> torch.Tensor:
     return F.pad(mask_BL, (length - mask_BL.shape[1], 0))
 
 
-__all__ = ["DecodeBatch", "Row"]
+__all__ = ["DecodeBatch", "Row", "forward_prompts", "plain_kv_cache", "row_states"]

@@ -24,6 +24,14 @@ class EngineStats:
     max_rows: int = 0
     joins: int = 0  # prefills merged into an already running batch
     adapter_mismatches: int = 0  # requests for a policy version other than the one served
+    prompt_tokens: int = 0  # prompt tokens of admitted requests
+    prefill_tokens: int = 0  # tokens computed by prefill passes (shared prefixes once, padding not counted)
+    prefix_hit_tokens: int = 0  # prompt tokens whose KV came from a stored or shared prefix
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Share of admitted prompt tokens that were not prefilled for their own row."""
+        return self.prefix_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
 class Job:

@@ -24,6 +24,17 @@ trainer shares ``engine.model``, changes its weights while holding
 ``set_policy_version``. Rows in flight keep their KV cache across such an
 update, so their remaining tokens come from the new weights. The shared
 model must stay in eval mode (or have no dropout) while the engine serves.
+
+Prefix caching (``prefix_cache_tokens``, default 32768; 0 disables): the KV
+of prompts, of stretches concurrent prompts share, and of finished rows'
+prompt + completion stays in a token-bounded LRU tree (``_prefix_cache``);
+a request prefills only what follows the longest stretch held there
+(``_prefix_prefill``). KV is valid only for the weights that computed it:
+the cache is cleared, under ``weights_lock``, by ``set_policy_version``, any
+assignment to ``policy_version`` (``evaluation.base_policy`` does one),
+``load_adapter`` and ``invalidate_prefix_cache``. A trainer that changes the
+shared weights calls one of them before releasing the lock; a row prefilled
+before a clear never stores its KV (the cache's epoch moved on).
 """
 
 from __future__ import annotations
@@ -39,9 +50,11 @@ import torch
 
 from ..types import Generation, GenerationRequest
 from ._checks import check_request
-from ._decoding import DecodeBatch, Row
+from ._decoding import DecodeBatch, Row, plain_kv_cache
 from ._jobs import EngineClosedError, EngineStats, Job
 from ._loading import default_eos_ids, load_lora_adapter, load_pretrained, resolve_model
+from ._prefix_cache import PrefixCache
+from ._prefix_prefill import prefill_rows, store_finished
 from ._registry import ENGINES
 from ._sampling import RowSampling, choose_tokens
 
@@ -61,11 +74,13 @@ class HFEngine:
         max_prefill_tokens: int = 16384,
         eos_token_ids: list[int] | tuple[int, ...] | None = None,
         num_threads: int | None = None,
+        prefix_cache_tokens: int = 32768,
     ) -> None:
         if dtype == "auto":
             dtype = "fp32" if str(device) == "cpu" else "bf16"
         model, tokenizer = load_pretrained(Path(model_path), dtype, device)
-        self._setup(model, tokenizer, max_batch_size, max_prefill_tokens, eos_token_ids, num_threads)
+        self._setup(model, tokenizer, max_batch_size, max_prefill_tokens, eos_token_ids, num_threads,
+                    prefix_cache_tokens)
 
     @classmethod
     def from_objects(
@@ -77,15 +92,17 @@ class HFEngine:
         max_prefill_tokens: int = 16384,
         eos_token_ids: list[int] | tuple[int, ...] | None = None,
         num_threads: int | None = None,
+        prefix_cache_tokens: int = 32768,
     ) -> "HFEngine":
         """Serve an already built model (its device and dtype as they are), e.g. the tiny test model."""
         engine = cls.__new__(cls)
-        engine._setup(model, tokenizer, max_batch_size, max_prefill_tokens, eos_token_ids, num_threads)
+        engine._setup(model, tokenizer, max_batch_size, max_prefill_tokens, eos_token_ids, num_threads,
+                      prefix_cache_tokens)
         return engine
 
     def _setup(
         self, model: Any, tokenizer: Any, max_batch_size: int, max_prefill_tokens: int,
-        eos_token_ids: list[int] | tuple[int, ...] | None, num_threads: int | None,
+        eos_token_ids: list[int] | tuple[int, ...] | None, num_threads: int | None, prefix_cache_tokens: int,
     ) -> None:
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads: must be >= 1, got {num_threads}")
@@ -93,10 +110,14 @@ class HFEngine:
             raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
         if max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens: must be >= 1, got {max_prefill_tokens}")
+        if not isinstance(prefix_cache_tokens, int) or prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens: must be an int >= 0 (0 disables), got {prefix_cache_tokens!r}")
         self._model = model
         self.tokenizer = tokenizer
-        self.policy_version = 0
         self.weights_lock = threading.RLock()
+        # None when disabled, or when the model's cache has layers (sliding windows, ...) KV cannot be cut from
+        self._prefix = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens and plain_kv_cache(model) else None
+        self.policy_version = 0
         self.stats = EngineStats()
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
@@ -119,8 +140,30 @@ class HFEngine:
         """The model the worker runs (a peft model once an adapter is loaded)."""
         return self._model
 
+    @property
+    def policy_version(self) -> int:
+        """The version the current weights are; setting it clears the prefix cache (see the module docstring)."""
+        return self._policy_version
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        with self.weights_lock:
+            self._policy_version = version
+            self.invalidate_prefix_cache()
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The stored prefixes (None when prefix caching is off)."""
+        return self._prefix
+
+    def invalidate_prefix_cache(self) -> None:
+        """Drop every stored prefix: call after changing the weights without setting a version."""
+        if self._prefix is not None:
+            with self.weights_lock:
+                self._prefix.clear()
+
     def set_policy_version(self, version: int) -> None:
-        """Record that the shared weights now are policy ``version`` (in-process trainer)."""
+        """Record that the shared weights now are policy ``version`` (in-process trainer); clears the prefix cache."""
         if not isinstance(version, int) or version < 0:
             raise ValueError(f"version: expected an int >= 0, got {version!r}")
         self.policy_version = version
@@ -224,7 +267,7 @@ class HFEngine:
             if waiting[0].cancelled:
                 waiting.popleft()
                 continue
-            longest_next = max(longest, len(waiting[0].request.prompt_ids))
+            longest_next = max(longest, self._tokens_to_prefill(waiting[0].request.prompt_ids))
             if jobs and longest_next * (len(jobs) + 1) > self.max_prefill_tokens:
                 break  # the padded prefill would exceed its token budget: the rest joins next step
             jobs.append(waiting.popleft())
@@ -236,7 +279,8 @@ class HFEngine:
             with self.weights_lock:
                 for row in rows:
                     row.policy_version = self.policy_version
-                new = DecodeBatch.prefill(self._model, rows, self._pad_id, self.device)
+                    row.cache_epoch = self._prefix.epoch if self._prefix is not None else 0
+                new = prefill_rows(self._model, rows, self._prefix, self._pad_id, self.device, self.stats)
         except Exception as exc:  # these jobs fail; the running batch goes on
             for job in jobs:
                 job.settle(None, exc)
@@ -247,6 +291,10 @@ class HFEngine:
         batch.merge(new)
         self.stats.joins += 1
         return batch
+
+    def _tokens_to_prefill(self, prompt_ids: tuple[int, ...]) -> int:
+        """Prompt tokens past the longest stored prefix (an estimate: the cache may change before prefill)."""
+        return len(prompt_ids) - (self._prefix.match_length(prompt_ids) if self._prefix is not None else 0)
 
     def _row(self, job: Job) -> Row:
         request, s = job.request, job.request.sampling
@@ -281,6 +329,7 @@ class HFEngine:
                 keep.append(i)
             else:
                 self._resolve(row, reason)
+                store_finished(self._prefix, batch, i)
         batch.keep(keep)
         if not batch.rows:
             return None
@@ -322,7 +371,7 @@ class HFEngine:
         with self.weights_lock:
             self._model = load_lora_adapter(self._model, folder, name, replaces=self._adapter_name)
             self._adapter_name = name
-            self.policy_version = version
+            self.policy_version = version  # clears the prefix cache
 
 
 @ENGINES.register("hf")
@@ -336,13 +385,15 @@ def create_hf_engine(
     eos_token_ids: list[int] | None = None,
     num_threads: int | None = None,
     cache_dir: str | None = None,
+    prefix_cache_tokens: int = 32768,
 ) -> HFEngine:
     """The ``hf`` factory: resolve ``model`` (folder, alias, cached hub id) and load it."""
     if model is None:
         raise ValueError("model: the hf engine needs a model (a local folder, a cached hub id or 'smollm2-135m')")
     folder = resolve_model(model, Path(cache_dir) if cache_dir else None)
     return HFEngine(folder, device=device, dtype=dtype, max_batch_size=max_batch_size,
-                    max_prefill_tokens=max_prefill_tokens, eos_token_ids=eos_token_ids, num_threads=num_threads)
+                    max_prefill_tokens=max_prefill_tokens, eos_token_ids=eos_token_ids, num_threads=num_threads,
+                    prefix_cache_tokens=prefix_cache_tokens)
 
 
 __all__ = ["HFEngine", "create_hf_engine"]

@@ -7,6 +7,9 @@ injected in place by a trainer) and the engine reports policy version 0, so
 new rollouts are recorded as the base model's. On exit the layers and the
 version are restored. The switch happens under the engine's
 ``weights_lock``, between forward passes; run no other rollouts meanwhile.
+Assigning ``policy_version`` there also clears the ``hf`` engine's prefix
+cache (see ``engines.hf``): KV computed with the adapter must not serve the
+base model, nor the reverse.
 
 An engine without a model object (the scripted double) only changes its
 ``policy_version``: its script can answer by ``request.adapter``.

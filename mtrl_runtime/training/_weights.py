@@ -48,8 +48,11 @@ class SharedWeights:
         return await asyncio.to_thread(self._step, samples)
 
     async def publish(self) -> None:
-        """Make the engine's version the trainer's (after a resume restored the weights in place)."""
-        self.engine.set_policy_version(self.update.version)
+        """Make the engine's version the trainer's (after a resume restored the weights in place).
+
+        Off the event loop: setting the version takes the engine's weights lock (it clears the prefix cache).
+        """
+        await asyncio.to_thread(self.engine.set_policy_version, self.update.version)
 
 
 class PushedWeights:
