@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import ipaddress
 import threading
 import time
 from dataclasses import dataclass
+from typing import AsyncIterator
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -15,9 +18,11 @@ from fastapi.responses import Response
 
 from ..coordinator import Coordinator
 from ..errors import BadRequest, MtrlError
+from ._chat_route import ChatCompletionsRoute, openapi_paths
 from ._compat_routes import build_compat_router
 from ._http import error_response
 from ._openai_routes import build_openai_router
+from ._openapi import install_openapi
 from ._rollout_routes import build_rollout_router
 
 
@@ -27,14 +32,18 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         title="mtrl coordinator",
         version="0.1.0",
         description="OpenAI-compatible policy endpoint that records every call of every rollout.",
+        lifespan=_lifespan,
+        # no OpenTelemetry spans per request: the coordinator records every call itself, and FastAPI's
+        # check of the global providers (env lookups) ran on every request, span or not
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.coordinator = coordinator
+    app.router.routes.append(ChatCompletionsRoute(coordinator))
     app.include_router(build_openai_router(coordinator))
     app.include_router(build_rollout_router(coordinator))
     if coordinator.config.advanced.server.sagemaker_compat:
         app.include_router(build_compat_router(coordinator))
-
-    _document_errors(app)
+    install_openapi(app, openapi_paths())
 
     @app.exception_handler(MtrlError)
     async def _mtrl_error(_: Request, exc: MtrlError) -> Response:
@@ -48,47 +57,22 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     return app
 
 
-_ERROR_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "error": {
-            "type": "object",
-            "properties": {
-                "message": {"type": "string", "description": "what is wrong, naming the field and the value"},
-                "type": {"type": "string"},
-                "param": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-                "code": {"type": "integer"},
-            },
-            "required": ["message", "type", "code"],
-        }
-    },
-    "required": ["error"],
-}
+@contextlib.asynccontextmanager
+async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
+    """At startup, move what the process holds so far (modules, the model) out of the garbage collector's sight.
 
-
-def _document_errors(app: FastAPI) -> None:
-    """Publish the errors the routes really answer: OpenAI's error shape on 4xx (and 502), never a 422."""
-    build = app.openapi
-
-    def openapi() -> dict:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = build()
-        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
-        for unused in ("HTTPValidationError", "ValidationError"):
-            schemas.pop(unused, None)
-        schemas["Error"] = _ERROR_SCHEMA
-        error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-        for path, operations in schema.get("paths", {}).items():
-            for operation in operations.values():
-                responses = operation.setdefault("responses", {})
-                responses.pop("422", None)
-                responses["4XX"] = {"description": "The request is refused; error.message says why", **error}
-                if path.endswith("/chat/completions"):
-                    responses["502"] = {"description": "The policy engine failed on this call", **error}
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+    Those objects live as long as the process, yet every full collection
+    walked them all: some 500,000 objects once transformers is imported,
+    0.3 to 1 s a pause, which stalled every request in flight. Frozen, a
+    full collection walks only what came later. At shutdown they go back
+    (``unfreeze``), so a process that outlives its server (tests, a trainer
+    between evaluations) still collects them once they are garbage.
+    """
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def is_loopback(host: str) -> bool:
@@ -158,7 +142,7 @@ def start_server(app: FastAPI, host: str = "127.0.0.1", port: int = 0, api_key: 
         port=port,
         log_level="warning",
         access_log=False,
-        lifespan="off",
+        lifespan="on",
         loop="asyncio",
         http="httptools",
         timeout_graceful_shutdown=2,

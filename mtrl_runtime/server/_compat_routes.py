@@ -82,12 +82,14 @@ def sigv4_problem(token: str, now: float | None = None) -> str | None:
     return None
 
 
-def compat_credential(request: Request, coordinator: Coordinator, rollout_id: str, token: str | None) -> str | None:
-    """The credential to check for ``rollout_id``: the request's token, or a verified SigV4 presign."""
+def compat_credential(peer: str, coordinator: Coordinator, rollout_id: str, token: str | None) -> str | None:
+    """The credential to check for ``rollout_id``: the request's token, or a verified SigV4 presign.
+
+    ``peer`` is the client's address: a SigV4 token counts only from loopback.
+    """
     cfg = coordinator.config.advanced.server
     if not (cfg.sagemaker_compat and token and token.startswith(SIGV4_PREFIX)):
         return token
-    peer = request.client.host if request.client is not None else ""
     if not (_loopback(cfg.host) and _loopback(peer)):
         raise Unauthorized(
             f"SageMaker SigV4 tokens are accepted only on loopback (server {cfg.host!r}, peer {peer!r}); "
@@ -115,7 +117,7 @@ def build_compat_router(coordinator: Coordinator) -> APIRouter:
     async def complete_rollout(request: Request) -> Response:
         body = await parse_body(request, SageMakerCompleteRollout, max_bytes, max_chars)
         rollout_id = body.TrajectoryId
-        token = compat_credential(request, coordinator, rollout_id, bearer_token(request))
+        token = compat_credential(_peer(request), coordinator, rollout_id, bearer_token(request))
         status = _status(body.Status)
         if rollout_id in coordinator.live_rollout_ids() and coordinator.request_end(rollout_id, token, status):
             return json_response({"TrajectoryId": rollout_id, "Status": status.value, "Pending": "reward"})
@@ -130,7 +132,7 @@ def build_compat_router(coordinator: Coordinator) -> APIRouter:
     async def update_reward(request: Request) -> Response:
         body = await parse_body(request, SageMakerUpdateReward, max_bytes, max_chars)
         rollout_id = body.TrajectoryId
-        token = compat_credential(request, coordinator, rollout_id, bearer_token(request))
+        token = compat_credential(_peer(request), coordinator, rollout_id, bearer_token(request))
         await coordinator.report_reward(rollout_id, token, _reward_report(body.Rewards))
         pending = coordinator.requested_end(rollout_id)
         if pending is not None:
@@ -159,6 +161,10 @@ def _reward_report(rewards: list[float] | float) -> RewardReport:
     except ValidationError as exc:
         message, _ = describe_validation(exc)
         raise BadRequest(f"Rewards: {message}", param="Rewards") from None
+
+
+def _peer(request: Request) -> str:
+    return request.client.host if request.client is not None else ""
 
 
 def _loopback(host: str) -> bool:

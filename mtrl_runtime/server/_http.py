@@ -18,18 +18,20 @@ def json_response(payload: Any, status: int = 200, headers: dict[str, str] | Non
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json", headers=headers)
 
 
-def error_response(exc: MtrlError) -> Response:
-    """OpenAI clients read ``error.message``; ``param`` names the field at fault.
+def error_body(exc: MtrlError) -> tuple[bytes, dict[str, str]]:
+    """OpenAI's error shape and headers: clients read ``error.message``; ``param`` names the field at fault.
 
     A 4xx is final (a 409 for an ended rollout or max_turns would be the same
     on a retry), so it tells OpenAI-style clients not to retry; an engine
     failure (5xx) may pass, and clients retry it as usual.
     """
-    return json_response(
-        {"error": {"message": exc.message, "type": exc.code, "param": exc.param, "code": exc.status}},
-        status=exc.status,
-        headers={"x-should-retry": "false"} if exc.status < 500 else None,
-    )
+    payload = {"error": {"message": exc.message, "type": exc.code, "param": exc.param, "code": exc.status}}
+    return orjson.dumps(payload), {"x-should-retry": "false"} if exc.status < 500 else {}
+
+
+def error_response(exc: MtrlError) -> Response:
+    body, headers = error_body(exc)
+    return Response(body, status_code=exc.status, media_type="application/json", headers=headers)
 
 
 def describe_validation(exc: ValidationError) -> tuple[str, str | None]:
@@ -52,7 +54,16 @@ def describe_validation(exc: ValidationError) -> tuple[str, str | None]:
 
 async def parse_body(request: Request, model: type[M], max_bytes: int, max_string_chars: int | None = None) -> M:
     """Read, size-check, decode and validate a JSON body into ``model``; no string may exceed ``max_string_chars``."""
-    body = await read_limited(request, max_bytes)
+    return decode_body(await read_limited(request, max_bytes), model, max_string_chars)
+
+
+def decode_body(body: bytes, model: type[M], max_string_chars: int | None = None) -> M:
+    """Decode and validate a JSON body into ``model``; errors name the field and the value."""
+    return validate(decode_json(body, max_string_chars), model)
+
+
+def decode_json(body: bytes, max_string_chars: int | None = None) -> dict[str, Any]:
+    """The JSON object of a request body; no string in it may exceed ``max_string_chars``."""
     if not body:
         raise BadRequest("the request body is empty; send a JSON object", param="body")
     try:
@@ -63,6 +74,11 @@ async def parse_body(request: Request, model: type[M], max_bytes: int, max_strin
         raise BadRequest(f"the request body must be a JSON object, got {type(data).__name__}", param="body")
     if max_string_chars is not None and len(body) > max_string_chars:  # a shorter body holds no longer string
         check_string_lengths(data, max_string_chars)
+    return data
+
+
+def validate(data: dict[str, Any], model: type[M]) -> M:
+    """``data`` as ``model``, or a 400 naming each field at fault and its value."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -71,19 +87,28 @@ async def parse_body(request: Request, model: type[M], max_bytes: int, max_strin
 
 
 async def read_limited(request: Request, max_bytes: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise PayloadTooLarge(
-            f"the request body is {int(declared)} bytes; the limit is {max_bytes} bytes", param="body"
-        )
+    check_declared_size(request.headers.get("content-length"), max_bytes)
     chunks = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > max_bytes:
-            raise PayloadTooLarge(f"the request body exceeds the limit of {max_bytes} bytes", param="body")
+        check_read_size(size, max_bytes)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def check_declared_size(declared: str | None, max_bytes: int) -> None:
+    """Refuse a body whose ``content-length`` is over the limit before reading it."""
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise PayloadTooLarge(
+            f"the request body is {int(declared)} bytes; the limit is {max_bytes} bytes", param="body"
+        )
+
+
+def check_read_size(size: int, max_bytes: int) -> None:
+    """Refuse a body (sent without ``content-length``) once what was read passes the limit."""
+    if size > max_bytes:
+        raise PayloadTooLarge(f"the request body exceeds the limit of {max_bytes} bytes", param="body")
 
 
 def check_string_lengths(data: Any, limit: int) -> None:
@@ -106,7 +131,11 @@ def check_string_lengths(data: Any, limit: int) -> None:
 
 
 def bearer_token(request: Request) -> str | None:
-    value = request.headers.get("authorization")
+    return parse_bearer(request.headers.get("authorization"))
+
+
+def parse_bearer(value: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value, or None."""
     if not value:
         return None
     scheme, _, token = value.partition(" ")
@@ -144,11 +173,18 @@ def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
 
 __all__ = [
     "bearer_token",
+    "check_declared_size",
+    "check_read_size",
     "check_string_lengths",
+    "decode_body",
+    "decode_json",
     "describe_validation",
+    "error_body",
     "error_response",
     "json_response",
     "openapi_body",
+    "parse_bearer",
     "parse_body",
     "read_limited",
+    "validate",
 ]

@@ -89,7 +89,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         return json_response(state.model_dump())
 
     @router.get("/rollouts/{rollout_id}", summary="A rollout's status, reward and counts")
-    def state(rollout_id: str, request: Request) -> Response:
+    async def state(rollout_id: str, request: Request) -> Response:
         return json_response(coordinator.authorized_state(rollout_id, bearer_token(request)).model_dump())
 
     return router

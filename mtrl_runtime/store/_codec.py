@@ -15,6 +15,8 @@ import sys
 from array import array
 from typing import Any, Iterable, Mapping, NamedTuple
 
+import orjson
+
 from ..types import BreakReason, Rollout, RolloutStatus, Task, ToolCall, Turn
 
 _SWAP = sys.byteorder != "little"  # blobs are little-endian on every machine
@@ -75,7 +77,20 @@ def status_of(field: str, value: Any) -> RolloutStatus:
 
 
 def dumps(field: str, value: Any) -> str:
-    """Compact, strict JSON (no NaN or Infinity), or a ValueError naming the field."""
+    """Compact, strict JSON (no NaN or Infinity), or a ValueError naming the field.
+
+    orjson writes it, ten times faster than the json module (a turn's
+    messages and tools are on the endpoint's hot path). What orjson would not
+    write back exactly (NaN and infinities become null, a tuple a list, a
+    dataclass an object) reads back unequal and goes through the json module,
+    which refuses or writes it as it always did.
+    """
+    try:
+        text = orjson.dumps(value)
+        if orjson.loads(text) == value:
+            return text.decode()
+    except TypeError:  # orjson.JSONEncodeError: non-string keys, unknown types, 64-bit overflow
+        pass
     try:
         return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:

@@ -1,21 +1,21 @@
 """``TrajectoryStore``: everything a run records, in one SQLite (WAL) file in the run folder.
 
-Writes are validated in the caller, then queued to one writer thread that
-group-commits (``_writer``); a write method returns (or its ``a``-prefixed
-async twin resolves) only once the write is committed, so a turn stored
-before its response is sent survives the process being killed. Reads use
+Writes are validated in the caller, then committed by the writer
+(``_writer``: inline when idle, else by its group-committing thread); the
+``a``-prefixed async twins are first gathered per event-loop iteration into
+one transaction (``_loop_batch``). A write method returns (or its async twin
+resolves) only once the write is committed, so a turn stored before its
+response is sent survives the process being killed. Reads use
 one connection per thread and see every write that has returned.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import sqlite3
 import threading
 import time
 import weakref
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -34,8 +34,9 @@ from ._codec import (
     status_of,
 )
 from ._export import export_jsonl
+from ._loop_batch import LoopBatch
 from ._schema import connect, connect_reader, prepare
-from ._writer import Writer
+from ._writer import Operation, Writer
 
 _RESERVED_META = frozenset({"schema_version"})
 
@@ -59,12 +60,13 @@ class TrajectoryStore:
             conn.close()
             raise
         self._writer = Writer(conn)
+        self._batch = LoopBatch(self._writer)
         self._closed = False
         self._local = threading.local()
         self._readers: dict[int, tuple[weakref.ref, sqlite3.Connection]] = {}
         self._readers_lock = threading.Lock()
 
-    # ---- writes: ``name`` waits, ``aname`` awaits, ``_name`` validates and queues ----
+    # ---- writes: ``name`` waits, ``aname`` awaits, ``_name`` validates and binds the operation ----
 
     def put_task(self, task: Task) -> None:
         self.put_tasks([task])
@@ -72,7 +74,7 @@ class TrajectoryStore:
     def put_tasks(self, tasks: Iterable[Task]) -> None:
         """Record tasks; a task already recorded under the same id is replaced."""
         rows = [encode_task(t) for t in tasks]
-        _wait(self._submit(_ops.upsert_tasks, rows))
+        self._write(_bind(_ops.upsert_tasks, rows))
 
     def create_rollout(self, rollout: Rollout, token_hash: str) -> None:
         """A new rollout of a recorded task, with any turns and tool calls it already holds.
@@ -80,12 +82,12 @@ class TrajectoryStore:
         ``token_hash`` is the sha256 hex digest of the rollout's bearer token
         (``hash_token``); the token itself is never stored.
         """
-        _wait(self._create_rollout(rollout, token_hash))
+        self._write(self._create_rollout(rollout, token_hash))
 
     async def acreate_rollout(self, rollout: Rollout, token_hash: str) -> None:
-        await _settle(self._create_rollout(rollout, token_hash))
+        await self._awrite(self._create_rollout(rollout, token_hash))
 
-    def _create_rollout(self, rollout: Rollout, token_hash: str) -> Future:
+    def _create_rollout(self, rollout: Rollout, token_hash: str) -> Operation:
         row = encode_rollout(rollout, token_hash)
         turns = [encode_turn(t) for t in rollout.turns]
         calls = [encode_tool_call(c) for c in rollout.tool_calls]
@@ -94,27 +96,27 @@ class TrajectoryStore:
         ]:
             if owner != rollout.id:
                 raise ValueError(f"rollout.{field}: holds an entry of rollout {owner!r}, not {rollout.id!r}")
-        return self._submit(_ops.insert_rollout, row, turns, calls)
+        return _bind(_ops.insert_rollout, row, turns, calls)
 
     def add_turn(self, turn: Turn) -> None:
         """A turn of a running rollout; its index must be new to the rollout."""
-        _wait(self._add_turn(turn))
+        self._write(self._add_turn(turn))
 
     async def aadd_turn(self, turn: Turn) -> None:
-        await _settle(self._add_turn(turn))
+        await self._awrite(self._add_turn(turn))
 
-    def _add_turn(self, turn: Turn) -> Future:
-        return self._submit(_ops.insert_turn, encode_turn(turn))
+    def _add_turn(self, turn: Turn) -> Operation:
+        return _bind(_ops.insert_turn, encode_turn(turn))
 
     def add_tool_call(self, call: ToolCall) -> int:
         """A tool call of a rollout not yet trained; returns its sequence number in the rollout."""
-        return _wait(self._add_tool_call(call))
+        return self._write(self._add_tool_call(call))
 
     async def aadd_tool_call(self, call: ToolCall) -> int:
-        return await _settle(self._add_tool_call(call))
+        return await self._awrite(self._add_tool_call(call))
 
-    def _add_tool_call(self, call: ToolCall) -> Future:
-        return self._submit(_ops.insert_tool_call, encode_tool_call(call))
+    def _add_tool_call(self, call: ToolCall) -> Operation:
+        return _bind(_ops.insert_tool_call, encode_tool_call(call))
 
     def set_reward(
         self,
@@ -129,7 +131,7 @@ class TrajectoryStore:
         A ``defaulted`` reward is stored only if none was reported; returns
         whether it was stored. A trained rollout's reward is fixed.
         """
-        return _wait(self._set_reward(rollout_id, reward, turn_rewards, metrics, defaulted))
+        return self._write(self._set_reward(rollout_id, reward, turn_rewards, metrics, defaulted))
 
     async def aset_reward(
         self,
@@ -139,27 +141,27 @@ class TrajectoryStore:
         metrics: Mapping[str, float] | None = None,
         defaulted: bool = False,
     ) -> bool:
-        return await _settle(self._set_reward(rollout_id, reward, turn_rewards, metrics, defaulted))
+        return await self._awrite(self._set_reward(rollout_id, reward, turn_rewards, metrics, defaulted))
 
-    def _set_reward(self, rollout_id: str, reward: Any, turn_rewards: Any, metrics: Any, defaulted: bool) -> Future:
+    def _set_reward(self, rollout_id: str, reward: Any, turn_rewards: Any, metrics: Any, defaulted: bool) -> Operation:
         check_str("rollout_id", rollout_id)
         values = encode_reward(reward, turn_rewards, {} if metrics is None else metrics)
-        return self._submit(_ops.set_reward, rollout_id, *values, bool(defaulted))
+        return _bind(_ops.set_reward, rollout_id, *values, bool(defaulted))
 
     def finish_rollout(self, rollout_id: str, status: RolloutStatus | str, error: str | None = None) -> bool:
         """Give a running rollout its final status; returns False (nothing changed) if it had one."""
-        return _wait(self._finish_rollout(rollout_id, status, error))
+        return self._write(self._finish_rollout(rollout_id, status, error))
 
     async def afinish_rollout(self, rollout_id: str, status: RolloutStatus | str, error: str | None = None) -> bool:
-        return await _settle(self._finish_rollout(rollout_id, status, error))
+        return await self._awrite(self._finish_rollout(rollout_id, status, error))
 
-    def _finish_rollout(self, rollout_id: str, status: Any, error: str | None) -> Future:
+    def _finish_rollout(self, rollout_id: str, status: Any, error: str | None) -> Operation:
         check_str("rollout_id", rollout_id)
         final = status_of("status", status)
         if not final.is_final:
             raise ValueError(f"status must be a final status (completed, failed, timed_out), got {status!r}")
         check_str("error", error, optional=True, empty=True)
-        return self._submit(_ops.finish_rollout, rollout_id, final.value, error, time.time())
+        return _bind(_ops.finish_rollout, rollout_id, final.value, error, time.time())
 
     def mark_trained(self, rollout_ids: Sequence[str], step: int) -> None:
         """Record that update ``step`` consumed these rollouts: all or nothing, and never twice."""
@@ -171,25 +173,25 @@ class TrajectoryStore:
         if len(set(ids)) != len(ids):
             twice = sorted({r for r in ids if ids.count(r) > 1})
             raise ValueError(f"rollout_ids: each id at most once, got duplicates {twice[:10]!r}")
-        _wait(self._submit(_ops.mark_trained, ids, check_int("step", step)))
+        self._write(_bind(_ops.mark_trained, ids, check_int("step", step)))
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         """Append training metrics of ``step`` to the history."""
         check_int("step", step)
         now = time.time()
         rows = [(step, name, value, now) for name, value in check_metrics("metrics", metrics).items()]
-        _wait(self._submit(_ops.log_metrics, rows))
+        self._write(_bind(_ops.log_metrics, rows))
 
     def set_meta(self, key: str, value: Any) -> None:
         """Store a JSON value under ``key`` (checkpoint data: step counter, data position...)."""
         check_str("key", key)
         if key in _RESERVED_META:
             raise ValueError(f"key {key!r} is reserved by the store")
-        _wait(self._submit(_ops.set_meta, key, dumps(f"meta[{key!r}]", value)))
+        self._write(_bind(_ops.set_meta, key, dumps(f"meta[{key!r}]", value)))
 
     def flush(self) -> None:
         """Block until every write queued so far is committed."""
-        _wait(self._submit(lambda conn: None))
+        self._write(lambda conn: None)
 
     # ---- reads ----------------------------------------------------------
 
@@ -261,9 +263,15 @@ class TrajectoryStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _submit(self, op: Any, *args: Any) -> Future:
-        """Queue ``op(conn, *args)`` for the writer thread."""
-        return self._writer.submit(lambda conn: op(conn, *args))
+    def _write(self, op: Operation) -> Any:
+        """Commit ``op`` and return its result (blocks until committed)."""
+        return self._writer.submit(op).result()
+
+    async def _awrite(self, op: Operation) -> Any:
+        """Commit ``op`` with the other writes of this loop iteration; cancelling the awaiter keeps the write."""
+        if self._closed:
+            raise RuntimeError("the trajectory store is closed")
+        return await self._batch.submit(op)
 
     def _reader(self) -> sqlite3.Connection:
         """This thread's read connection, opened on first use."""
@@ -291,10 +299,6 @@ def _alive(thread_ref: weakref.ref) -> bool:
     return thread is not None and thread.is_alive()
 
 
-def _wait(future: Future) -> Any:
-    return future.result()
-
-
-async def _settle(future: Future) -> Any:
-    """Await a commit without blocking the loop; cancelling the awaiter does not cancel the write."""
-    return await asyncio.shield(asyncio.wrap_future(future))
+def _bind(op: Any, *args: Any) -> Operation:
+    """``op(conn, *args)`` as an operation of the write connection."""
+    return lambda conn: op(conn, *args)

@@ -9,10 +9,11 @@ While one batch commits the next one queues, so the commit cost is shared
 by every write that arrived meanwhile.
 
 A submitter that finds the connection idle and nothing queued commits its
-operation itself, on its own thread: on the endpoint's hot path a hand-off to
-the writer thread costs more (two GIL switches) than the commit. Order is
-kept where it matters: a write that depends on another is only submitted
-after that one's future resolved, i.e. after it committed.
+operations itself, on its own thread: on the endpoint's hot path a hand-off
+to the writer thread costs more (two GIL switches) than the commit. Async
+writes arrive in batches, one per event-loop iteration (``_loop_batch``).
+Order is kept where it matters: a write that depends on another is only
+submitted after that one's future resolved, i.e. after it committed.
 """
 
 from __future__ import annotations
@@ -45,19 +46,24 @@ class Writer:
 
     def submit(self, op: Operation) -> Future:
         """Queue ``op``; the future resolves to its result once committed (or to its error)."""
-        future: Future = Future()
+        return self.submit_many([op])[0]
+
+    def submit_many(self, ops: list[Operation]) -> list[Future]:
+        """Queue ``ops``, in order; committed in one transaction when the connection is idle."""
+        items = [(op, Future()) for op in ops]
         with self._lock:
             if self._closed:
                 raise RuntimeError("the trajectory store is closed")
             inline = self._queue.empty() and self._conn_lock.acquire(blocking=False)
             if not inline:
-                self._queue.put((op, future))
+                for item in items:
+                    self._queue.put(item)
         if inline:
             try:
-                self._commit([(op, future)])
+                self._commit(items)
             finally:
                 self._conn_lock.release()
-        return future
+        return [future for _, future in items]
 
     def close(self) -> None:
         """Commit everything queued, stop the thread and close the connection."""

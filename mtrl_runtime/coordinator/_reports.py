@@ -1,0 +1,162 @@
+"""What agents report about their rollouts: tool calls, rewards, and the end; and a rollout's state."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from mtrl_adapters.wire import CompletionReport, RewardReport, RolloutState, ToolCallReport
+
+from ..errors import BadRequest, Conflict, RolloutNotFound
+from ..types import RolloutStatus, ToolCall
+from ._errors import client_data
+from ._rollouts import LiveRollout, RolloutRegistry
+
+
+class ReportIntake(RolloutRegistry):
+    """The coordinator's part that records reports, ends rollouts and answers their state."""
+
+    async def record_tool_call(self, rollout_id: str, token: str | None, report: ToolCallReport) -> None:
+        live = self._live_rollout(rollout_id, token)
+        with client_data("tool_call"):
+            await self.store.aadd_tool_call(_tool_call(live, report))
+        self.counters["tool_calls"] += 1
+
+    async def record_tool_calls(self, rollout_id: str, token: str | None, reports: list[ToolCallReport]) -> None:
+        """Several tool calls of one rollout (an adapter's buffer), committed together, in order."""
+        live = self._live_rollout(rollout_id, token)
+        calls = [_tool_call(live, report) for report in reports]
+        with client_data("calls"):
+            await asyncio.gather(*(self.store.aadd_tool_call(call) for call in calls))
+        self.counters["tool_calls"] += len(calls)
+
+    def request_end(self, rollout_id: str, token: str | None, status: RolloutStatus) -> bool:
+        """SageMaker compat: note the end an agent asked for before its reward; False if it has a reward.
+
+        SageMaker's feedback client completes a trajectory, then reports its
+        reward; the rollout stays live until the reward comes (or the executor
+        ends it), so the trainer never takes it without its reward.
+        """
+        live = self._live_rollout(rollout_id, token)
+        stored = self.store.get_rollout(rollout_id, with_turns=False)
+        if stored is not None and (stored.reward is not None or stored.turn_rewards is not None):
+            return False
+        live.requested_end = status
+        return True
+
+    def requested_end(self, rollout_id: str) -> RolloutStatus | None:
+        """The end a live rollout's agent asked for and that still waits (SageMaker compat)."""
+        live = self._live_or_none(rollout_id)
+        return live.requested_end if live is not None else None
+
+    async def report_reward(self, rollout_id: str, token: str | None, report: RewardReport) -> None:
+        """Record ``update_reward``. Repeating a report is fine; changing it after the end is not."""
+        live = self._live_or_none(rollout_id)
+        if live is None:
+            stored = self._ended_rollout(rollout_id, token)
+            if (stored.reward, stored.turn_rewards) == (report.reward, _tuple(report.turn_rewards)) and not stored.reward_defaulted:
+                return
+            raise Conflict(
+                f"rollout {rollout_id!r} has ended with reward {stored.reward if stored.turn_rewards is None else list(stored.turn_rewards)}; "
+                f"a different reward ({report.reward if report.turn_rewards is None else report.turn_rewards}) is refused",
+                param="reward",
+            )
+        self._check_token(rollout_id, live.token_hash, token)
+        if report.turn_rewards is not None and len(report.turn_rewards) > live.turns:
+            raise BadRequest(
+                f"turn_rewards has {len(report.turn_rewards)} values but rollout {rollout_id!r} has {live.turns} turns",
+                param="turn_rewards",
+            )
+        with client_data("reward"):
+            await self.store.aset_reward(rollout_id, report.reward, _tuple(report.turn_rewards), dict(report.metrics))
+
+    async def complete(self, rollout_id: str, token: str | None, report: CompletionReport) -> RolloutState:
+        """The agent says it is done; a repeated report of the same end is accepted."""
+        live = self._live_or_none(rollout_id)
+        if live is None:
+            stored = self._ended_rollout(rollout_id, token)
+            if stored.status.value != report.status:
+                raise Conflict(
+                    f"rollout {rollout_id!r} already ended as {stored.status.value}; cannot end it as {report.status}",
+                    param="status",
+                )
+            return self.state(rollout_id)
+        self._check_token(rollout_id, live.token_hash, token)
+        await self.finish(rollout_id, RolloutStatus(report.status), report.error)
+        return self.state(rollout_id)
+
+    async def finish(self, rollout_id: str, status: RolloutStatus, error: str | None = None) -> bool:
+        """End a rollout (trusted callers: the dispatcher, timeouts). Returns False if it had ended."""
+        with self._live_lock:
+            live = self._live.pop(rollout_id, None)
+        if live is None:
+            return False
+        async with live.lock:  # let a call in flight finish recording its turn first
+            pass
+        stored = self.store.get_rollout(rollout_id, with_turns=False)
+        metrics: dict[str, float] = {}
+        if live.hit_turn_limit:
+            metrics["hit_turn_limit"] = 1.0
+        if stored is not None and stored.reward is None and stored.turn_rewards is None:
+            metrics["reward_defaulted"] = 1.0
+            await self.store.aset_reward(
+                rollout_id, self.config.advanced.default_reward, None, metrics, defaulted=True
+            )
+            self.counters["rewards_defaulted"] += 1
+        elif metrics and stored is not None:
+            await self.store.aset_reward(
+                rollout_id, stored.reward, stored.turn_rewards, {**stored.metrics, **metrics}, defaulted=False
+            )
+        changed = await self.store.afinish_rollout(rollout_id, status, error)
+        self.counters[f"rollouts_{status.value}"] += 1
+        return changed
+
+    def state(self, rollout_id: str) -> RolloutState:
+        rollout = self.store.get_rollout(rollout_id, with_turns=False)
+        if rollout is None:
+            raise RolloutNotFound(f"unknown rollout id {rollout_id!r}", param="rollout_id")
+        return RolloutState(
+            id=rollout.id,
+            task_id=rollout.task_id,
+            group_id=rollout.group_id,
+            status=rollout.status.value,
+            turns=self.store.count_turns(rollout_id),
+            tool_calls=self.store.count_tool_calls(rollout_id),
+            reward=rollout.reward,
+            turn_rewards=list(rollout.turn_rewards) if rollout.turn_rewards is not None else None,
+            metrics=dict(rollout.metrics),
+            error=rollout.error,
+        )
+
+    def authorized_state(self, rollout_id: str, token: str | None) -> RolloutState:
+        stored_hash = self.store.token_hash(rollout_id)
+        if stored_hash is None:
+            raise RolloutNotFound(f"unknown rollout id {rollout_id!r}", param="rollout_id")
+        self._check_token(rollout_id, stored_hash, token)
+        return self.state(rollout_id)
+
+
+def _tool_call(live: LiveRollout, report: ToolCallReport) -> ToolCall:
+    """A reported tool call, placed on the turn whose reply asked for it (by call id) when not given."""
+    turn_index = report.turn_index
+    if turn_index is None:
+        turn_index = live.call_turns.get(report.call_id or "", max(live.turns - 1, 0))
+    return ToolCall(
+        rollout_id=live.rollout_id,
+        name=report.name,
+        arguments=report.arguments,
+        call_id=report.call_id or None,  # an empty id names no model tool call
+        result=report.result,
+        error=report.error,
+        status=report.status,
+        latency_s=report.latency_s,
+        turn_index=turn_index,
+        started_at=report.started_at or time.time(),
+    )
+
+
+def _tuple(values: list[float] | None) -> tuple[float, ...] | None:
+    return None if values is None else tuple(values)
+
+
+__all__ = ["ReportIntake"]
