@@ -123,11 +123,13 @@ def _client() -> Any:
     return _CLIENTS[id(loop)]
 
 
-def _agent_body() -> Any:
+def _agent_body(jitter: bool = False) -> Any:
+    """The Strands agent; with ``jitter`` its final reward also carries up to 1e-3 from the rollout id,
+    so the rollouts of a group never tie and every step's update runs (tests of resume need that)."""
     from strands import Agent, tool
     from strands.models.openai import OpenAIModel
 
-    from mtrl_adapters import aupdate_reward, rollout
+    from mtrl_adapters import aupdate_reward, current_rollout, rollout
     from mtrl_adapters.strands import attach
 
     @rollout
@@ -156,9 +158,12 @@ def _agent_body() -> Any:
         # call); calling again at turn 2 costs a little, so turn 2 does not drift into turn 1's habit
         second = 0.5 if answer_ok else (-PENALTY if len(calls) > 1 else 0.0)
         turn_rewards = [0.5 * called_right, second] if calls else [0.0]
+        if jitter:
+            turn_rewards[-1] += 1e-3 * int(current_rollout().rollout_id[-8:], 16) / 0xFFFFFFFF
         await aupdate_reward(turn_rewards, {"tool_ok": float(called_right), "answer_ok": float(answer_ok)})
 
     return agent
 
 
 agent = _agent_body()
+agent_with_signal = _agent_body(jitter=True)

@@ -5,7 +5,9 @@ collects rollouts: after the checkpoint before step N, and after step N was
 trained but not checkpointed. The resumed run restarts at step N: step N's
 rollouts (made by the checkpoint's policy) are reused, not regenerated; step
 N + 1's completed rollouts (made by the lost policy of step N's update) are
-discarded and regenerated; running ones are finished as interrupted.
+discarded and regenerated; running ones are finished as interrupted. The
+agent's rewards never tie within a group (``agent_with_signal``), so every
+step's update runs and moves the policy version.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def _write_run(tmp: Path) -> tuple[Path, Path]:
 def _train(config: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "mtrl_runtime.cli", "train", str(config), "--agent", f"{TESTS / '_lookup_task.py'}:agent",
+        [sys.executable, "-m", "mtrl_runtime.cli", "train", str(config), "--agent", f"{TESTS / '_lookup_task.py'}:agent_with_signal",
          "--no-mlflow", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
