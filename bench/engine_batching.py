@@ -16,12 +16,13 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from _machine import load_note, machine_info
 
 from mtrl_runtime.engines import HFEngine, resolve_model
 from mtrl_runtime.testing import tiny_model, tiny_tokenizer
@@ -110,19 +111,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         folder = resolve_model("smollm2-135m")
         results.append(await bench_model("SmolLM2-135M-Instruct (fp32)", HFEngine(folder, eos_token_ids=(), num_threads=args.threads), args))
     load_after = os.getloadavg()
-    busy = max(load_before[0], load_after[0]) > (os.cpu_count() or 1)
     return {
         "benchmark": "engine_batching",
-        "machine": {
-            "cpus": os.cpu_count(),
-            "engine_threads": args.threads or torch.get_num_threads(),
-            "torch": torch.__version__,
-            "processor": platform.processor() or platform.machine(),
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in load_after],
-        },
-        "note": "machine busy with other processes (load average above the CPU count); figures are lower bounds"
-        if busy else "machine mostly idle",
+        "machine": machine_info(load_before, load_after, args.threads or torch.get_num_threads()),
+        "note": load_note(load_before, load_after, "figures are lower bounds"),
         "results": results,
     }
 

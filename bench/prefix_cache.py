@@ -20,12 +20,13 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from _machine import load_note, machine_info
 
 from mtrl_examples.aircraft_inspection import TOOL_SPECS, build_messages, load_instances
 from mtrl_runtime.chat import ChatRenderer, PromptBuilder
@@ -105,22 +106,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     on = await run_mode(folder, args.cache_tokens, args)
     load_after = os.getloadavg()
     same = off.pop("_completions") == on.pop("_completions")
-    busy = max(load_before[0], load_after[0]) > (os.cpu_count() or 1)
     return {
         "benchmark": "prefix_cache",
         "model": f"SmolLM2-135M-Instruct ({args.dtype})",
         "workload": {"conversations": args.conversations, "turns": args.turns, "max_tokens": args.max_tokens,
                      "prompt": "aircraft inspection: system prompt + worked example + task, tools rendered"},
-        "machine": {
-            "cpus": os.cpu_count(),
-            "engine_threads": args.threads or torch.get_num_threads(),
-            "torch": torch.__version__,
-            "processor": platform.processor() or platform.machine(),
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in load_after],
-        },
-        "note": "machine busy with other processes (load average above the CPU count); times are upper bounds"
-        if busy else "machine mostly idle",
+        "machine": machine_info(load_before, load_after, args.threads or torch.get_num_threads()),
+        "note": load_note(load_before, load_after, "times are upper bounds"),
         "off": off,
         "on": on,
         "same_tokens": same,
