@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from ..types import Generation, GenerationRequest
+from ._attention import use_short_query_attention
 from ._checks import check_request
 from ._decoding import DecodeBatch, Row, plain_kv_cache
 from ._jobs import EngineClosedError, EngineStats, Job
@@ -124,6 +125,8 @@ class HFEngine:
         self.num_threads = num_threads  # CPU threads of the worker only (OpenMP: per thread); None: torch's
         self.eos_token_ids = frozenset(default_eos_ids(model, tokenizer) if eos_token_ids is None else eos_token_ids)
         self.device = next(model.parameters()).device
+        if self.device.type == "cpu":  # see _attention: decode steps are 2.6x faster than with SDPA
+            use_short_query_attention(model)
         self.vocab_size = model.get_input_embeddings().num_embeddings
         self.context_length = int(getattr(model.config, "max_position_embeddings", None) or 1 << 30)
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

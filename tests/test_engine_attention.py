@@ -1,0 +1,43 @@
+"""Short-query attention: the hf engine's CPU attention gives what SDPA gives, for short and long queries."""
+
+import pytest
+import torch
+
+from mtrl_runtime.engines import HFEngine
+from mtrl_runtime.engines._attention import ATTENTION_NAME, SHORT_QUERY_TOKENS
+from mtrl_runtime.testing import tiny_model, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+def logits_with_cache(model, ids_BL, mask_BL, new_BQ):
+    """Prefill ``ids_BL`` (left-padded by ``mask_BL``), then feed ``new_BQ``: the logits of the new tokens."""
+    with torch.no_grad():
+        positions = (mask_BL.cumsum(-1) - 1).clamp(min=0)
+        out = model(input_ids=ids_BL, attention_mask=mask_BL, position_ids=positions, use_cache=True)
+        mask = torch.cat([mask_BL, torch.ones_like(new_BQ)], dim=1)
+        start = mask_BL.sum(-1, keepdim=True)
+        positions = start + torch.arange(new_BQ.shape[1])[None, :]
+        return model(input_ids=new_BQ, attention_mask=mask, position_ids=positions,
+                     past_key_values=out.past_key_values, use_cache=True).logits
+
+
+@pytest.mark.parametrize("query_tokens", [1, 7, SHORT_QUERY_TOKENS + 9])
+def test_the_engine_attention_matches_sdpa_for_padded_batches(tokenizer, query_tokens):
+    sdpa = tiny_model(tokenizer, seed=3)
+    ours = tiny_model(tokenizer, seed=3)
+    engine = HFEngine.from_objects(ours, tokenizer)  # selects the short-query attention on CPU
+    assert ours.config._attn_implementation == ATTENTION_NAME and sdpa.config._attn_implementation == "sdpa"
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 200, (3, 90), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, :30] = 0  # left padding on two rows: the mask is never empty
+    mask[2, :5] = 0
+    new = torch.randint(5, 200, (3, query_tokens), generator=gen)
+    expected = logits_with_cache(sdpa, ids, mask, new)
+    got = logits_with_cache(ours, ids, mask, new)
+    assert torch.allclose(got, expected, atol=1e-4), (got - expected).abs().max()
+    del engine
