@@ -21,11 +21,12 @@ import io
 import itertools
 import json
 import random
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
+
+from .._datafiles import data_main, read_split, split_instances, stale_paths, write_files
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SEED = 1729
@@ -207,32 +208,18 @@ def generate(seed: int = SEED) -> dict[str, str]:
     tails = _tail_numbers(rng, total)
     rng.shuffle(tails)
     states = [_state(rng, tail, failing) for tail, failing in zip(tails, _failure_patterns(rng, total))]
-    files = _fixture_files([*states, *EXAMPLE_STATES.values()], seed)
-    start = 0
-    for split, size in SPLIT_SIZES.items():
-        rows = [instance(state, split, i) for i, state in enumerate(states[start:start + size])]
-        files[f"instances/{split}.jsonl"] = "".join(json.dumps(row) + "\n" for row in rows)
-        start += size
-    return files
+    return {**_fixture_files([*states, *EXAMPLE_STATES.values()], seed),
+            **split_instances(states, SPLIT_SIZES, instance)}
 
 
 def write(root: Path = PACKAGE_DIR, seed: int = SEED) -> list[Path]:
     """Write the generated files under ``root``; returns the paths written."""
-    written = []
-    for rel, text in generate(seed).items():
-        path = Path(root) / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(text.encode("utf-8"))
-        written.append(path)
-    return written
+    return write_files(generate(seed), root)
 
 
 def load_instances(split: str, root: Path = PACKAGE_DIR) -> list[dict[str, Any]]:
     """The committed instances of one split (train, val or test)."""
-    if split not in SPLIT_SIZES:
-        raise ValueError(f"unknown split {split!r}; known: {', '.join(SPLIT_SIZES)}")
-    lines = (Path(root) / "instances" / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    return read_split(root, split, SPLIT_SIZES)
 
 
 def example_instance(name: str = DEFAULT_EXAMPLE) -> dict[str, Any]:
@@ -244,14 +231,4 @@ def example_instance(name: str = DEFAULT_EXAMPLE) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Regenerate the committed files, or with ``--check`` report whether they are up to date."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args == ["--check"]:
-        stale = [rel for rel, text in generate().items()
-                 if not (PACKAGE_DIR / rel).exists() or (PACKAGE_DIR / rel).read_bytes() != text.encode()]
-        print("stale: " + ", ".join(stale) if stale else "up to date")
-        return 1 if stale else 0
-    if args:
-        raise SystemExit(f"usage: python -m examples.aircraft_inspection [--check]; got {args}")
-    for path in write():
-        print(path)
-    return 0
+    return data_main(argv, "examples.aircraft_inspection", write, lambda: stale_paths(generate(), PACKAGE_DIR))

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+from .._datafiles import data_main, jsonl, read_split, split_instances, stale_paths, write_files
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SEED = 4242
@@ -191,20 +192,16 @@ def tickets(seed: int = SEED) -> list[Ticket]:
             for target, order_id, ticket_id in zip(targets, orders, ticket_ids)]
 
 
-def _jsonl(rows: Sequence[Mapping[str, Any]]) -> str:
-    return "".join(json.dumps(row) + "\n" for row in rows)
-
-
 def _fixture_files(all_tickets: Sequence[Ticket], seed: int) -> dict[str, str]:
     customers = sorted({t.customer for t in all_tickets}, key=lambda c: c.customer_id)
     orders = sorted(all_tickets, key=lambda t: t.order_id)  # table order says nothing about splits
     return {
-        "fixtures/customers.jsonl": _jsonl([
+        "fixtures/customers.jsonl": jsonl([
             {"customer_id": c.customer_id, "tier": c.tier, "refund_limit": c.refund_limit} for c in customers]),
-        "fixtures/orders.jsonl": _jsonl([
+        "fixtures/orders.jsonl": jsonl([
             {"order_id": t.order_id, "customer_id": t.customer.customer_id, "item": t.item, "amount": t.amount,
              "days_since_delivery": t.days_since_delivery} for t in orders]),
-        "fixtures/policies.jsonl": _jsonl([
+        "fixtures/policies.jsonl": jsonl([
             {"issue": p.issue, "remedy": p.remedy, "window_days": p.window_days} for p in POLICIES]),
         "fixtures/meta.json": json.dumps(
             {"seed": seed, "customers": len(customers), "orders": len(orders),
@@ -215,38 +212,22 @@ def _fixture_files(all_tickets: Sequence[Ticket], seed: int) -> dict[str, str]:
 def generate(seed: int = SEED) -> dict[str, str]:
     """Every committed data file as text, keyed by its path relative to this package."""
     all_tickets = tickets(seed)
-    files = _fixture_files([*all_tickets, EXAMPLE_TICKET], seed)
-    start = 0
-    for split, size in SPLIT_SIZES.items():
-        rows = [instance(t, split, i) for i, t in enumerate(all_tickets[start:start + size])]
-        files[f"instances/{split}.jsonl"] = _jsonl(rows)
-        start += size
-    return files
+    return {**_fixture_files([*all_tickets, EXAMPLE_TICKET], seed), **split_instances(all_tickets, SPLIT_SIZES, instance)}
 
 
 def write(root: Path = PACKAGE_DIR, seed: int = SEED) -> list[Path]:
     """Write the generated files under ``root``; returns the paths written."""
-    written = []
-    for rel, text in generate(seed).items():
-        path = Path(root) / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(text.encode("utf-8"))
-        written.append(path)
-    return written
+    return write_files(generate(seed), root)
 
 
 def stale_files(root: Path = PACKAGE_DIR, seed: int = SEED) -> list[str]:
     """The committed files that differ from what ``generate`` makes now (empty: up to date)."""
-    return [rel for rel, text in generate(seed).items()
-            if not (Path(root) / rel).exists() or (Path(root) / rel).read_bytes() != text.encode("utf-8")]
+    return stale_paths(generate(seed), root)
 
 
 def load_instances(split: str, root: Path = PACKAGE_DIR) -> list[dict[str, Any]]:
     """The committed instances of one split (train, val or test)."""
-    if split not in SPLIT_SIZES:
-        raise ValueError(f"unknown split {split!r}; known: {', '.join(SPLIT_SIZES)}")
-    lines = (Path(root) / "instances" / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    return read_split(root, split, SPLIT_SIZES)
 
 
 def example_instance() -> dict[str, Any]:
@@ -256,16 +237,7 @@ def example_instance() -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Regenerate the committed files, or with ``--check`` report whether they are up to date."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args == ["--check"]:
-        stale = stale_files()
-        print("stale: " + ", ".join(stale) if stale else "up to date")
-        return 1 if stale else 0
-    if args:
-        raise SystemExit(f"usage: python -m examples.customer_service [--check]; got {args}")
-    for path in write():
-        print(path)
-    return 0
+    return data_main(argv, "examples.customer_service", write, stale_files)
 
 
 __all__ = [

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
+
+from .._datafiles import data_main, read_split, split_instances, stale_paths, write_files
 
 from .database import build_env
 
@@ -181,51 +182,27 @@ def generate(seed: int = SEED) -> dict[str, str]:
     files = {"db/rows.json": "{\n" + ",\n".join(
         f'  "{table}": [\n' + ",\n".join("    " + json.dumps(r) for r in table_rows) + "\n  ]"
         for table, table_rows in rows.items()) + "\n}\n"}
-    start = 0
-    for split, size in SPLIT_SIZES.items():
-        split_rows = [instance(q, split, i) for i, q in enumerate(questions[start:start + size])]
-        files[f"instances/{split}.jsonl"] = "".join(json.dumps(r) + "\n" for r in split_rows)
-        start += size
-    return files
+    return {**files, **split_instances(questions, SPLIT_SIZES, instance)}
 
 
 def write(root: Path = PACKAGE_DIR, seed: int = SEED) -> list[Path]:
     """Write the generated files under ``root``; returns the paths written."""
-    written = []
-    for rel, text in generate(seed).items():
-        path = Path(root) / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(text.encode("utf-8"))
-        written.append(path)
-    return written
+    return write_files(generate(seed), root)
 
 
 def stale_files(root: Path = PACKAGE_DIR, seed: int = SEED) -> list[str]:
     """The committed files that differ from what ``generate`` makes now (empty: up to date)."""
-    return [rel for rel, text in generate(seed).items()
-            if not (Path(root) / rel).exists() or (Path(root) / rel).read_bytes() != text.encode("utf-8")]
+    return stale_paths(generate(seed), root)
 
 
 def load_instances(split: str, root: Path = PACKAGE_DIR) -> list[dict[str, Any]]:
     """The committed instances of one split (train, val or test)."""
-    if split not in SPLIT_SIZES:
-        raise ValueError(f"unknown split {split!r}; known: {', '.join(SPLIT_SIZES)}")
-    lines = (Path(root) / "instances" / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    return read_split(root, split, SPLIT_SIZES)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Regenerate the committed files, or with ``--check`` report whether they are up to date."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args == ["--check"]:
-        stale = stale_files()
-        print("stale: " + ", ".join(stale) if stale else "up to date")
-        return 1 if stale else 0
-    if args:
-        raise SystemExit(f"usage: python -m examples.sql_agent [--check]; got {args}")
-    for path in write():
-        print(path)
-    return 0
+    return data_main(argv, "examples.sql_agent", write, stale_files)
 
 
 __all__ = [
