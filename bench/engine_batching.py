@@ -23,21 +23,11 @@ from typing import Any
 import torch
 
 from _machine import load_note, machine_info
+from _prompts import QUESTIONS
 
 from mtrl_runtime.engines import HFEngine, resolve_model
 from mtrl_runtime.testing import tiny_model, tiny_tokenizer
 from mtrl_runtime.types import GenerationRequest, SamplingParams
-
-QUESTIONS = [
-    "Write a short story about a lighthouse keeper.",
-    "Explain how a bicycle stays upright.",
-    "List some uses of a paperclip.",
-    "Describe the water cycle to a child.",
-    "What should I pack for a weekend of hiking?",
-    "Give me three ideas for a birthday party.",
-    "How do airplanes fly?",
-    "Summarize the plot of a mystery novel you invent.",
-]
 
 
 def prompts_for(tokenizer: Any, n: int) -> list[tuple[int, ...]]:

@@ -38,6 +38,7 @@ from typing import Any
 
 import openai
 
+from _prompts import QUESTIONS
 from mtrl_adapters import aupdate_reward
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.coordinator import Coordinator
@@ -50,16 +51,6 @@ from mtrl_runtime.types import GenerationRequest, RolloutSpec, SamplingParams, T
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "vllm_vs_hf.json"
-QUESTIONS = [
-    "Write a short story about a lighthouse keeper.",
-    "Explain how a bicycle stays upright.",
-    "List some uses of a paperclip.",
-    "Describe the water cycle to a child.",
-    "What should I pack for a weekend of hiking?",
-    "Give me three ideas for a birthday party.",
-    "How do airplanes fly?",
-    "Summarize the plot of a mystery novel you invent.",
-]
 TURNS = {"n": 2}  # set from --turns before the agent runs (read by the agent at call time)
 
 
