@@ -41,12 +41,14 @@ def short_query_attention(module: Any, query: Any, key: Any, value: Any, attenti
 
 
 def use_short_query_attention(model: Any) -> bool:
-    """Select the short-query attention on ``model`` when it uses SDPA now; returns whether it did."""
+    """Select the short-query attention on ``model`` when it runs on CPU with SDPA; returns whether it did."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
     config = getattr(model, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    if next(model.parameters()).device.type != "cpu":
         return False
     AttentionInterface.register(ATTENTION_NAME, short_query_attention)
     AttentionMaskInterface.register(ATTENTION_NAME, short_query_mask)

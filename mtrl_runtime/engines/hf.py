@@ -125,8 +125,7 @@ class HFEngine:
         self.num_threads = num_threads  # CPU threads of the worker only (OpenMP: per thread); None: torch's
         self.eos_token_ids = frozenset(default_eos_ids(model, tokenizer) if eos_token_ids is None else eos_token_ids)
         self.device = next(model.parameters()).device
-        if self.device.type == "cpu":  # see _attention: decode steps are 2.6x faster than with SDPA
-            use_short_query_attention(model)
+        use_short_query_attention(model)  # on CPU: decode steps 2.6x faster than with SDPA (see _attention)
         self.vocab_size = model.get_input_embeddings().num_embeddings
         self.context_length = int(getattr(model.config, "max_position_embeddings", None) or 1 << 30)
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
