@@ -41,3 +41,26 @@ def test_the_engine_attention_matches_sdpa_for_padded_batches(tokenizer, query_t
     got = logits_with_cache(ours, ids, mask, new)
     assert torch.allclose(got, expected, atol=1e-4), (got - expected).abs().max()
     del engine
+
+
+@pytest.mark.parametrize("query_tokens", [1, 5])
+def test_grouped_attention_equals_attention_over_repeated_kv_heads(query_tokens):
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    from mtrl_runtime.engines._attention import grouped_matmul_attention
+
+    gen = torch.Generator().manual_seed(1)
+    B, H, K, L, D = 2, 9, 3, 11, 8  # SmolLM2's 3 query heads per KV head
+    query = torch.randn(B, H, query_tokens, D, generator=gen)
+    key, value = torch.randn(B, K, L, D, generator=gen), torch.randn(B, K, L, D, generator=gen)
+    mask = torch.zeros(B, 1, query_tokens, L)
+    mask[0, :, :, :4] = float("-inf")  # row 0 is left-padded by 4
+    out, weights = grouped_matmul_attention(query, key, value, mask, scaling=D ** -0.5)
+
+    scores = query @ repeat_kv(key, H // K).transpose(2, 3) * D ** -0.5 + mask
+    expected_weights = scores.softmax(-1)
+    expected = (expected_weights @ repeat_kv(value, H // K)).transpose(1, 2)
+    assert out.shape == (B, query_tokens, H, D)
+    assert torch.allclose(weights, expected_weights, atol=1e-6)
+    assert torch.allclose(out, expected, atol=1e-6)
+    assert float(weights[0, :, :, :4].abs().max()) == 0.0

@@ -7,6 +7,13 @@ one decode step took 448 ms with SDPA and 174 ms with matmul attention in
 bf16 (642 vs 450 ms in fp32). Long queries (prefill of a whole prompt, the
 trainer's forward passes) keep SDPA and its mask, unchanged.
 
+The matmuls are grouped: with grouped-query attention (SmolLM2: 9 query
+heads, 3 KV heads) each KV head's query heads are stacked into one matrix
+and multiplied with that head's keys and values as they sit in the cache,
+where transformers' eager attention first copies every KV head once per
+query head (``repeat_kv``): three copies of the whole cache, per layer and
+decode step.
+
 ``use_short_query_attention(model)`` registers the pair (mask builder and
 attention function) with transformers under ``ATTENTION_NAME`` and selects
 it on the model; the choice is made per call from the query length, so a
@@ -29,14 +36,37 @@ def short_query_mask(batch_size: int, q_length: int, kv_length: int, **kwargs: A
     return build(batch_size=batch_size, q_length=q_length, kv_length=kv_length, **kwargs)
 
 
-def short_query_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
-    """Matmul attention for a query of up to ``SHORT_QUERY_TOKENS`` tokens, SDPA for longer ones."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.models.llama.modeling_llama import eager_attention_forward
+def grouped_matmul_attention(
+    query_BHQD: Any, key_BKLD: Any, value_BKLD: Any, mask_B1QL: Any, scaling: float
+) -> tuple[Any, Any]:
+    """Attention by two matmuls per KV head, never expanding the KV heads.
 
-    if query.shape[-2] <= SHORT_QUERY_TOKENS:
-        kwargs.pop("is_causal", None)
-        return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    Query head h uses KV head h // G (G = H / K), as transformers' ``repeat_kv``
+    orders them. Returns the output [B, Q, H, D] and the weights [B, H, Q, L].
+    """
+    import torch
+
+    B, H, Q, D = query_BHQD.shape
+    K, L = key_BKLD.shape[1], key_BKLD.shape[2]
+    group = H // K
+    query_BKGD = query_BHQD.reshape(B, K, group * Q, D)  # rows: (head in group, query position)
+    scores_BKGL = torch.matmul(query_BKGD, key_BKLD.transpose(2, 3)) * scaling
+    if mask_B1QL is not None:
+        mask = mask_B1QL[:, :, :, :L].unsqueeze(2)  # [B, 1, 1, Q, L]: the same for every head
+        scores_BKGL = (scores_BKGL.view(B, K, group, Q, L) + mask).view(B, K, group * Q, L)
+    weights_BKGL = torch.softmax(scores_BKGL, dim=-1, dtype=torch.float32).to(query_BHQD.dtype)
+    out_BKGD = torch.matmul(weights_BKGL, value_BKLD)
+    out_BQHD = out_BKGD.view(B, H, Q, D).transpose(1, 2).contiguous()
+    return out_BQHD, weights_BKGL.view(B, H, Q, L)
+
+
+def short_query_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
+    """Grouped matmul attention for a query of up to ``SHORT_QUERY_TOKENS`` tokens, SDPA for longer ones."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if query.shape[-2] <= SHORT_QUERY_TOKENS and not module.training:
+        scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
+        return grouped_matmul_attention(query, key, value, attention_mask, scaling)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -56,4 +86,11 @@ def use_short_query_attention(model: Any) -> bool:
     return True
 
 
-__all__ = ["ATTENTION_NAME", "SHORT_QUERY_TOKENS", "short_query_attention", "short_query_mask", "use_short_query_attention"]
+__all__ = [
+    "ATTENTION_NAME",
+    "SHORT_QUERY_TOKENS",
+    "grouped_matmul_attention",
+    "short_query_attention",
+    "short_query_mask",
+    "use_short_query_attention",
+]
