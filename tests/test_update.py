@@ -237,3 +237,66 @@ def test_the_training_device_is_cuda_when_present_and_an_unavailable_one_is_name
             train_device("cuda:1")
     with pytest.raises(ConfigError, match="advanced.train_device.*'tpu'"):
         MtrlConfig.from_dict({"advanced": {"train_device": "tpu"}})
+
+
+SHARED_PROMPT = "You are an inspection agent. Follow the procedure, call one tool per step, then answer. "
+ENDINGS = ["The answer is 42.", "Call validate first, then answer DONE.", "The tool said pass; release it now.",
+           "Ground the aircraft: an incident is open."]
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.2])
+def test_a_shared_prompt_prefix_runs_once_with_the_same_gradient(tokenizer, kl_coef):
+    base = make_policy(tokenizer)
+    prompt_len = len(tokenizer(SHARED_PROMPT)["input_ids"]) + 2  # the loss starts inside the endings
+    samples = [sample_for(base.model, tokenizer, SHARED_PROMPT + end, prompt_len=prompt_len, advantage=adv)
+               for end, adv in zip(ENDINGS, [1.0, -0.5, 2.0, -1.5])]
+
+    def grads(share_prefix):
+        policy = make_policy(tokenizer)
+        settings = UpdateSettings(micro_batch_tokens=10_000, precision="fp32", share_prefix=share_prefix,
+                                  loss=LossParams(kl_coef=kl_coef))
+        with torch.no_grad():
+            for name, param in policy.model.named_parameters():
+                if "lora_B" in name:
+                    param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * 0.1)
+        metrics = PolicyUpdate(policy, settings).backward(samples)
+        return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}, metrics
+
+    shared, m_shared = grads(True)
+    plain, m_plain = grads(False)
+    assert m_plain["train/tokens_shared"] == 0
+    assert m_shared["train/tokens_shared"] >= 3 * 16
+    assert m_shared["train/tokens_forward"] < m_plain["train/tokens_forward"] - m_shared["train/tokens_shared"] / 2
+    assert m_shared["train/loss"] == pytest.approx(m_plain["train/loss"], abs=1e-5)
+    for name in plain:
+        assert torch.allclose(shared[name], plain[name], atol=1e-5, rtol=1e-3), name
+    assert any(g.abs().sum() > 0 for g in shared.values())
+
+
+def test_plan_counts_a_shared_prefix_once():
+    rows = [tuple(range(40)) + (100 + i,) * 10 for i in range(4)]  # 40 shared tokens, 10 of each row's own
+    lengths = [len(r) for r in rows]
+    assert plan_micro_batches(lengths, budget=100) == [[0, 1], [2, 3]]  # 2 x 50 each without sharing
+    assert plan_micro_batches(lengths, budget=100, rows=rows) == [[0, 1, 2, 3]]  # 40 + 4 x 10
+    short = [r[:10] for r in rows]  # what may be shared is cut where training starts: 10 tokens, too few
+    assert plan_micro_batches(lengths, budget=100, rows=short) == [[0, 1], [2, 3]]
+
+
+def test_each_step_gives_freed_memory_back(tokenizer, monkeypatch):
+    from mtrl_runtime.training import _memory
+
+    calls = []
+    monkeypatch.setattr(_memory, "release_free_memory", lambda: calls.append(1) or True)
+    policy = make_policy(tokenizer)
+    update = PolicyUpdate(policy, UpdateSettings(precision="fp32"))
+    update.step([sample_for(policy.model, tokenizer, TEXTS[0])])
+    update.step([sample_for(policy.model, tokenizer, TEXTS[1])])
+    assert len(calls) == 2
+
+
+def test_release_free_memory_trims_the_heap_on_glibc():
+    import platform
+
+    from mtrl_runtime.training._memory import release_free_memory
+
+    assert release_free_memory() is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")

@@ -1,8 +1,9 @@
 """One policy update: samples → micro-batches → loss → accumulated gradients → AdamW step.
 
-Samples are packed into right-padded micro-batches whose padded size
-(rows x longest row) fits ``micro_batch_tokens``. Each micro-batch gets one
-forward pass; the logits at position i give the log-probability of token
+Samples are packed into right-padded micro-batches whose forward cost
+fits ``micro_batch_tokens`` (rows x longest row, a prompt prefix the rows
+share counted once: see ``_packing``). Each micro-batch gets one forward
+pass (two with a shared prefix); the logits at position i give the log-probability of token
 i + 1. Every micro-batch's loss is divided by the whole step's token count
 (or sequence count), so the accumulated gradient equals that of one big
 batch. Only positions that predict a generated token are projected to the
@@ -26,6 +27,8 @@ import torch
 
 from ..algorithms.losses import LOSSES, LossParams
 from ..types import Sample
+from . import _memory
+from ._packing import MIN_SHARED_TOKENS, can_share_prefix, common_prefix_length, plan_micro_batches, shared_prefix_logits
 from ._policy import Policy, atomic_folder
 
 TRAINER_STATE = "trainer_state.pt"
@@ -43,6 +46,7 @@ class UpdateSettings:
     max_grad_norm: float = 1.0
     micro_batch_tokens: int = 4096
     precision: str = "auto"  # auto | bf16 | fp32
+    share_prefix: bool = True  # run a prompt prefix the rows of a micro-batch share once (see _packing)
 
     def __post_init__(self) -> None:
         if self.precision not in ("auto", "bf16", "fp32"):
@@ -62,21 +66,6 @@ class UpdateSettings:
             micro_batch_tokens=config.advanced.micro_batch_tokens,
             precision=config.advanced.precision,
         )
-
-
-def plan_micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Group sample indices so rows x longest row <= budget (a longer sample goes alone).
-
-    Longest first, so rows of similar length share a batch and padding stays small.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    for i in order:
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= budget:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
 
 
 def resolve_autocast(precision: str, device: torch.device) -> torch.dtype | None:
@@ -127,6 +116,7 @@ class PolicyUpdate:
             weight_decay=self.settings.weight_decay,
         )
         self.autocast_dtype = resolve_autocast(self.settings.precision, policy.device)
+        self._share_prefix = self.settings.share_prefix and can_share_prefix(policy.model)
         self.version = 0  # optimizer steps taken
 
     def step(self, samples: Sequence[Sample]) -> dict[str, float]:
@@ -142,6 +132,7 @@ class PolicyUpdate:
                 self.optimizer.step()
                 self.version += 1
             self.optimizer.zero_grad(set_to_none=True)
+        _memory.release_free_memory()  # a step's peak would otherwise stay in this thread's malloc arena
         metrics["train/policy_version"] = float(self.version)
         metrics["train/step_seconds"] = time.perf_counter() - start
         return metrics
@@ -158,17 +149,22 @@ class PolicyUpdate:
         else:
             normalizer = float(len(kept))
         totals: dict[str, float] = {}
-        counts = {"loss": 0.0, "tokens_forward": 0.0, "tokens_real": 0.0, "micro_batches": 0.0}
-        plan = plan_micro_batches([len(s.token_ids_T) for s in kept], self.settings.micro_batch_tokens)
+        counts = {"loss": 0.0, "tokens_forward": 0.0, "tokens_real": 0.0, "tokens_shared": 0.0, "micro_batches": 0.0}
+        shareable = [_untrained_head(s) for s in kept] if self._share_prefix else None
+        plan = plan_micro_batches([len(s.token_ids_T) for s in kept], self.settings.micro_batch_tokens, shareable)
         for indices in plan:
             batch = [kept[i] for i in indices]
-            loss, metrics = self._micro_batch(batch, normalizer)
+            shared = common_prefix_length([shareable[i] for i in indices]) if shareable else 0
+            shared = shared if len(batch) > 1 and shared >= MIN_SHARED_TOKENS else 0
+            loss, metrics = self._micro_batch(batch, normalizer, shared)
             loss.backward()
             tokens = metrics.pop("tokens")
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + value * tokens
             counts["loss"] += float(loss.detach())
-            counts["tokens_forward"] += len(batch) * max(len(s.token_ids_T) for s in batch)
+            width = max(len(s.token_ids_T) for s in batch)
+            counts["tokens_forward"] += shared + len(batch) * (width - shared)
+            counts["tokens_shared"] += (len(batch) - 1) * shared
             counts["tokens_real"] += sum(len(s.token_ids_T) for s in batch)
             counts["micro_batches"] += 1
         trained = sum(sum(s.loss_mask_T[1:]) for s in kept)
@@ -178,7 +174,9 @@ class PolicyUpdate:
         out["train/samples"] = float(len(kept))
         return out
 
-    def _micro_batch(self, batch: Sequence[Sample], normalizer: float) -> tuple[torch.Tensor, dict[str, float]]:
+    def _micro_batch(
+        self, batch: Sequence[Sample], normalizer: float, shared: int = 0
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         device = self.policy.device
         width = max(len(s.token_ids_T) for s in batch)
         pad = self.policy.pad_token_id
@@ -194,11 +192,11 @@ class PolicyUpdate:
         adv_BT = rows((s.advantages_T for s in batch), 0.0, torch.float32)[:, 1:]
         keep_K = torch.nonzero(mask_BT.any(0)).squeeze(-1)  # positions (in target space) any row trains
         targets_BK = ids_BT[:, 1:][:, keep_K]
-        logprobs_BK = self._logprobs(self.policy.model, ids_BT, attention_BT, keep_K, targets_BK)
+        logprobs_BK = self._logprobs(self.policy.model, ids_BT, attention_BT, keep_K, targets_BK, shared)
         ref_BK = None
         if self.settings.loss.kl_coef > 0:
             with torch.no_grad(), self.policy.reference() as reference:
-                ref_BK = self._logprobs(reference, ids_BT, attention_BT, keep_K, targets_BK)
+                ref_BK = self._logprobs(reference, ids_BT, attention_BT, keep_K, targets_BK, shared)
         return self.loss_fn(
             logprobs_BK,
             old_BT[:, keep_K],
@@ -211,11 +209,14 @@ class PolicyUpdate:
 
     def _logprobs(
         self, model: Any, ids_BT: torch.Tensor, attention_BT: torch.Tensor, keep_K: torch.Tensor,
-        targets_BK: torch.Tensor,
+        targets_BK: torch.Tensor, shared: int = 0,
     ) -> torch.Tensor:
-        """log pi(target) at the kept positions, in fp32: [B, K]."""
+        """log pi(target) at the kept positions, in fp32: [B, K]. ``shared``: leading tokens all rows share."""
         with self._autocast():
-            if self.policy.supports_logits_to_keep:
+            if shared:
+                logits = shared_prefix_logits(model, ids_BT, attention_BT, shared, keep_K,
+                                              self.policy.supports_logits_to_keep)
+            elif self.policy.supports_logits_to_keep:
                 logits = model(input_ids=ids_BT, attention_mask=attention_BT, logits_to_keep=keep_K).logits
             else:
                 logits = model(input_ids=ids_BT, attention_mask=attention_BT).logits[:, keep_K]
@@ -258,6 +259,12 @@ class PolicyUpdate:
             state = torch.load(folder / TRAINER_STATE, map_location=self.policy.device, weights_only=True)
             self.optimizer.load_state_dict(state["optimizer"])
             self.version = int(state["version"])
+
+
+def _untrained_head(sample: Sample) -> tuple[int, ...]:
+    """The tokens before the first logit the loss reads (a prefix shared up to there is computed once)."""
+    first = next(i for i, trained in enumerate(sample.loss_mask_T) if trained and i > 0)
+    return tuple(sample.token_ids_T[: first - 1])
 
 
 __all__ = ["PolicyUpdate", "UpdateSettings", "plan_micro_batches", "resolve_autocast"]

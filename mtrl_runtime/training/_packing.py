@@ -1,0 +1,96 @@
+"""Micro-batches for the update, and the forward pass that computes a shared prompt prefix once.
+
+An agent's samples share their opening: the system prompt, the tool
+definitions, worked examples. In a group of 8 multi-turn samples that
+opening can be two thirds of every row. A micro-batch whose rows start with
+the same ``P`` tokens runs those tokens once (batch 1, with gradients), then
+runs every row's remaining tokens against that prefix's KV cache expanded
+to the batch. The expanded cache is a view, so the backward pass sums each
+row's gradient into the one prefix: logits and gradients are those of the
+full forward pass (to float error), for ``P + rows x (longest - P)`` tokens
+instead of ``rows x longest``.
+
+The prefix is cut at the first position any row trains on, so every logit
+the loss reads comes from the second pass.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import torch
+
+MIN_SHARED_TOKENS = 16  # below this a second forward pass costs more than it saves
+
+
+def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens all ``rows`` have in common."""
+    if len(rows) < 2:
+        return len(rows[0]) if rows else 0
+    return len(os.path.commonprefix([list(r) for r in rows]))
+
+
+def batch_cost(lengths: Sequence[int], shared: int) -> int:
+    """Tokens one forward pass processes for rows of ``lengths`` sharing ``shared`` leading tokens."""
+    longest = max(lengths)
+    if shared < MIN_SHARED_TOKENS or len(lengths) < 2:
+        return len(lengths) * longest
+    return shared + len(lengths) * (longest - shared)
+
+
+def plan_micro_batches(
+    lengths: Sequence[int], budget: int, rows: Sequence[Sequence[int]] | None = None
+) -> list[list[int]]:
+    """Group sample indices so each micro-batch's forward cost fits ``budget`` (a longer sample goes alone).
+
+    Longest first, so rows of similar length share a batch and padding stays
+    small. Without ``rows`` the cost is rows x longest row; with the samples'
+    token ids it counts a shared prefix once (see ``batch_cost``).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    shared: list[int] = []  # per batch: the common prefix of its rows
+    for i in order:
+        if batches:
+            candidate = batches[-1] + [i]
+            common = min(shared[-1], common_prefix_length([rows[batches[-1][0]], rows[i]])) if rows else 0
+            if batch_cost([lengths[j] for j in candidate], common) <= budget:
+                batches[-1].append(i)
+                shared[-1] = common
+                continue
+        batches.append([i])
+        shared.append(lengths[i])
+    return batches
+
+
+def shared_prefix_logits(
+    model: Any, ids_BT: torch.Tensor, attention_BT: torch.Tensor, shared: int, keep_K: torch.Tensor,
+    supports_logits_to_keep: bool,
+) -> torch.Tensor:
+    """Logits at positions ``keep_K`` (all >= ``shared``) of rows whose first ``shared`` tokens are equal."""
+    prefix = model(input_ids=ids_BT[:1, :shared], use_cache=True, **({"logits_to_keep": 1} if supports_logits_to_keep else {}))
+    cache = prefix.past_key_values
+    batch = ids_BT.shape[0]
+    for layer in cache.layers:
+        layer.keys = layer.keys.expand(batch, -1, -1, -1)
+        layer.values = layer.values.expand(batch, -1, -1, -1)
+    width = ids_BT.shape[1]
+    positions_BS = torch.arange(shared, width, device=ids_BT.device).expand(batch, -1)
+    rest_K = keep_K - shared
+    kwargs = {"logits_to_keep": rest_K} if supports_logits_to_keep else {}
+    out = model(input_ids=ids_BT[:, shared:], attention_mask=attention_BT, position_ids=positions_BS,
+                past_key_values=cache, use_cache=True, **kwargs)
+    return out.logits if supports_logits_to_keep else out.logits[:, rest_K]
+
+
+def can_share_prefix(model: Any) -> bool:
+    """Whether ``model``'s KV cache is plain per-layer keys and values (no sliding windows, no state)."""
+    from ..engines._decoding import plain_kv_cache
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return plain_kv_cache(base)
+
+
+__all__ = ["MIN_SHARED_TOKENS", "batch_cost", "can_share_prefix", "common_prefix_length", "plan_micro_batches",
+           "shared_prefix_logits"]
