@@ -64,3 +64,25 @@ def test_aircraft_agent_runs_the_sop_and_reports_full_reward(served, tiny_tok):
         assert len(stored.turns) == 7
         assert {t.segment for t in stored.turns} == {0}, "the episode should be one extending sequence"
         assert row["data"]["tail_number"] in stored.turns[0].messages[-1]["content"]
+
+
+def test_an_agent_that_loops_past_max_turns_scores_zero_instead_of_failing(served, tiny_tok):
+    looping = ScriptedEngine(tiny_tok, lambda request, prompt: ScriptedReply.tool_call(
+        "validate_aircraft", {"tail_number": _REQUEST.findall(prompt)[-1]}))
+    handle = served(looping)
+    task = _task(load_instances("test")[0])
+    created = handle.coordinator.create_rollout(task, max_turns=3)
+    spec = RolloutSpec(
+        rollout_id=created.id, group_id=created.group_id, task=task, token=created.token,
+        endpoint=handle.url, model_name="policy", sampling=SamplingParams(max_tokens=256),
+        max_turns=3, timeout_s=60,
+    )
+
+    async def episode():
+        with rollout_scope(spec):
+            return await run(task)
+
+    assert asyncio.run(asyncio.wait_for(episode(), 60)) == ""
+    stored = handle.store.get_rollout(created.id)
+    assert stored.status is RolloutStatus.COMPLETED and stored.reward == 0.0
+    assert len(stored.turns) == 3  # the fourth call was refused (409), after a tool had run

@@ -172,7 +172,8 @@ def test_tools_are_deterministic_one_line_key_values():
         assert "\n" not in first and f"tail={tail}" in first
         assert all("=" in word for word in first.split()), first
     assert dispatch("validate_aircraft", {"tail_number": f" {tail.lower()} "}) == TOOLS["validate_aircraft"](tail)
-    assert dispatch("file_report", {"tail_number": tail, "decision": "ground"}).startswith("report_id=RPT-")
+    report = dispatch("file_report", {"tail_number": tail})
+    assert report.startswith("report_id=RPT-") and report == TOOLS["file_report"](tail)
 
 
 def test_each_tool_names_the_next_sop_step():
@@ -181,7 +182,7 @@ def test_each_tool_names_the_next_sop_step():
     results = [m["content"] for m in episode.messages if m["role"] == "tool"]
     hints = [result.split()[-1] for result in results]
     assert hints == [f"next={name}" for name in SOP_ORDER[1:]] + ["next=<final_output>"]
-    assert "<tool_call>" in ALL[0]["prompt"] and tail in ALL[0]["prompt"]
+    assert "Step 1: validate_aircraft" in ALL[0]["prompt"] and tail in ALL[0]["prompt"]
 
 
 @pytest.mark.parametrize(
@@ -195,7 +196,7 @@ def test_each_tool_names_the_next_sop_step():
         ("check_incidents", "[1]", "must be a JSON object"),
         ("check_incidents", {}, "bad arguments for check_incidents"),
         ("check_incidents", {"tail_number": "N100EX", "year": 2020}, "bad arguments"),
-        ("file_report", {"tail_number": "N100EX", "decision": "maybe"}, "decision must be one of release/ground"),
+        ("file_report", {"tail_number": "N100EX", "decision": "ground"}, "bad arguments for file_report"),
     ],
 )
 def test_bad_tool_input_returns_an_error_string(name, arguments, message):
@@ -232,6 +233,13 @@ def test_build_messages_with_and_without_the_worked_example():
     assert all(not m["content"].startswith("error:") for m in example if m["role"] == "tool")
     assert strict_score(example[-1]["content"], example_instance()["ground_truth"]) == 1.0
     assert row["data"]["tail_number"] not in json.dumps(example)
+
+
+def test_the_worked_example_numbers_its_steps():
+    example = build_messages(load_instances("test")[0])[2:-1]
+    lines = [m["content"].splitlines()[0] for m in example if m["role"] == "assistant"]
+    assert lines == [f"Step {i}: {name}" for i, name in enumerate([*SOP_ORDER, "answer"], start=1)]
+    assert example[-1]["content"].splitlines()[1].startswith("<final_output>")
 
 
 def test_field_set_shapes_the_prompt_and_the_example_answer():

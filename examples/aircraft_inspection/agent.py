@@ -86,6 +86,22 @@ def new_agent(task: Any, with_examples: bool = True) -> Agent:
 make_agent = agent_factory(new_agent)
 
 
+def turn_budget_spent(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or wraps, the endpoint's 409 for a rollout past its ``max_turns``.
+
+    Strands raises the OpenAI client's error as is from the first model call
+    and wrapped in an ``EventLoopException`` from the calls after a tool ran.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, openai.APIStatusError):
+            return current.status_code == 409
+        current = getattr(current, "original_exception", None) or current.__cause__ or current.__context__
+    return False
+
+
 @rollout
 async def run(task: Any) -> str:
     """One inspection episode: the agent works the SOP, then reports its reward."""
@@ -95,13 +111,13 @@ async def run(task: Any) -> str:
         text = str(result)
     except MaxTokensReachedException:  # the reply hit the per-turn token cap: no valid answer
         text = ""
-    except openai.APIStatusError as exc:
-        if exc.status_code != 409:  # 409: the turn budget ran out; score what was produced (nothing)
+    except Exception as exc:
+        if not turn_budget_spent(exc):
             raise
-        text = ""
+        text = ""  # the coordinator refused the turn after max_turns: score what was produced (nothing)
     score, metrics = reward(text, task.ground_truth, fields_for(task))
     update_reward(score, metrics)
     return text
 
 
-__all__ = ["STRANDS_TOOLS", "fields_for", "make_agent", "new_agent", "run", "to_strands_messages"]
+__all__ = ["STRANDS_TOOLS", "fields_for", "make_agent", "new_agent", "run", "to_strands_messages", "turn_budget_spent"]

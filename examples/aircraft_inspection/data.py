@@ -152,11 +152,12 @@ EXAMPLE_TAILS = frozenset(state.tail_number for state in EXAMPLE_STATES.values()
 def request_text(state: AircraftState) -> str:
     """The user's request for one aircraft, as the agent receives it.
 
-    The closing hint names the ``<tool_call>`` tag: without it SmolLM2-135M
-    opens its first turn with ``<tool_response>`` far more often than with a call.
+    The closing hint names the first step line: without it SmolLM2-135M
+    often goes on from the worked example's numbering ("Step 8: ...") or
+    opens its first turn with ``<tool_response>`` instead of a call.
     """
     return (f"Inspect aircraft {state.tail_number} ({state.request}) and decide release or ground. "
-            "Start with a <tool_call> to validate_aircraft.")
+            "Start with Step 1: validate_aircraft.")
 
 
 def instance(state: AircraftState, split: str, index: int) -> dict[str, Any]:

@@ -39,7 +39,8 @@ class _Transcript:
 
     def run(self, name: str, **arguments: Any) -> dict[str, str]:
         call_id = f"call_{len(self.messages) // 2}"
-        self.messages.append({"role": "assistant", "content": "", "tool_calls": [{
+        self.messages.append({"role": "assistant", "content": step_line(len(self.messages) // 2 + 1, name),
+                              "tool_calls": [{
             "id": call_id, "type": "function",
             "function": {"name": name, "arguments": json.dumps(arguments)}}]})
         result = self._call(name, arguments)
@@ -47,6 +48,16 @@ class _Transcript:
         if result.startswith("error:"):
             raise RuntimeError(f"reference solver got a tool error on {self._label}: {name} -> {result}")
         return parse_kv(result)
+
+
+def step_line(number: int, action: str) -> str:
+    """The line an assistant turn opens with, ``Step 3: inspect_mechanical``: the SOP asks for it.
+
+    Numbered steps are the shaping that gives SmolLM2-135M its foothold: with
+    them in the worked example it makes each SOP call and then answers,
+    instead of calling tools forever (see the example's README).
+    """
+    return f"Step {number}: {action}"
 
 
 def _true(value: str) -> bool:
@@ -69,9 +80,10 @@ def solve(instance: Mapping[str, Any], fields: Sequence[str] = FIELDS, call: Cal
                and answer["mechanical_status"] == "pass" and answer["electrical_status"] == "pass"
                and not answer["incident_flag"])
     answer["decision"] = "release" if release else "ground"
-    steps.run("file_report", tail_number=tail, decision=answer["decision"])
-    final = {"role": "assistant", "content": format_answer(answer, fields)}
+    steps.run("file_report", tail_number=tail)
+    final = {"role": "assistant",
+             "content": f"{step_line(len(steps.messages) // 2 + 1, 'answer')}\n{format_answer(answer, fields)}"}
     return ReferenceEpisode(answer=answer, messages=(*steps.messages, final))
 
 
-__all__ = ["ReferenceEpisode", "parse_kv", "solve"]
+__all__ = ["ReferenceEpisode", "parse_kv", "solve", "step_line"]

@@ -26,7 +26,6 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures"
-DECISIONS = ("release", "ground")
 
 Table = Mapping[str, Mapping[str, str]]  # tail number -> row
 
@@ -83,13 +82,6 @@ def _row(table: str, tail_number: Any) -> tuple[str, Mapping[str, str]]:
     if row is None:
         raise ToolInputError(f"unknown tail_number {tail!r}: no such aircraft in the registry")
     return tail, row
-
-
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
-    text = value.strip().lower() if isinstance(value, str) else value
-    if text not in allowed:
-        raise ToolInputError(f"{name} must be one of {'/'.join(allowed)}; got {value!r}")
-    return text
 
 
 def _flag(value: bool) -> str:
@@ -160,17 +152,15 @@ def check_incidents(tail_number: str) -> str:
 
 
 @_returns_errors
-def file_report(tail_number: str, decision: str) -> str:
-    """File the inspection report with your decision (step 7).
+def file_report(tail_number: str) -> str:
+    """File the inspection report of the checks made (step 6).
 
     Args:
         tail_number: aircraft tail number
-        decision: release or ground
     """
     tail, _ = _row("aircraft", tail_number)
-    choice = _choice("decision", decision, DECISIONS)
-    report = zlib.crc32(f"{tail}:{choice}".encode()) % 10000  # stable across processes, unlike hash()
-    return f"report_id=RPT-{report:04d} tail={tail} decision={choice} filed=true next=<final_output>"
+    report = zlib.crc32(tail.encode()) % 10000  # stable across processes, unlike hash()
+    return f"report_id=RPT-{report:04d} tail={tail} filed=true next=<final_output>"
 
 
 TOOLS: Mapping[str, Callable[..., str]] = MappingProxyType({
