@@ -23,13 +23,13 @@ DEMO_RECIPE: dict[str, Any] = {
         "run_dir": "runs/demo",
         "group_size": 4,
         "train_batch_size": 2,
-        "max_steps": 12,
-        "learning_rate": 2e-4,
+        "max_steps": 10,
+        "learning_rate": 1e-4,
         "advantage_method": "group_based",
         "loss_fn": "ppo",
         "lora_rank": 16,
         "lora_alpha": 32,
-        "sampling_params": {"temperature": 1.0, "max_tokens": 96},
+        "sampling_params": {"temperature": 0.7, "max_tokens": 96},
         "val_sampling_params": {"temperature": 0.7, "max_tokens": 96},
         "max_turns": 9,
         "pass_k_values": [1, 2],
@@ -52,6 +52,7 @@ TABLE_ROWS = (
     ("strict pass@1", "val/strict/pass_k_1"),
     ("strict pass@2", "val/strict/pass_k_2"),
     ("completion rate", "val/completed_frac"),
+    ("answer well-formed", "val/metrics/format_ok"),
     ("field accuracy (all)", "val/metrics/field_acc"),
 )
 
@@ -82,8 +83,9 @@ def _table(base: Mapping[str, float], trained: Mapping[str, float]) -> Any:
     table.add_column("base", justify="right")
     table.add_column("trained", justify="right")
     table.add_column("change", justify="right")
+    per_field = "val/metrics/field_acc_"  # the evaluator's name for the rollout metric field_acc/<field>
     keys = list(TABLE_ROWS) + [
-        (f"  {k.rsplit('/', 1)[1]}", k) for k in sorted(trained) if k.startswith("val/metrics/field_acc/")
+        (f"  {k[len(per_field):]}", k) for k in sorted({*base, *trained}) if k.startswith(per_field)
     ]
     for label, key in keys:
         if key in base or key in trained:

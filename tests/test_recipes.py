@@ -158,3 +158,19 @@ def _lora_b_norm(adapter: Path) -> float:
 
     tensors = load_file(str(adapter / "adapter_model.safetensors"))
     return sum(float(t.norm()) for name, t in tensors.items() if "lora_B" in name)
+
+
+def test_the_demo_table_lists_every_field_the_evaluator_reports():
+    from rich.console import Console
+
+    from mtrl_runtime._cli_demo import _table
+
+    base = {"val/strict/success_rate": 0.06, "val/metrics/format_ok": 0.5, "val/metrics/field_acc": 0.27,
+            "val/metrics/field_acc_decision": 0.22, "val/metrics/field_acc_incident_flag": 0.18}
+    trained = {**base, "val/strict/success_rate": 0.08, "val/metrics/field_acc_decision": 0.58}
+    console = Console(record=True, width=120)
+    console.print(_table(base, trained))
+    text = console.export_text()
+    for label in ("strict task success", "answer well-formed", "decision", "incident_flag"):
+        assert label in text
+    assert "+0.360" in text  # decision 0.22 -> 0.58
