@@ -274,10 +274,13 @@ def test_a_shared_prompt_prefix_runs_once_with_the_same_gradient(tokenizer, kl_c
 
 
 def test_plan_counts_a_shared_prefix_once():
+    from mtrl_runtime.training._packing import pack_micro_batches
+
     rows = [tuple(range(40)) + (100 + i,) * 10 for i in range(4)]  # 40 shared tokens, 10 of each row's own
     lengths = [len(r) for r in rows]
     assert plan_micro_batches(lengths, budget=100) == [[0, 1], [2, 3]]  # 2 x 50 each without sharing
     assert plan_micro_batches(lengths, budget=100, rows=rows) == [[0, 1, 2, 3]]  # 40 + 4 x 10
+    assert pack_micro_batches(lengths, budget=100, rows=rows) == [([0, 1, 2, 3], 40)]
     short = [r[:10] for r in rows]  # what may be shared is cut where training starts: 10 tokens, too few
     assert plan_micro_batches(lengths, budget=100, rows=short) == [[0, 1], [2, 3]]
 

@@ -1,7 +1,8 @@
 """Training: the policy update (LoRA or full), the dispatcher, sync/async loops, checkpoints, the trainer."""
 
 from ._policy import DEFAULT_TARGET_MODULES, Policy, atomic_folder, build_policy, policy_from_config, train_device
-from ._update import WEIGHTS_FOLDER, PolicyUpdate, UpdateSettings, plan_micro_batches, resolve_autocast
+from ._packing import plan_micro_batches
+from ._update import WEIGHTS_FOLDER, PolicyUpdate, UpdateSettings, resolve_autocast
 from ._batch import PreparedBatch, prepare_batch, staleness
 from ._checkpoint import CHECKPOINTS, POLICY_FOLDER, CheckpointState, Checkpoints, StepRecord
 from ._data import TaskSchedule, load_tasks, task_from_row

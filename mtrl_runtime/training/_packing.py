@@ -31,22 +31,27 @@ def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
     return len(os.path.commonprefix([list(r) for r in rows]))
 
 
+def usable_shared(rows: int, shared: int) -> int:
+    """The prefix a micro-batch of ``rows`` rows computes once: ``shared``, or 0 when sharing does not pay."""
+    return shared if rows > 1 and shared >= MIN_SHARED_TOKENS else 0
+
+
 def batch_cost(lengths: Sequence[int], shared: int) -> int:
     """Tokens one forward pass processes for rows of ``lengths`` sharing ``shared`` leading tokens."""
-    longest = max(lengths)
-    if shared < MIN_SHARED_TOKENS or len(lengths) < 2:
-        return len(lengths) * longest
-    return shared + len(lengths) * (longest - shared)
+    shared = usable_shared(len(lengths), shared)
+    return shared + len(lengths) * (max(lengths) - shared)
 
 
-def plan_micro_batches(
+def pack_micro_batches(
     lengths: Sequence[int], budget: int, rows: Sequence[Sequence[int]] | None = None
-) -> list[list[int]]:
+) -> list[tuple[list[int], int]]:
     """Group sample indices so each micro-batch's forward cost fits ``budget`` (a longer sample goes alone).
 
     Longest first, so rows of similar length share a batch and padding stays
-    small. Without ``rows`` the cost is rows x longest row; with the samples'
-    token ids it counts a shared prefix once (see ``batch_cost``).
+    small. Without ``rows`` the cost is rows x longest row; with what each
+    sample may share (its token ids up to its first trained logit) a common
+    prefix counts once (see ``batch_cost``). Returns (indices, shared prefix
+    to compute once, 0 for none) per micro-batch.
     """
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
@@ -60,8 +65,15 @@ def plan_micro_batches(
                 shared[-1] = common
                 continue
         batches.append([i])
-        shared.append(lengths[i])
-    return batches
+        shared.append(len(rows[i]) if rows else 0)
+    return [(batch, usable_shared(len(batch), common)) for batch, common in zip(batches, shared)]
+
+
+def plan_micro_batches(
+    lengths: Sequence[int], budget: int, rows: Sequence[Sequence[int]] | None = None
+) -> list[list[int]]:
+    """The sample indices of each micro-batch ``pack_micro_batches`` makes."""
+    return [batch for batch, _ in pack_micro_batches(lengths, budget, rows)]
 
 
 def shared_prefix_logits(
@@ -92,5 +104,5 @@ def can_share_prefix(model: Any) -> bool:
     return plain_kv_cache(base)
 
 
-__all__ = ["MIN_SHARED_TOKENS", "batch_cost", "can_share_prefix", "common_prefix_length", "plan_micro_batches",
-           "shared_prefix_logits"]
+__all__ = ["MIN_SHARED_TOKENS", "batch_cost", "can_share_prefix", "common_prefix_length", "pack_micro_batches",
+           "plan_micro_batches", "shared_prefix_logits", "usable_shared"]

@@ -28,7 +28,7 @@ import torch
 from ..algorithms.losses import LOSSES, LossParams
 from ..types import Sample
 from . import _memory
-from ._packing import MIN_SHARED_TOKENS, can_share_prefix, common_prefix_length, plan_micro_batches, shared_prefix_logits
+from ._packing import batch_cost, can_share_prefix, pack_micro_batches, shared_prefix_logits
 from ._policy import Policy, atomic_folder
 
 TRAINER_STATE = "trainer_state.pt"
@@ -151,19 +151,16 @@ class PolicyUpdate:
         totals: dict[str, float] = {}
         counts = {"loss": 0.0, "tokens_forward": 0.0, "tokens_real": 0.0, "tokens_shared": 0.0, "micro_batches": 0.0}
         shareable = [_untrained_head(s) for s in kept] if self._share_prefix else None
-        plan = plan_micro_batches([len(s.token_ids_T) for s in kept], self.settings.micro_batch_tokens, shareable)
-        for indices in plan:
+        plan = pack_micro_batches([len(s.token_ids_T) for s in kept], self.settings.micro_batch_tokens, shareable)
+        for indices, shared in plan:
             batch = [kept[i] for i in indices]
-            shared = common_prefix_length([shareable[i] for i in indices]) if shareable else 0
-            shared = shared if len(batch) > 1 and shared >= MIN_SHARED_TOKENS else 0
             loss, metrics = self._micro_batch(batch, normalizer, shared)
             loss.backward()
             tokens = metrics.pop("tokens")
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + value * tokens
             counts["loss"] += float(loss.detach())
-            width = max(len(s.token_ids_T) for s in batch)
-            counts["tokens_forward"] += shared + len(batch) * (width - shared)
+            counts["tokens_forward"] += batch_cost([len(s.token_ids_T) for s in batch], shared)
             counts["tokens_shared"] += (len(batch) - 1) * shared
             counts["tokens_real"] += sum(len(s.token_ids_T) for s in batch)
             counts["micro_batches"] += 1
@@ -267,4 +264,4 @@ def _untrained_head(sample: Sample) -> tuple[int, ...]:
     return tuple(sample.token_ids_T[: first - 1])
 
 
-__all__ = ["PolicyUpdate", "UpdateSettings", "plan_micro_batches", "resolve_autocast"]
+__all__ = ["PolicyUpdate", "UpdateSettings", "resolve_autocast"]
