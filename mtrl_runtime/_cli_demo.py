@@ -11,7 +11,9 @@ the trained agent.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Mapping
+import contextlib
+import logging
+from typing import Any, Iterator, Mapping
 
 from .cli import COMMANDS
 
@@ -64,6 +66,27 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=2, help="samples per test task (pass@k up to this)")
     p.add_argument("--fields", default="full", help="answer fields: full (six), three, or decision")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    p.add_argument("--agent-logs", action="store_true",
+                   help="show the agent framework's warnings (an unknown tool name, a refused turn) while it runs")
+
+
+@contextlib.contextmanager
+def _agent_logs(show: bool) -> Iterator[None]:
+    """Hide Strands' log lines while the demo runs, unless ``show``; the level is restored after.
+
+    Strands logs each call of an unknown tool and each turn refused past
+    ``max_turns``: the agent's own mistakes, which training is there to
+    fix. The trajectory store records every one of them (tool calls with
+    their errors), so the demo's progress stays readable without them.
+    """
+    logger = logging.getLogger("strands")
+    before = logger.level
+    if not show:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
 
 
 def _rows(split: str, fields: str) -> list[dict[str, Any]]:
@@ -115,7 +138,8 @@ def _demo(args: argparse.Namespace) -> int:
                   f"{config.core.max_steps} steps × {config.core.train_batch_size} tasks × {config.core.group_size} rollouts")
     trainer = MultiTurnRLTrainer(agent_env=run, training_dataset=_rows("train", args.fields), config=config,
                                  tracking=not args.no_mlflow)
-    result = trainer.train(progress=True)
+    with _agent_logs(args.agent_logs):
+        result = trainer.train(progress=True)
     console.print(f"trained steps {result.start_step}..{result.final_step - 1}; adapter: {result.output_adapter_path}")
 
     evaluator = MultiTurnRLEvaluator(
@@ -127,7 +151,8 @@ def _demo(args: argparse.Namespace) -> int:
         max_samples=args.samples,
         tracking=not args.no_mlflow,
     )
-    evaluation = evaluator.evaluate()
+    with _agent_logs(args.agent_logs):
+        evaluation = evaluator.evaluate()
     base = evaluation.base.metrics if evaluation.base else {}
     trained = evaluation.fine_tuned.metrics if evaluation.fine_tuned else {}
     console.print(_table(base, trained))

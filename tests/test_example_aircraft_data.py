@@ -13,8 +13,9 @@ from examples.aircraft_inspection import (
     FIELDS,
     SOP_ORDER,
     SPLIT_SIZES,
+    CHECKS,
     TOOL_SPECS,
-    TOOLS,
+    InspectionSession,
     build_messages,
     dispatch,
     example_instance,
@@ -163,17 +164,37 @@ def test_every_ground_truth_follows_from_the_tools_by_the_sop():
 
 # --- tools -----------------------------------------------------------------------------
 
-def test_tools_are_deterministic_one_line_key_values():
+def test_checks_are_deterministic_one_line_key_values():
     tail = ALL[0]["data"]["tail_number"]
-    for name in ("validate_aircraft", "get_maintenance_record", "inspect_mechanical",
-                 "inspect_electrical", "check_incidents"):
-        first = dispatch(name, {"tail_number": tail})
-        assert first == dispatch(name, json.dumps({"tail_number": tail})) == TOOLS[name](tail)
+    session = InspectionSession()
+    for name in CHECKS:
+        first = dispatch(session, name, {"tail_number": tail})
+        assert first == session.call(name, json.dumps({"tail_number": tail})) == CHECKS[name](tail)
+        assert first == InspectionSession().call(name, {"tail_number": tail})  # no state in a check's result
         assert "\n" not in first and f"tail={tail}" in first
         assert all("=" in word for word in first.split()), first
-    assert dispatch("validate_aircraft", {"tail_number": f" {tail.lower()} "}) == TOOLS["validate_aircraft"](tail)
-    report = dispatch("file_report", {"tail_number": tail})
-    assert report.startswith("report_id=RPT-") and report == TOOLS["file_report"](tail)
+    assert session.call("validate_aircraft", {"tail_number": f" {tail.lower()} "}) == CHECKS["validate_aircraft"](tail)
+
+
+def test_the_report_files_the_checks_this_session_made_as_answer_json():
+    row = ALL[0]
+    tail, truth = row["data"]["tail_number"], row["ground_truth"]
+    session = InspectionSession()
+    empty = session.call("file_report", {"tail_number": tail})
+    assert empty.startswith("report_id=RPT-") and "findings={} " in empty  # nothing checked yet
+    session.call("inspect_mechanical", {"tail_number": tail})
+    session.call("validate_aircraft", {"tail_number": tail.lower()})
+    session.call("check_incidents", {"tail_number": "N000ZZ"})  # an error files nothing
+    partial = session.call("file_report", {"tail_number": tail})
+    findings = json.loads(partial.split("findings=", 1)[1].rsplit(" next=", 1)[0])
+    assert list(findings) == ["aircraft_valid", "mechanical_status"]  # the SOP's order, not the call order
+    assert findings == {k: truth[k] for k in findings}
+    assert InspectionSession().call("file_report", {"tail_number": tail}) == empty  # sessions share nothing
+    # the reference episode's report holds all five findings, exactly as the answer writes them
+    report = [m["content"] for m in solve(row).messages if m["role"] == "tool"][-1]
+    answer = {k: v for k, v in truth.items() if k != "decision"}
+    assert report.split("findings=", 1)[1].startswith(json.dumps(answer))
+    assert json.dumps(answer)[:-1] in format_answer(truth)
 
 
 def test_each_tool_names_the_next_sop_step():
@@ -200,18 +221,20 @@ def test_each_tool_names_the_next_sop_step():
     ],
 )
 def test_bad_tool_input_returns_an_error_string(name, arguments, message):
-    result = dispatch(name, arguments)
+    result = dispatch(InspectionSession(), name, arguments)
     assert isinstance(result, str) and result.startswith("error:") and message in result
 
 
 def test_direct_calls_with_unknown_keys_return_errors_too():
-    assert TOOLS["get_maintenance_record"]("N999XX").startswith("error: unknown tail_number")
+    assert CHECKS["get_maintenance_record"]("N999XX").startswith("error: unknown tail_number")
+    assert InspectionSession().tools["file_report"]("N999XX").startswith("error: unknown tail_number")
 
 
 def test_tool_specs_match_the_functions():
-    assert [spec["function"]["name"] for spec in TOOL_SPECS] == list(TOOLS) == list(SOP_ORDER)
+    tools = InspectionSession().tools
+    assert [spec["function"]["name"] for spec in TOOL_SPECS] == list(tools) == list(SOP_ORDER)
     for spec in TOOL_SPECS:
-        tool = TOOLS[spec["function"]["name"]]
+        tool = tools[spec["function"]["name"]]
         params = spec["function"]["parameters"]
         assert list(params["properties"]) == list(inspect.signature(tool).parameters) == params["required"]
         assert all(p["type"] == "string" and p["description"] for p in params["properties"].values())
@@ -264,3 +287,24 @@ def test_the_example_knob_picks_the_worked_example():
     assert build_messages(row) == build_messages(row, example="ground")
     with pytest.raises(ValueError, match="unknown example 'hard'"):
         build_messages(row, example="hard")
+
+
+# --- the answer-step probe ---------------------------------------------------------------
+
+def test_probe_scores_every_field_of_every_row_with_a_real_model(tiny_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from examples.aircraft_inspection.probe import _hide_findings, probe
+    from mtrl_runtime.chat import ChatRenderer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(tiny_model_dir))
+    rows = load_instances("val")[:2]
+    found = probe(model, renderer, rows)
+    assert sum(len(v) for v in found.values()) == 2 * len(FIELDS)
+    assert {name for name, _ in found} == set(FIELDS)
+    assert all(0.0 < p < 1.0 for v in found.values() for p in v)
+    hidden = _hide_findings(list(solve(rows[0]).messages))
+    assert "findings=" not in hidden[-2]["content"] and hidden[-2]["content"].startswith("report_id=RPT-")
+    assert "findings=" in solve(rows[0]).messages[-2]["content"]

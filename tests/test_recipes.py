@@ -174,3 +174,21 @@ def test_the_demo_table_lists_every_field_the_evaluator_reports():
     for label in ("strict task success", "answer well-formed", "decision", "incident_flag"):
         assert label in text
     assert "+0.360" in text  # decision 0.22 -> 0.58
+
+
+def test_demo_hides_strands_log_lines_while_it_runs_and_restores_the_level(caplog):
+    import logging
+
+    from mtrl_runtime._cli_demo import _agent_logs
+
+    logger = logging.getLogger("strands.tools.executors")
+    before = logging.getLogger("strands").level
+    with caplog.at_level(logging.WARNING):
+        with _agent_logs(show=False):
+            logger.warning("tool_name=<validation> | tool not found in registry")
+        with _agent_logs(show=True):
+            logger.warning("tool_name=<check_electrical> | tool not found in registry")
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("validation" in m for m in messages)
+    assert any("check_electrical" in m for m in messages)
+    assert logging.getLogger("strands").level == before

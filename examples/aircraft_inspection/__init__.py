@@ -19,19 +19,20 @@ from .reward import (
     strict_score,
 )
 from .solver import ReferenceEpisode, parse_kv, solve
-from .tools import SOP_ORDER, TOOL_SPECS, TOOLS, dispatch
+from .tools import CHECKS, SOP_ORDER, TOOL_SPECS, InspectionSession, dispatch
 
 __all__ = [
+    "CHECKS",
     "DEFAULT_EXAMPLE",
     "EXAMPLE_STATES",
     "FIELDS",
     "FIELD_SETS",
     "FIELD_VALUES",
+    "InspectionSession",
     "ReferenceEpisode",
     "SEED",
     "SOP_ORDER",
     "SPLIT_SIZES",
-    "TOOLS",
     "TOOL_SPECS",
     "build_messages",
     "dispatch",

@@ -24,9 +24,7 @@ from mtrl_adapters.strands import agent_factory
 
 from .prompts import build_messages
 from .reward import FIELD_SETS, FIELDS, reward
-from .tools import TOOLS
-
-STRANDS_TOOLS = [tool(fn) for fn in TOOLS.values()]
+from .tools import InspectionSession
 
 
 def to_strands_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -70,14 +68,14 @@ def make_model() -> OpenAIModel:
 
 
 def new_agent(task: Any, with_examples: bool = True) -> Agent:
-    """A fresh Agent for one episode (Strands Agents are not re-entrant)."""
+    """A fresh Agent for one episode, with its own tools (Strands Agents are not re-entrant)."""
     messages = build_messages(task, with_examples=with_examples, fields=fields_for(task))
     system, *history, request = messages
     return Agent(
         model=make_model(),
         system_prompt=system["content"],
         messages=to_strands_messages(history),
-        tools=list(STRANDS_TOOLS),
+        tools=[tool(fn) for fn in InspectionSession().tools.values()],
         callback_handler=None,
         retry_strategy=None,
     )
@@ -120,4 +118,4 @@ async def run(task: Any) -> str:
     return text
 
 
-__all__ = ["STRANDS_TOOLS", "fields_for", "make_agent", "new_agent", "run", "to_strands_messages", "turn_budget_spent"]
+__all__ = ["fields_for", "make_agent", "new_agent", "run", "to_strands_messages", "turn_budget_spent"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from .reward import FIELDS, check_fields, format_answer
-from .tools import dispatch
+from .tools import InspectionSession
 
 Call = Callable[[str, Mapping[str, Any]], str]  # (tool name, arguments) -> result line
 
@@ -64,11 +64,14 @@ def _true(value: str) -> bool:
     return value == "true"
 
 
-def solve(instance: Mapping[str, Any], fields: Sequence[str] = FIELDS, call: Call = dispatch) -> ReferenceEpisode:
-    """Follow the SOP for one instance row (its ``data.tail_number``) and return the episode."""
+def solve(instance: Mapping[str, Any], fields: Sequence[str] = FIELDS, call: Call | None = None) -> ReferenceEpisode:
+    """Follow the SOP for one instance row (its ``data.tail_number``) and return the episode.
+
+    ``call`` runs a tool (default: a fresh :class:`InspectionSession`'s).
+    """
     fields = check_fields(fields)
     tail = instance["data"]["tail_number"]
-    steps = _Transcript(call, str(instance.get("id", tail)))
+    steps = _Transcript(call or InspectionSession().call, str(instance.get("id", tail)))
     answer: dict[str, Any] = {
         "aircraft_valid": _true(steps.run("validate_aircraft", tail_number=tail)["aircraft_valid"]),
         "maintenance_due": _true(steps.run("get_maintenance_record", tail_number=tail)["maintenance_due"]),

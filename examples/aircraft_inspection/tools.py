@@ -1,11 +1,13 @@
 """The inspection tools: read-only, replayed from the fixtures, keyed by tail number.
 
-Each tool returns one line of ``key=value`` pairs, short enough for a tiny
+Each check returns one line of ``key=value`` pairs, short enough for a tiny
 model to read, and names the answer field it decides (``mechanical_status=fail``);
 the tail number comes back too, so the next call can copy it from close by,
 and ``next=`` names the SOP's next step. Both are there for a tiny model:
 measured on SmolLM2-135M-Instruct, the step hints and the ``<final_output>``
 hint after the report raise the log-probability of the reference actions.
+The report (``InspectionSession.file_report``) returns the findings of the
+checks made, as the JSON the answer uses.
 Bad input never raises: the tool returns a line starting with ``error:`` so
 the model sees its mistake as a tool result. Same arguments, same result.
 
@@ -151,24 +153,75 @@ def check_incidents(tail_number: str) -> str:
             f"last={row['last_incident']} incident_flag={_flag(flag)} next=file_report")
 
 
-@_returns_errors
-def file_report(tail_number: str) -> str:
-    """File the inspection report of the checks made (step 6).
-
-    Args:
-        tail_number: aircraft tail number
-    """
-    tail, _ = _row("aircraft", tail_number)
-    report = zlib.crc32(tail.encode()) % 10000  # stable across processes, unlike hash()
-    return f"report_id=RPT-{report:04d} tail={tail} filed=true next=<final_output>"
-
-
-TOOLS: Mapping[str, Callable[..., str]] = MappingProxyType({
+CHECKS: Mapping[str, Callable[..., str]] = MappingProxyType({
     tool.__name__: tool
-    for tool in (validate_aircraft, get_maintenance_record, inspect_mechanical, inspect_electrical,
-                 check_incidents, file_report)
+    for tool in (validate_aircraft, get_maintenance_record, inspect_mechanical, inspect_electrical, check_incidents)
 })
-SOP_ORDER: tuple[str, ...] = tuple(TOOLS)  # the order the SOP calls them in
+# The answer field each check decides, in the SOP's order: the check's result line names it.
+CHECK_FIELDS: Mapping[str, str] = MappingProxyType({
+    "validate_aircraft": "aircraft_valid", "get_maintenance_record": "maintenance_due",
+    "inspect_mechanical": "mechanical_status", "inspect_electrical": "electrical_status",
+    "check_incidents": "incident_flag",
+})
+SOP_ORDER: tuple[str, ...] = (*CHECKS, "file_report")  # the order the SOP calls the tools in
+
+
+def _finding(value: str) -> bool | str:
+    return {"true": True, "false": False}.get(value, value)
+
+
+class InspectionSession:
+    """One episode's tools: the five checks as they are, and ``file_report``, which files what they found.
+
+    The report returns the findings of the checks this session ran on that
+    aircraft, as the JSON the answer uses, so the answer step copies from the
+    last tool result instead of from five results spread over the episode
+    (a 135M model copies from close by; see the example's README). A check
+    the agent skipped is missing from the report. Create one per episode.
+    """
+
+    def __init__(self) -> None:
+        self._findings: dict[str, dict[str, bool | str]] = {}
+        checks = {name: self._recorded(name, check) for name, check in CHECKS.items()}
+        self.tools: Mapping[str, Callable[..., str]] = MappingProxyType({**checks, "file_report": self._report_tool()})
+
+    def _recorded(self, name: str, check: Callable[..., str]) -> Callable[..., str]:
+        @functools.wraps(check)
+        def run(tail_number: str) -> str:
+            result = check(tail_number)
+            if not result.startswith("error:"):
+                pairs = dict(word.split("=", 1) for word in result.split() if "=" in word)
+                self._findings.setdefault(pairs["tail"], {})[CHECK_FIELDS[name]] = _finding(pairs[CHECK_FIELDS[name]])
+            return result
+
+        return run
+
+    def _report_tool(self) -> Callable[..., str]:
+        @functools.wraps(self.file_report)  # name, docstring and signature (without self) of the method
+        def file_report(tail_number: str) -> str:
+            return self.file_report(tail_number)
+
+        return _returns_errors(file_report)
+
+    def findings(self, tail_number: str) -> dict[str, bool | str]:
+        """The findings filed so far for ``tail_number``, in the SOP's order."""
+        found = self._findings.get(_tail(tail_number), {})
+        return {field: found[field] for field in CHECK_FIELDS.values() if field in found}
+
+    def file_report(self, tail_number: str) -> str:
+        """File the inspection report: the findings of the checks made (step 6).
+
+        Args:
+            tail_number: aircraft tail number
+        """
+        tail, _ = _row("aircraft", tail_number)
+        report = zlib.crc32(tail.encode()) % 10000  # stable across processes, unlike hash()
+        return f"report_id=RPT-{report:04d} filed=true findings={json.dumps(self.findings(tail))} next=<final_output>"
+
+    def call(self, name: str, arguments: Mapping[str, Any] | str | None) -> str:
+        """Run the tool ``name`` with ``arguments`` (a dict or its JSON text); errors come back as text."""
+        return dispatch(self, name, arguments)
+
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
@@ -198,14 +251,14 @@ def tool_spec(tool: Callable[..., str]) -> dict[str, Any]:
     }
 
 
-TOOL_SPECS: tuple[dict[str, Any], ...] = tuple(tool_spec(tool) for tool in TOOLS.values())
+TOOL_SPECS: tuple[dict[str, Any], ...] = tuple(tool_spec(tool) for tool in InspectionSession().tools.values())
 
 
-def dispatch(name: str, arguments: Mapping[str, Any] | str | None) -> str:
-    """Run the tool ``name`` with ``arguments`` (a dict or its JSON text); errors come back as text."""
-    tool = TOOLS.get(name) if isinstance(name, str) else None
+def dispatch(session: InspectionSession, name: str, arguments: Mapping[str, Any] | str | None) -> str:
+    """Run ``session``'s tool ``name`` with ``arguments`` (a dict or its JSON text); errors come back as text."""
+    tool = session.tools.get(name) if isinstance(name, str) else None
     if tool is None:
-        return f"error: unknown tool {name!r}; known: {', '.join(TOOLS)}"
+        return f"error: unknown tool {name!r}; known: {', '.join(SOP_ORDER)}"
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
@@ -223,15 +276,16 @@ def dispatch(name: str, arguments: Mapping[str, Any] | str | None) -> str:
 
 
 __all__ = [
+    "CHECKS",
+    "CHECK_FIELDS",
     "FIXTURES_DIR",
     "Fixtures",
+    "InspectionSession",
     "SOP_ORDER",
-    "TOOLS",
     "TOOL_SPECS",
     "ToolInputError",
     "check_incidents",
     "dispatch",
-    "file_report",
     "get_maintenance_record",
     "inspect_electrical",
     "inspect_mechanical",
