@@ -25,6 +25,12 @@ trainer shares ``engine.model``, changes its weights while holding
 update, so their remaining tokens come from the new weights. The shared
 model must stay in eval mode (or have no dropout) while the engine serves.
 
+LoRA folding (``lora_fold``, see ``_lora_fold``): while the engine serves,
+each LoRA layer's delta is folded into its base weight, so a decode step
+costs what the base model's does. A trainer sharing the model unfolds it
+(``lora_fold.unfold()``, under ``weights_lock``) before it trains and folds
+it again after; ``load_adapter`` does the same around a load.
+
 Prefix caching (``prefix_cache_tokens``, default 32768; 0 disables): the KV
 of prompts, of stretches concurrent prompts share, and of finished rows'
 prompt + completion stays in a token-bounded LRU tree (``_prefix_cache``);
@@ -54,6 +60,7 @@ from ._checks import check_request
 from ._decoding import DecodeBatch, Row, plain_kv_cache
 from ._jobs import EngineClosedError, EngineStats, Job
 from ._loading import default_eos_ids, load_lora_adapter, load_pretrained, resolve_model
+from ._lora_fold import LoraFold
 from ._prefix_cache import PrefixCache
 from ._prefix_prefill import prefill_rows, store_finished
 from ._registry import ENGINES
@@ -135,6 +142,7 @@ class HFEngine:
         self._closed = False
         self._adapter_name: str | None = None  # the adapter this engine loaded (never one a trainer added)
         self._adapters_loaded = 0
+        self.lora_fold = LoraFold(model)  # the served model's LoRA deltas in its base weights (see above)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -371,7 +379,10 @@ class HFEngine:
         self._adapters_loaded += 1
         name = f"policy-v{version}-{self._adapters_loaded}"
         with self.weights_lock:
-            self._model = load_lora_adapter(self._model, folder, name, replaces=self._adapter_name)
+            self.lora_fold.unfold()
+            self._model = self.lora_fold.model = load_lora_adapter(self._model, folder, name,
+                                                                   replaces=self._adapter_name)
+            self.lora_fold.fold()
             self._adapter_name = name
             self.policy_version = version  # clears the prefix cache
 

@@ -3,7 +3,8 @@
 Inside ``base_policy(engine)`` every LoRA layer of the engine's model is
 disabled (peft's ``enable_adapters(False)`` on each tuner layer: the same
 switch ``PeftModel.disable_adapter()`` flips, and it also reaches adapters
-injected in place by a trainer) and the engine reports policy version 0, so
+injected in place by a trainer; adapters the engine folded into the base
+weights are unfolded first) and the engine reports policy version 0, so
 new rollouts are recorded as the base model's. On exit the layers and the
 version are restored. The switch happens under the engine's
 ``weights_lock``, between forward passes; run no other rollouts meanwhile.
@@ -44,12 +45,18 @@ async def base_policy(engine: Any) -> AsyncIterator[None]:
     grads = [(p, p.requires_grad) for layer in layers for p in layer.parameters()]
     version = engine.policy_version
 
+    fold = getattr(engine, "lora_fold", None)  # the hf engine serves LoRA folded into the base weights
+
     def switch(to_base: bool) -> None:
         with lock:
+            if fold is not None:
+                fold.unfold()
             for layer, disabled in zip(layers, was_disabled):
                 layer.enable_adapters(not to_base and not disabled)
             for param, flag in grads:
                 param.requires_grad_(flag)
+            if fold is not None and not to_base:
+                fold.fold()
             engine.policy_version = 0 if to_base else version
 
     await asyncio.to_thread(switch, True)

@@ -8,6 +8,9 @@ update, then make its version the one served):
   version bump happen under the engine's ``weights_lock``, so no forward pass
   sees half-updated weights and a turn is never labelled with a version its
   weights are not; the new version is served from the next forward pass.
+  The engine serves the LoRA deltas folded into the base weights
+  (``engines._lora_fold``): the update unfolds them first and folds the
+  new ones after, inside the same lock.
 - ``PushedWeights``: the engine lives elsewhere (a vLLM server, another
   process). Each new version is saved as an adapter folder
   (``<run_dir>/adapters/v<N>``) and handed over with
@@ -37,10 +40,26 @@ class SharedWeights:
     def __init__(self, engine: Any, update: Any) -> None:
         self.engine = engine
         self.update = update
+        self._fold_again()
+
+    def _fold_again(self) -> None:
+        """Fold the adapter as the trainer holds it now (after an update, or weights restored in place)."""
+        fold = getattr(self.engine, "lora_fold", None)
+        if fold is not None:
+            with self.engine.weights_lock:
+                fold.unfold()
+                fold.fold()
 
     def _step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        fold = getattr(self.engine, "lora_fold", None)
         with self.engine.weights_lock:  # re-entrant: the update takes the same lock
-            metrics = self.update.step(samples)
+            if fold is not None:
+                fold.unfold()  # the update trains base + LoRA as peft computes it, never folded weights
+            try:
+                metrics = self.update.step(samples)
+            finally:
+                if fold is not None:
+                    fold.fold()
             self.engine.set_policy_version(self.update.version)
         return metrics
 
@@ -52,6 +71,7 @@ class SharedWeights:
 
         Off the event loop: setting the version takes the engine's weights lock (it clears the prefix cache).
         """
+        await asyncio.to_thread(self._fold_again)
         await asyncio.to_thread(self.engine.set_policy_version, self.update.version)
 
 
