@@ -12,14 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from .reward import FIELDS, check_fields, format_answer
-from .tools import InspectionSession
+from .tools import InspectionSession, parse_kv
 
 Call = Callable[[str, Mapping[str, Any]], str]  # (tool name, arguments) -> result line
-
-
-def parse_kv(line: str) -> dict[str, str]:
-    """``a=1 b=x`` -> {"a": "1", "b": "x"}; words without ``=`` are ignored."""
-    return dict(word.split("=", 1) for word in line.split() if "=" in word)
 
 
 @dataclass(frozen=True)

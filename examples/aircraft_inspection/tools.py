@@ -166,6 +166,11 @@ CHECK_FIELDS: Mapping[str, str] = MappingProxyType({
 SOP_ORDER: tuple[str, ...] = (*CHECKS, "file_report")  # the order the SOP calls the tools in
 
 
+def parse_kv(line: str) -> dict[str, str]:
+    """``a=1 b=x`` -> {"a": "1", "b": "x"}; words without ``=`` are ignored."""
+    return dict(word.split("=", 1) for word in line.split() if "=" in word)
+
+
 def _finding(value: str) -> bool | str:
     return {"true": True, "false": False}.get(value, value)
 
@@ -190,7 +195,7 @@ class InspectionSession:
         def run(tail_number: str) -> str:
             result = check(tail_number)
             if not result.startswith("error:"):
-                pairs = dict(word.split("=", 1) for word in result.split() if "=" in word)
+                pairs = parse_kv(result)
                 self._findings.setdefault(pairs["tail"], {})[CHECK_FIELDS[name]] = _finding(pairs[CHECK_FIELDS[name]])
             return result
 
@@ -286,6 +291,7 @@ __all__ = [
     "ToolInputError",
     "check_incidents",
     "dispatch",
+    "parse_kv",
     "get_maintenance_record",
     "inspect_electrical",
     "inspect_mechanical",

@@ -19,6 +19,7 @@ is and :meth:`LoraFold.fold` reports False.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Iterator
 
 import torch
@@ -88,6 +89,15 @@ class LoraFold:
                     layer.get_base_layer().weight.copy_(self._base[name])
                 layer.merged_adapters = []
         self.folded = False
+
+    @contextlib.contextmanager
+    def unfolded(self) -> Iterator[None]:
+        """The model as peft computes it (unfolded) inside; folded again on the way out, whatever happened."""
+        self.unfold()
+        try:
+            yield
+        finally:
+            self.fold()
 
     def forget(self) -> None:
         """Unfold, then drop the kept base weights (before the model's base weights change otherwise)."""

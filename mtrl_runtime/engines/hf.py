@@ -378,11 +378,9 @@ class HFEngine:
         """Load the adapter under the weights lock, make it active, drop the one it replaces."""
         self._adapters_loaded += 1
         name = f"policy-v{version}-{self._adapters_loaded}"
-        with self.weights_lock:
-            self.lora_fold.unfold()
+        with self.weights_lock, self.lora_fold.unfolded():
             self._model = self.lora_fold.model = load_lora_adapter(self._model, folder, name,
                                                                    replaces=self._adapter_name)
-            self.lora_fold.fold()
             self._adapter_name = name
             self.policy_version = version  # clears the prefix cache
 

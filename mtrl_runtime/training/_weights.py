@@ -20,6 +20,7 @@ update, then make its version the one served):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 from pathlib import Path
 from typing import Any, Sequence
@@ -42,24 +43,22 @@ class SharedWeights:
         self.update = update
         self._fold_again()
 
+    def _unfolded(self) -> Any:
+        """The engine's model unfolded (as peft computes it) inside, folded again after; a no-op context
+        for an engine that does not fold."""
+        fold = getattr(self.engine, "lora_fold", None)
+        return fold.unfolded() if fold is not None else contextlib.nullcontext()
+
     def _fold_again(self) -> None:
         """Fold the adapter as the trainer holds it now (after an update, or weights restored in place)."""
-        fold = getattr(self.engine, "lora_fold", None)
-        if fold is not None:
-            with self.engine.weights_lock:
-                fold.unfold()
-                fold.fold()
+        with self.engine.weights_lock, self._unfolded():
+            pass
 
     def _step(self, samples: Sequence[Sample]) -> dict[str, float]:
-        fold = getattr(self.engine, "lora_fold", None)
-        with self.engine.weights_lock:  # re-entrant: the update takes the same lock
-            if fold is not None:
-                fold.unfold()  # the update trains base + LoRA as peft computes it, never folded weights
-            try:
+        # re-entrant: the update takes the same lock; it trains base + LoRA, never folded weights
+        with self.engine.weights_lock:
+            with self._unfolded():
                 metrics = self.update.step(samples)
-            finally:
-                if fold is not None:
-                    fold.fold()
             self.engine.set_policy_version(self.update.version)
         return metrics
 
