@@ -64,3 +64,29 @@ def test_grouped_attention_equals_attention_over_repeated_kv_heads(query_tokens)
     assert torch.allclose(weights, expected_weights, atol=1e-6)
     assert torch.allclose(out, expected, atol=1e-6)
     assert float(weights[0, :, :, :4].abs().max()) == 0.0
+
+
+def test_training_through_small_matmul_attention_gives_sdpa_gradients(tokenizer):
+    """Training forward + backward on right-padded rows: the same loss and LoRA-free weight gradients."""
+    from mtrl_runtime.engines._attention import SMALL_ATTENTION_POSITIONS
+
+    sdpa = tiny_model(tokenizer, seed=5)
+    ours = tiny_model(tokenizer, seed=5)
+    HFEngine.from_objects(ours, tokenizer)  # selects the engine's attention on the shared model
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(5, 200, (4, 40), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, 31:] = 0  # right padding, as the trainer's micro-batches have
+    mask[3, 20:] = 0
+    assert 4 * 40 * 40 <= SMALL_ATTENTION_POSITIONS  # this batch takes the matmul path
+    grads = []
+    for model in (sdpa, ours):
+        model.train()
+        logits = model(input_ids=ids, attention_mask=mask).logits.float()
+        logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
+        loss = -(logp * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if "layers.0.self_attn" in n})
+        model.eval()
+    for name, expected in grads[0].items():
+        assert torch.allclose(grads[1][name], expected, atol=1e-5, rtol=1e-4), name

@@ -309,6 +309,48 @@ async def test_a_closed_engine_refuses_requests(model: Any, tiny_tok: Any):
         await eng.generate(request(tiny_tok, "abc", max_tokens=2))
 
 
+# ---------------------------------------------------------------------- hf: work on the worker thread
+async def test_on_worker_runs_between_decode_steps_on_the_worker_thread(model: Any, tiny_tok: Any):
+    import threading
+
+    eng = await no_eos_engine(model, tiny_tok)
+    try:
+        running = asyncio.ensure_future(eng.generate(request(tiny_tok, PROMPTS[0], max_tokens=60, seed=1)))
+        while eng.stats.decode_passes < 2:
+            await asyncio.sleep(0.001)
+        seen: dict[str, Any] = {}
+
+        def work() -> int:
+            seen["thread"] = threading.current_thread().name
+            seen["grad"] = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+            seen["passes"] = eng.stats.decode_passes
+            return 41 + 1
+
+        assert await eng.on_worker(work) == 42
+        assert seen["thread"] == "mtrl-hf-engine" and seen["grad"]  # a training step can run there
+        assert 2 <= seen["passes"] < 60  # between the steps of the running generation
+        assert len((await running).completion_ids) == 60
+        assert await asyncio.to_thread(eng.on_worker_sync, lambda: threading.current_thread().name) == "mtrl-hf-engine"
+    finally:
+        await eng.close()
+
+
+async def test_an_error_on_the_worker_reaches_the_caller_and_the_engine_keeps_serving(engine: HFEngine, tiny_tok):
+    def broken() -> None:
+        raise KeyError("no such layer")
+
+    with pytest.raises(KeyError, match="no such layer"):
+        await engine.on_worker(broken)
+    assert len((await engine.generate(request(tiny_tok, "abc", max_tokens=3))).completion_ids) >= 1
+
+
+async def test_a_closed_engine_refuses_work(model: Any, tiny_tok: Any):
+    eng = HFEngine.from_objects(model, tiny_tok)
+    await eng.close()
+    with pytest.raises(EngineClosedError):
+        await eng.on_worker(lambda: 1)
+
+
 # ---------------------------------------------------------------------- scripted
 def text_of(tok: Any, ids: tuple[int, ...]) -> str:
     return tok.decode(list(ids), skip_special_tokens=False)

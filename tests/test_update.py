@@ -303,3 +303,58 @@ def test_release_free_memory_trims_the_heap_on_glibc():
     from mtrl_runtime.training._memory import release_free_memory
 
     assert release_free_memory() is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
+
+
+# ---------------------------------------------------------------------- which thread trains
+def _recording(update):
+    """Wrap ``update.step`` to record the thread each call ran on."""
+    threads = []
+    step = update.step
+
+    def recorded(samples):
+        threads.append(threading.current_thread().name)
+        return step(samples)
+
+    update.step = recorded
+    return threads
+
+
+async def test_a_shared_weights_step_runs_on_the_engine_worker_and_serves_the_new_version(tokenizer):
+    from mtrl_runtime.engines import HFEngine
+    from mtrl_runtime.training import SharedWeights
+    from mtrl_runtime.types import GenerationRequest, SamplingParams
+
+    engine = HFEngine.from_objects(tiny_model(tokenizer, seed=0), tokenizer)
+    try:
+        policy = build_policy(engine.model, tokenizer, rank=8, alpha=16)
+        update = PolicyUpdate(policy, UpdateSettings(precision="fp32", learning_rate=1e-2), engine.weights_lock)
+        weights = SharedWeights(engine, update)
+        threads = _recording(update)
+        sample = sample_for(policy.model, tokenizer, TEXTS[1])
+        await weights.apply([sample])
+        await weights.apply([sample])
+        assert threads == ["mtrl-hf-engine", "mtrl-hf-engine"]
+        assert engine.policy_version == update.version == 2
+        gen = await engine.generate(GenerationRequest(sample.token_ids_T[:4], SamplingParams(max_tokens=3)))
+        assert gen.policy_version == 2
+    finally:
+        await engine.close()
+
+
+async def test_pushed_weights_train_every_step_on_one_thread(tokenizer, tmp_path):
+    from mtrl_runtime.engines import ScriptedEngine
+    from mtrl_runtime.training import PushedWeights
+
+    engine = ScriptedEngine(tokenizer, lambda prompt, request: "ok")
+    policy = make_policy(tokenizer)
+    update = PolicyUpdate(policy, UpdateSettings(precision="fp32"))
+    weights = PushedWeights(engine, update, tmp_path)
+    threads = _recording(update)
+    sample = sample_for(policy.model, tokenizer, TEXTS[1])
+    try:
+        for _ in range(3):
+            await weights.apply([sample])
+    finally:
+        weights.close()
+    assert len(threads) == 3 and len(set(threads)) == 1 and threads[0].startswith("mtrl-update")
+    assert engine.policy_version == 3 and (tmp_path / "adapters" / "v3").is_dir()

@@ -1,11 +1,18 @@
-"""Attention for CPU decoding: plain matmul attention for short queries, SDPA for long ones.
+"""Attention on CPU: plain matmul attention for short queries and small batches, SDPA otherwise.
 
 With a padding mask (a batch of rows always has one), SDPA on CPU takes its
 generic path, which costs far more than two matmuls when the query is a
 single token: measured on SmolLM2-135M, 8 rows at 1,600 tokens of context,
 one decode step took 448 ms with SDPA and 174 ms with matmul attention in
 bf16 (642 vs 450 ms in fp32). Long queries (prefill of a whole prompt, the
-trainer's forward passes) keep SDPA and its mask, unchanged.
+trainer's forward passes) keep SDPA and its mask, unless the whole score
+matrix is small: SDPA's CPU kernel works in blocks sized for long
+sequences, and its backward pass is slow on short ones. Forward + backward
+of one SmolLM2 layer's attention in bf16 (``batch x query x key`` positions,
+2 threads): 8 x 65 x 102, 3.7 ms with matmuls against 13.0 ms with SDPA;
+8 x 128 x 256, 16.0 vs 21.4 ms; 4 x 256 x 512, even (27.8 vs 27.7 ms);
+larger ones favour SDPA (2 x 1024 x 1024: 196 vs 85 ms). So up to
+``SMALL_ATTENTION_POSITIONS`` positions matmul attention runs in training too.
 
 The matmuls are grouped: with grouped-query attention (SmolLM2: 9 query
 heads, 3 KV heads) each KV head's query heads are stacked into one matrix
@@ -25,14 +32,20 @@ from __future__ import annotations
 from typing import Any
 
 ATTENTION_NAME = "mtrl_short_query"
-SHORT_QUERY_TOKENS = 64  # queries up to this length use matmul attention
+SHORT_QUERY_TOKENS = 64  # queries up to this length use matmul attention when not training
+SMALL_ATTENTION_POSITIONS = 1 << 18  # batch x query x key positions up to which matmul attention always runs
+
+
+def _small(batch_size: int, q_length: int, kv_length: int) -> bool:
+    return batch_size * q_length * kv_length <= SMALL_ATTENTION_POSITIONS
 
 
 def short_query_mask(batch_size: int, q_length: int, kv_length: int, **kwargs: Any) -> Any:
-    """An additive float mask for short queries (what matmul attention adds), SDPA's own otherwise."""
+    """An additive float mask where matmul attention may run (what it adds), SDPA's own otherwise."""
     from transformers.masking_utils import eager_mask, sdpa_mask
 
-    build = eager_mask if q_length <= SHORT_QUERY_TOKENS else sdpa_mask
+    matmul = q_length <= SHORT_QUERY_TOKENS or _small(batch_size, q_length, kv_length)
+    build = eager_mask if matmul else sdpa_mask
     return build(batch_size=batch_size, q_length=q_length, kv_length=kv_length, **kwargs)
 
 
@@ -61,10 +74,13 @@ def grouped_matmul_attention(
 
 
 def short_query_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
-    """Grouped matmul attention for a query of up to ``SHORT_QUERY_TOKENS`` tokens, SDPA for longer ones."""
+    """Grouped matmul attention for a short query (not training) or a small score matrix, SDPA otherwise."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if query.shape[-2] <= SHORT_QUERY_TOKENS and not module.training:
+    batch, q_length, kv_length = query.shape[0], query.shape[-2], key.shape[-2]
+    short = q_length <= SHORT_QUERY_TOKENS and not module.training
+    small = _small(batch, q_length, kv_length) and attention_mask is not None and attention_mask.is_floating_point()
+    if short or small:
         scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
         return grouped_matmul_attention(query, key, value, attention_mask, scaling)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
@@ -89,6 +105,7 @@ def use_short_query_attention(model: Any) -> bool:
 __all__ = [
     "ATTENTION_NAME",
     "SHORT_QUERY_TOKENS",
+    "SMALL_ATTENTION_POSITIONS",
     "grouped_matmul_attention",
     "short_query_attention",
     "short_query_mask",

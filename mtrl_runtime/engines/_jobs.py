@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from ..types import Generation, GenerationRequest
 
@@ -53,6 +55,35 @@ class Job:
             pass
 
 
+class Call:
+    """A function the worker runs between decode steps; its result or error goes to ``future``."""
+
+    __slots__ = ("fn", "future")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def run(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return
+        try:
+            result = self.fn()
+        except BaseException as exc:  # handed to the caller, who re-raises it
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(result)
+
+    def settle(self, result: Any, error: BaseException | None = None) -> None:
+        """Fail (or resolve) the call without running it: the engine closed first."""
+        if self.future.done() or not self.future.set_running_or_notify_cancel():
+            return
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(result)
+
+
 def _settle(future: asyncio.Future, result: Generation | None, error: BaseException | None) -> None:
     if future.done():
         return
@@ -62,4 +93,4 @@ def _settle(future: asyncio.Future, result: Generation | None, error: BaseExcept
         future.set_result(result)
 
 
-__all__ = ["EngineClosedError", "EngineStats", "Job"]
+__all__ = ["Call", "EngineClosedError", "EngineStats", "Job"]

@@ -1,9 +1,11 @@
 """The ``hf`` engine: transformers in-process, with concurrent requests decoded in shared batches.
 
-A worker thread owns the model. ``generate`` enqueues a job and awaits its
-future; between decode steps the worker admits queued jobs into the running
-batch (continuous batching, see ``_decoding``), samples one token per row,
-and resolves the rows that finished.
+A worker thread owns the model (``_worker``). ``generate`` enqueues a job and
+awaits its future; between decode steps the worker admits queued jobs into
+the running batch (continuous batching, see ``_decoding``), samples one
+token per row, and resolves the rows that finished. Other torch work on the
+model runs on the same thread through ``on_worker`` / ``on_worker_sync``
+(``_worker`` says why that matters for speed on CPU).
 
 Semantics worth knowing:
 
@@ -46,28 +48,27 @@ before a clear never stores its KV (the cache's epoch moved on).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import queue
 import threading
-from collections import deque
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import Any, Callable, TypeVar
 
 from ..types import Generation, GenerationRequest
 from ._attention import use_short_query_attention
 from ._checks import check_request
-from ._decoding import DecodeBatch, Row, plain_kv_cache
-from ._jobs import EngineClosedError, EngineStats, Job
+from ._decoding import plain_kv_cache
+from ._jobs import Call, EngineClosedError, EngineStats, Job
 from ._loading import default_eos_ids, load_lora_adapter, load_pretrained, resolve_model
 from ._lora_fold import LoraFold
 from ._prefix_cache import PrefixCache
-from ._prefix_prefill import prefill_rows, store_finished
 from ._registry import ENGINES
-from ._sampling import RowSampling, choose_tokens
+from ._worker import WorkerLoop
+
+T = TypeVar("T")
 
 
-class HFEngine:
+class HFEngine(WorkerLoop):
     """Transformers model served in-process with batched decoding (see the module docstring)."""
 
     name = "hf"
@@ -136,7 +137,7 @@ class HFEngine:
         self.vocab_size = model.get_input_embeddings().num_embeddings
         self.context_length = int(getattr(model.config, "max_position_embeddings", None) or 1 << 30)
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Job | Call | None] = queue.SimpleQueue()
         self._state_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -195,7 +196,30 @@ class HFEngine:
         folder = Path(path)
         if not (folder / "adapter_config.json").is_file():
             raise FileNotFoundError(f"adapter path {str(path)!r}: no adapter_config.json there")
-        await asyncio.to_thread(self._swap_adapter, folder, version)
+        await self.on_worker(lambda: self._swap_adapter(folder, version))
+
+    async def on_worker(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on the worker thread between decode steps and return its result (or raise its error).
+
+        For torch work on this engine's model from elsewhere: a training step
+        on the shared weights, an adapter switch. ``_worker`` says why it must
+        not run on another long-lived thread. Raises ``EngineClosedError``
+        once the engine is closed.
+        """
+        if threading.current_thread() is self._thread:
+            return fn()
+        return await asyncio.wrap_future(self._call(fn))
+
+    def on_worker_sync(self, fn: Callable[[], T]) -> T:
+        """``on_worker`` for callers outside an event loop: blocks until ``fn`` ran on the worker."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        return self._call(fn).result()
+
+    def _call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        call = Call(fn)
+        self._submit(call)
+        return call.future
 
     async def close(self) -> None:
         with self._state_lock:
@@ -216,7 +240,7 @@ class HFEngine:
                 f"prompt_ids: {len(request.prompt_ids)} tokens leave no room in the context of {self.context_length}"
             )
 
-    def _submit(self, job: Job) -> None:
+    def _submit(self, job: Job | Call) -> None:
         """Queue ``job``, starting the worker on first use (under the lock close() takes)."""
         with self._state_lock:
             if self._closed:
@@ -234,145 +258,6 @@ class HFEngine:
                 return
             if job is not None:
                 job.settle(None, error)
-
-    # ------------------------------------------------------------------ worker side
-    def _work(self) -> None:
-        batch: DecodeBatch | None = None
-        waiting: deque[Job] = deque()
-        if self.num_threads is not None:
-            torch.set_num_threads(self.num_threads)  # called in the worker thread: the caller's count is kept
-        with torch.inference_mode():
-            while self._pull(waiting, block=batch is None and not waiting):
-                try:
-                    batch = self._admit(batch, waiting)
-                    batch = self._step(batch) if batch is not None else None
-                except Exception as exc:  # a failed pass fails its rows; the engine keeps serving
-                    for row in batch.rows if batch is not None else ():
-                        row.job.settle(None, exc)
-                    batch = None
-        closed = EngineClosedError("the hf engine is closed")
-        for job in [*(row.job for row in (batch.rows if batch else ())), *waiting]:
-            job.settle(None, closed)
-
-    def _pull(self, waiting: deque[Job], block: bool) -> bool:
-        """Move queued jobs into ``waiting``; False once close() was called."""
-        try:
-            job = self._queue.get() if block else self._queue.get_nowait()
-            while True:
-                if job is None:
-                    return False
-                waiting.append(job)
-                job = self._queue.get_nowait()
-        except queue.Empty:
-            return True
-
-    def _admit(self, batch: DecodeBatch | None, waiting: deque[Job]) -> DecodeBatch | None:
-        """Prefill waiting jobs that fit and merge them into ``batch``."""
-        room = self.max_batch_size - (len(batch.rows) if batch else 0)
-        if batch is not None and not batch.can_merge():
-            room = 0
-        jobs: list[Job] = []
-        longest = 0
-        while waiting and len(jobs) < room:
-            if waiting[0].cancelled:
-                waiting.popleft()
-                continue
-            longest_next = max(longest, self._tokens_to_prefill(waiting[0].request.prompt_ids))
-            if jobs and longest_next * (len(jobs) + 1) > self.max_prefill_tokens:
-                break  # the padded prefill would exceed its token budget: the rest joins next step
-            jobs.append(waiting.popleft())
-            longest = longest_next
-        if not jobs:
-            return batch
-        try:
-            rows = [self._row(job) for job in jobs]
-            with self.weights_lock:
-                for row in rows:
-                    row.policy_version = self.policy_version
-                    row.cache_epoch = self._prefix.epoch if self._prefix is not None else 0
-                new = prefill_rows(self._model, rows, self._prefix, self._pad_id, self.device, self.stats)
-        except Exception as exc:  # these jobs fail; the running batch goes on
-            for job in jobs:
-                job.settle(None, exc)
-            return batch
-        self.stats.prefill_passes += 1
-        if batch is None:
-            return new
-        batch.merge(new)
-        self.stats.joins += 1
-        return batch
-
-    def _tokens_to_prefill(self, prompt_ids: tuple[int, ...]) -> int:
-        """Prompt tokens past the longest stored prefix (an estimate: the cache may change before prefill)."""
-        return len(prompt_ids) - (self._prefix.match_length(prompt_ids) if self._prefix is not None else 0)
-
-    def _row(self, job: Job) -> Row:
-        request, s = job.request, job.request.sampling
-        generator = torch.Generator(device=self.device)
-        if s.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(s.seed)
-        if request.adapter is not None and request.adapter != self.policy_version:
-            self.stats.adapter_mismatches += 1
-        return Row(
-            job=job,
-            prompt_ids=tuple(request.prompt_ids),
-            sampling=RowSampling(s.temperature, s.top_p, s.top_logprobs, generator),
-            max_new=min(s.max_tokens, self.context_length - len(request.prompt_ids)),
-            stop=tuple(s.stop),
-        )
-
-    def _step(self, batch: DecodeBatch) -> DecodeBatch | None:
-        """Sample one token per row, resolve finished rows, run the next decode pass."""
-        choice = choose_tokens(batch.logits_BV, [row.sampling for row in batch.rows])
-        keep = []
-        for i, row in enumerate(batch.rows):
-            row.completion_ids.append(choice.tokens_B[i])
-            row.logprobs.append(choice.logprobs_B[i])
-            if choice.top_B[i] is not None:
-                row.top_logprobs.append(choice.top_B[i])
-            reason = self._finish_reason(row)
-            if row.job.cancelled:
-                continue
-            if reason is None:
-                keep.append(i)
-            else:
-                self._resolve(row, reason)
-                store_finished(self._prefix, batch, i)
-        batch.keep(keep)
-        if not batch.rows:
-            return None
-        with self.weights_lock:
-            batch.decode(self._model, [row.completion_ids[-1] for row in batch.rows])
-        self.stats.decode_passes += 1
-        self.stats.rows_decoded += len(batch.rows)
-        self.stats.max_rows = max(self.stats.max_rows, len(batch.rows))
-        return batch
-
-    def _finish_reason(self, row: Row) -> str | None:
-        if row.completion_ids[-1] in self.eos_token_ids:
-            return "stop"
-        if row.stop:
-            window = 4 * max(len(s) for s in row.stop) + 1  # a token holds >= 1 byte, a character <= 4
-            tail = self.tokenizer.decode(row.completion_ids[-window:], skip_special_tokens=False)
-            if any(s in tail for s in row.stop):
-                return "stop"
-        if len(row.completion_ids) >= row.max_new:
-            return "length"
-        return None
-
-    def _resolve(self, row: Row, reason: str) -> None:
-        self.stats.generations += 1
-        self.stats.tokens += len(row.completion_ids)
-        generation = Generation(
-            completion_ids=tuple(row.completion_ids),
-            logprobs=tuple(row.logprobs),
-            finish_reason=reason,
-            policy_version=row.policy_version,
-            top_logprobs_T=tuple(row.top_logprobs) if row.sampling.top_logprobs > 0 else None,
-        )
-        row.job.settle(generation)
 
     def _swap_adapter(self, folder: Path, version: int) -> None:
         """Load the adapter under the weights lock, make it active, drop the one it replaces."""

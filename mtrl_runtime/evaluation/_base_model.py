@@ -59,11 +59,19 @@ async def base_policy(engine: Any) -> AsyncIterator[None]:
                 fold.fold()
             engine.policy_version = 0 if to_base else version
 
-    await asyncio.to_thread(switch, True)
+    on_worker = getattr(engine, "on_worker", None)  # the hf engine: torch work on its model runs on its thread
+
+    async def run(to_base: bool) -> None:
+        if on_worker is not None:
+            await on_worker(lambda: switch(to_base))
+        else:
+            await asyncio.to_thread(switch, to_base)
+
+    await run(True)
     try:
         yield
     finally:
-        await asyncio.to_thread(switch, False)
+        await run(False)
 
 
 __all__ = ["adapter_layers", "base_policy"]

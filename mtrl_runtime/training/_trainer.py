@@ -182,6 +182,7 @@ class _Run:
             policy = policy_from_config(config, resolve_model(config.core.model))
             self.update = PolicyUpdate(policy, settings)
             self.weights = PushedWeights(self.engine, self.update, config.run_dir)
+        self.parts_to_close.append(self.weights.close)
         self.checkpoints = Checkpoints(config.run_dir, self.store, keep=config.advanced.keep_checkpoints)
         self.start_step, self.plan = self._restore(trainer.resume)
         self.coordinator = Coordinator(self.engine, self.store, config)

@@ -10,11 +10,16 @@ update, then make its version the one served):
   weights are not; the new version is served from the next forward pass.
   The engine serves the LoRA deltas folded into the base weights
   (``engines._lora_fold``): the update unfolds them first and folds the
-  new ones after, inside the same lock.
+  new ones after, inside the same lock. All of it runs on the engine's
+  worker thread (``engine.on_worker``), the one thread that runs torch on
+  that model: on CPU a second long-lived torch thread makes both slower
+  (``engines._worker`` has the measurements).
 - ``PushedWeights``: the engine lives elsewhere (a vLLM server, another
   process). Each new version is saved as an adapter folder
   (``<run_dir>/adapters/v<N>``) and handed over with
   ``await engine.load_adapter(folder, N)``; older folders are removed.
+  Training steps and saves run on one thread of their own, for the same
+  reason.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -29,9 +35,9 @@ from ..types import PolicyEngine, Sample
 
 
 def shares_model(engine: Any) -> bool:
-    """True when the engine exposes the model it runs and a lock to serialize with it."""
-    return getattr(engine, "model", None) is not None and hasattr(engine, "weights_lock") and hasattr(
-        engine, "set_policy_version"
+    """True when the engine exposes the model it runs, a lock to serialize with it and its worker thread."""
+    return getattr(engine, "model", None) is not None and all(
+        hasattr(engine, name) for name in ("weights_lock", "set_policy_version", "on_worker", "on_worker_sync")
     )
 
 
@@ -41,7 +47,7 @@ class SharedWeights:
     def __init__(self, engine: Any, update: Any) -> None:
         self.engine = engine
         self.update = update
-        self._fold_again()
+        engine.on_worker_sync(self._fold_again)
 
     def _unfolded(self) -> Any:
         """The engine's model unfolded (as peft computes it) inside, folded again after; a no-op context
@@ -63,15 +69,18 @@ class SharedWeights:
         return metrics
 
     async def apply(self, samples: Sequence[Sample]) -> dict[str, float]:
-        return await asyncio.to_thread(self._step, samples)
+        return await self.engine.on_worker(lambda: self._step(samples))
 
     async def publish(self) -> None:
-        """Make the engine's version the trainer's (after a resume restored the weights in place).
+        """Make the engine's version the trainer's (after a resume restored the weights in place)."""
+        def fold_and_set() -> None:
+            self._fold_again()
+            self.engine.set_policy_version(self.update.version)
 
-        Off the event loop: setting the version takes the engine's weights lock (it clears the prefix cache).
-        """
-        await asyncio.to_thread(self._fold_again)
-        await asyncio.to_thread(self.engine.set_policy_version, self.update.version)
+        await self.engine.on_worker(fold_and_set)
+
+    def close(self) -> None:
+        """Nothing to release: the engine owns the thread."""
 
 
 class PushedWeights:
@@ -83,10 +92,14 @@ class PushedWeights:
         self.folder = Path(run_dir) / "adapters"
         self.keep = keep
         self._published: list[Path] = []
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mtrl-update")  # see the module docstring
+
+    async def _on_thread(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
     async def apply(self, samples: Sequence[Sample]) -> dict[str, float]:
         before = self.update.version
-        metrics = await asyncio.to_thread(self.update.step, samples)
+        metrics = await self._on_thread(self.update.step, samples)
         if self.update.version != before:
             await self.publish()
         return metrics
@@ -94,12 +107,16 @@ class PushedWeights:
     async def publish(self) -> None:
         version = int(self.update.version)
         target = self.folder / f"v{version}"
-        await asyncio.to_thread(self.update.policy.save_weights, target)
+        await self._on_thread(self.update.policy.save_weights, target)
         await self.engine.load_adapter(str(target), version)
         self._published.append(target)
         for old in self._published[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         self._published = self._published[-self.keep :]
+
+    def close(self) -> None:
+        """End the update thread (after the step it is running, if any)."""
+        self._thread.shutdown(wait=True)
 
 
 __all__ = ["PushedWeights", "SharedWeights", "shares_model"]
