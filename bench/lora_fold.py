@@ -61,10 +61,14 @@ def workloads(renderer: ChatRenderer, args: argparse.Namespace) -> dict[str, lis
 
 
 def set_folded(engine: HFEngine, folded: bool) -> None:
-    with engine.weights_lock:
-        engine.lora_fold.fold() if folded else engine.lora_fold.unfold()
-        engine.invalidate_prefix_cache()
+    """Fold or unfold on the engine's worker (torch work elsewhere would slow its decoding: engines/_worker.py)."""
+    def switch() -> None:
+        with engine.weights_lock:
+            engine.lora_fold.fold() if folded else engine.lora_fold.unfold()
+            engine.invalidate_prefix_cache()
         assert engine.lora_fold.folded == folded
+
+    engine.on_worker_sync(switch)
 
 
 async def timed(engine: HFEngine, requests: list[GenerationRequest]) -> tuple[float, list[Any]]:
@@ -78,12 +82,17 @@ def rescore_diff(engine: HFEngine, requests: list[GenerationRequest], generation
     """Mean |engine logprob - logprob from one unfolded forward pass| over every sampled token."""
     diffs = []
     set_folded(engine, False)
-    with engine.weights_lock, torch.inference_mode():
-        for request, generation in zip(requests, generations):
-            ids = list(request.prompt_ids) + list(generation.completion_ids)
-            logits = engine.model(input_ids=torch.tensor([ids])).logits[0, len(request.prompt_ids) - 1 : -1]
-            picked = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(generation.completion_ids)[:, None])
-            diffs.append((picked[:, 0] - torch.tensor(generation.logprobs)).abs())
+
+    def rescore() -> None:
+        with engine.weights_lock, torch.inference_mode():
+            for request, generation in zip(requests, generations):
+                ids = list(request.prompt_ids) + list(generation.completion_ids)
+                logits = engine.model(input_ids=torch.tensor([ids])).logits[0, len(request.prompt_ids) - 1 : -1]
+                picked = torch.log_softmax(logits.float(), -1).gather(
+                    1, torch.tensor(generation.completion_ids)[:, None])
+                diffs.append((picked[:, 0] - torch.tensor(generation.logprobs)).abs())
+
+    engine.on_worker_sync(rescore)
     set_folded(engine, True)
     return round(float(torch.cat(diffs).mean()), 4)
 

