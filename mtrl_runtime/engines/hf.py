@@ -30,8 +30,9 @@ model must stay in eval mode (or have no dropout) while the engine serves.
 LoRA folding (``lora_fold``, see ``_lora_fold``): while the engine serves,
 each LoRA layer's delta is folded into its base weight, so a decode step
 costs what the base model's does. A trainer sharing the model unfolds it
-(``lora_fold.unfold()``, under ``weights_lock``) before it trains and folds
-it again after; ``load_adapter`` does the same around a load.
+(``lora_fold.unfold()``, under ``weights_lock``, on the worker through
+``on_worker``) before it trains and folds it again after; ``load_adapter``
+does the same around a load.
 
 Prefix caching (``prefix_cache_tokens``, default 32768; 0 disables): the KV
 of prompts, of stretches concurrent prompts share, and of finished rows'
