@@ -7,8 +7,9 @@ switching to the base model for an evaluation. Besides the weights lock this
 is about CPU speed. torch's CPU kernels run in an OpenMP team per calling
 thread (GNU OpenMP here), and a thread's team lives as long as the thread.
 Once two long-lived threads each have had a team, the process holds more
-OpenMP threads than there are cores, and libgomp stops spinning between
-parallel regions: every small op then waits for its workers to wake up.
+OpenMP threads than there are cores, and libgomp then spins only briefly
+between parallel regions (its documented rule, see ``GOMP_SPINCOUNT``; no
+setting lifts it): every small op waits for its workers to wake up.
 Measured on 2 cores (SmolLM2-135M, 8 rows x 64 tokens, LoRA folded): a
 decode step took 58-67 ms after an adapter was loaded from another thread,
 and 30 ms with the load on the worker. The same throttling slows a training
