@@ -452,6 +452,21 @@ async def test_create_engine_builds_hf_from_a_folder_and_scripted_without_a_mode
         create_engine("hf")
 
 
+async def test_auto_dtype_is_bf16_where_the_cpu_computes_it_natively(tiny_model_dir: Path, monkeypatch):
+    from mtrl_runtime.engines import _loading
+
+    assert _loading.auto_dtype("cuda:0") == "bf16"
+    monkeypatch.setattr(_loading, "cpu_has_native_bf16", lambda: False)
+    assert _loading.auto_dtype("cpu") == "fp32"
+    monkeypatch.setattr(_loading, "cpu_has_native_bf16", lambda: True)
+    assert _loading.auto_dtype("cpu") == "bf16"
+    engine = HFEngine(tiny_model_dir)  # dtype "auto"
+    try:
+        assert engine.model.dtype == torch.bfloat16
+    finally:
+        await engine.close()
+
+
 def test_resolve_model_returns_a_local_folder_as_is(tiny_model_dir: Path, tmp_path: Path):
     assert resolve_model(str(tiny_model_dir)) == tiny_model_dir
     with pytest.raises(ModelNotFoundError, match="config.json"):

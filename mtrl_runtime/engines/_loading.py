@@ -133,6 +133,26 @@ def atomic_folder(target: Path) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX); elsewhere bf16 is emulated and slower."""
+    import torch
+
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private torch.cpu helpers
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+def auto_dtype(device: str) -> str:
+    """``dtype: auto``: bf16 on CUDA and on a CPU with native bf16, fp32 on other CPUs.
+
+    Measured on an AVX512-BF16 CPU (SmolLM2-135M, 8 rows x 32 tokens, 1
+    thread, ``bench/vllm_vs_hf.py``'s hf side): 122 tokens/s with bf16
+    weights against 83 with fp32.
+    """
+    if not str(device).startswith("cpu"):
+        return "bf16"
+    return "bf16" if cpu_has_native_bf16() else "fp32"
+
+
 def load_pretrained(folder: Path, dtype: str, device: str) -> tuple[Any, Any]:
     """Load the causal LM and tokenizer of a local folder, in eval mode on ``device``."""
     import torch

@@ -60,7 +60,7 @@ from ._attention import use_short_query_attention
 from ._checks import check_request
 from ._decoding import plain_kv_cache
 from ._jobs import Call, EngineClosedError, EngineStats, Job
-from ._loading import default_eos_ids, load_lora_adapter, load_pretrained, resolve_model
+from ._loading import auto_dtype, default_eos_ids, load_lora_adapter, load_pretrained, resolve_model
 from ._lora_fold import LoraFold
 from ._prefix_cache import PrefixCache
 from ._registry import ENGINES
@@ -87,7 +87,7 @@ class HFEngine(WorkerLoop):
         prefix_cache_tokens: int = 32768,
     ) -> None:
         if dtype == "auto":
-            dtype = "fp32" if str(device) == "cpu" else "bf16"
+            dtype = auto_dtype(device)
         model, tokenizer = load_pretrained(Path(model_path), dtype, device)
         self._setup(model, tokenizer, max_batch_size, max_prefill_tokens, eos_token_ids, num_threads,
                     prefix_cache_tokens)

@@ -26,6 +26,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from ..algorithms.losses import LOSSES, LossParams
+from ..engines._loading import cpu_has_native_bf16
 from ..types import Sample
 from . import _memory
 from ._packing import batch_cost, can_share_prefix, pack_micro_batches, shared_prefix_logits
@@ -85,14 +86,11 @@ def resolve_autocast(precision: str, device: torch.device) -> torch.dtype | None
         return torch.bfloat16
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    if device.type == "cpu" and _cpu_has_native_bf16():
+    if device.type == "cpu" and cpu_has_native_bf16():
         return torch.bfloat16
     return None
 
 
-def _cpu_has_native_bf16() -> bool:
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private torch.cpu helpers
-    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
 
 
 class PolicyUpdate:
