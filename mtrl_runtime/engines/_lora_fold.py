@@ -2,8 +2,10 @@
 
 A peft LoRA layer computes ``base(x) + scale * B(A(x))``: two more small
 matmuls, casts and Python per linear layer. For a 135M model decoding 8 rows
-on CPU that doubles the time of a decode step (measured: 8 rows x 64 tokens,
-10.1 s with the adapter against 5.5 s without). Folding writes
+on CPU that makes a decode step 1.38x slower (``bench/lora_fold.py``,
+SmolLM2 bf16, 2 threads: 8 rows x 64 tokens in 3.39 s through peft's layers
+against 2.45 s folded; 1.89x before torch work moved to the engine's
+worker thread, see ``_worker``). Folding writes
 ``W0 + scale * B @ A`` into each base weight and marks the layer merged, so
 its forward is the base layer alone.
 

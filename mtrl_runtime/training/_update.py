@@ -91,8 +91,6 @@ def resolve_autocast(precision: str, device: torch.device) -> torch.dtype | None
     return None
 
 
-
-
 class PolicyUpdate:
     """Owns the optimizer of a Policy and runs training steps on Samples."""
 
