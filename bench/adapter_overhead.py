@@ -46,7 +46,7 @@ from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.coordinator import Coordinator
 from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
 from mtrl_runtime.server import create_app, start_server
-from mtrl_runtime.store import TrajectoryStore
+from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.testing import tiny_tokenizer
 from mtrl_runtime.types import RolloutSpec, RolloutStatus, SamplingParams, Task
 
@@ -75,7 +75,7 @@ class Bench:
     """A served coordinator and helpers to open rollouts on it."""
 
     def __init__(self, folder: str) -> None:
-        self.store = TrajectoryStore(Path(folder) / "bench.db")
+        self.store = SQLiteStore(Path(folder) / "bench.db")
         self.coordinator = Coordinator(ScriptedEngine(tiny_tokenizer(), policy), self.store, MtrlConfig())
         self.server = start_server(create_app(self.coordinator), "127.0.0.1", 0)
         self.count = 0
@@ -86,7 +86,7 @@ class Bench:
             task = Task(id=f"t{self.count}", prompt=f"What is key K{self.count}?")
             self.count += 1
             made = self.coordinator.create_rollout(task)
-            out.append(RolloutSpec(made.id, made.group_id, task, made.token, self.server.url, "policy",
+            out.append(RolloutSpec(made.rollout_id, made.group_id, task, made.token, self.server.url, "policy",
                                    SamplingParams(max_tokens=64), 8, 120.0))
         return out
 
@@ -317,7 +317,7 @@ async def concurrent_langgraph(bench: Bench, n: int) -> dict[str, Any]:
             "verified": not wrong, "shared": "one compiled graph, one ChatOpenAI object"}
 
 
-def _attributed(store: TrajectoryStore, spec: RolloutSpec) -> bool:
+def _attributed(store: SQLiteStore, spec: RolloutSpec) -> bool:
     """Every turn carries the rollout's own prompt; its one tool call is its own key with its own value."""
     key = _KEY.search(spec.task.prompt).group(1)
     rollout_ = store.get_rollout(spec.rollout_id)

@@ -38,9 +38,9 @@ from mtrl_runtime.coordinator import Coordinator  # noqa: E402
 from mtrl_runtime.engines import ScriptedEngine  # noqa: E402
 from mtrl_runtime.executors import InProcessExecutor  # noqa: E402
 from mtrl_runtime.server import create_app, start_server  # noqa: E402
-from mtrl_runtime.store import TrajectoryStore  # noqa: E402
+from mtrl_runtime.store import SQLiteStore  # noqa: E402
 from mtrl_runtime.testing import tiny_tokenizer  # noqa: E402
-from mtrl_runtime.training import Dispatcher  # noqa: E402
+from mtrl_runtime.rollouts import Dispatcher  # noqa: E402
 from mtrl_runtime.types import RolloutStatus  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "faults.json"
@@ -52,7 +52,7 @@ def reason(error: str | None) -> str:
     return line.split(" - {")[0][:90]
 
 
-def lost(store: TrajectoryStore, coordinator: Coordinator) -> list[str]:
+def lost(store: SQLiteStore, coordinator: Coordinator) -> list[str]:
     """Why each lost rollout counts as lost (see the module docstring)."""
     problems = []
     stored = store.rollouts()
@@ -120,7 +120,7 @@ def main() -> int:
                      "group_policy": {"on_failure": args.policy, "min_survivors": 1, "max_retries": 1}},
     })
     with tempfile.TemporaryDirectory() as tmp:
-        store = TrajectoryStore(Path(tmp) / "trajectories.db")
+        store = SQLiteStore(Path(tmp) / "trajectories.db")
         coordinator = Coordinator(ScriptedEngine(tiny_tokenizer(), FaultPolicy()), store, config)
         handle = start_server(create_app(coordinator), "127.0.0.1", 0)
         try:

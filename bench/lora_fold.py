@@ -2,7 +2,7 @@
 
 One engine (SmolLM2-135M, bf16, fixed seeds, eos off) loads a real peft
 adapter (r16 on the seven projections, non-zero B); rounds alternate between
-the adapter folded (the engine's default, ``engines._lora_fold``) and
+the adapter folded (the engine's default, ``engines.hf._lora_fold``) and
 unfolded (each LoRA layer runs ``base(x) + scale * B(A(x))``), each round
 decoding the same requests. Two workloads: the TRL benchmark's (8 short
 prompts x 64 tokens) and the demo's (8 aircraft prompts x 32 tokens, the
@@ -61,7 +61,7 @@ def workloads(renderer: ChatRenderer, args: argparse.Namespace) -> dict[str, lis
 
 
 def set_folded(engine: HFEngine, folded: bool) -> None:
-    """Fold or unfold on the engine's worker (torch work elsewhere would slow its decoding: engines/_worker.py)."""
+    """Fold or unfold on the engine's worker (torch work elsewhere would slow its decoding: engines/hf/_worker.py)."""
     def switch() -> None:
         with engine.weights_lock:
             engine.lora_fold.fold() if folded else engine.lora_fold.unfold()

@@ -43,7 +43,7 @@ from mtrl_runtime.coordinator import Coordinator
 from mtrl_runtime.engines import ScriptedEngine
 from mtrl_runtime.executors import InProcessExecutor, RayExecutor
 from mtrl_runtime.server import create_app, start_server
-from mtrl_runtime.store import TrajectoryStore
+from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.testing import tiny_tokenizer
 from mtrl_runtime.types import RolloutSpec, RolloutStatus, SamplingParams, Task
 
@@ -66,7 +66,7 @@ class Served:
     """The coordinator on loopback over the scripted engine, and rollouts opened on it."""
 
     def __init__(self, folder: Path) -> None:
-        self.store = TrajectoryStore(folder / "bench.db")
+        self.store = SQLiteStore(folder / "bench.db")
         self.coordinator = Coordinator(ScriptedEngine(tiny_tokenizer(), lambda r, p: "Fine. DONE"), self.store,
                                        MtrlConfig())
         self.server = start_server(create_app(self.coordinator), "127.0.0.1", 0)
@@ -76,7 +76,7 @@ class Served:
         self.count += 1
         task = Task(id=f"t{self.count}", prompt=f"Task number {self.count}.")
         handle = self.coordinator.create_rollout(task)
-        return RolloutSpec(handle.id, handle.group_id, task, handle.token, self.server.url, "policy",
+        return RolloutSpec(handle.rollout_id, handle.group_id, task, handle.token, self.server.url, "policy",
                            SamplingParams(max_tokens=32), max_turns=TURNS["n"], timeout_s=300)
 
     def close(self) -> None:

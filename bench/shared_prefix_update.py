@@ -30,7 +30,7 @@ from _machine import load_note, machine_info
 from mtrl_examples.aircraft_inspection import TOOL_SPECS, build_messages, load_instances
 from mtrl_runtime.chat import ChatRenderer
 from mtrl_runtime.engines import resolve_model
-from mtrl_runtime.engines._loading import load_pretrained
+from mtrl_runtime.engines.hf._pretrained import load_pretrained
 from mtrl_runtime.training import PolicyUpdate, UpdateSettings, build_policy
 from mtrl_runtime.types import Sample
 

@@ -2,7 +2,7 @@
 
 Both runs use SmolLM2-135M (bf16, one engine thread, fixed seeds, 32 new
 tokens per prompt, eos off); one engine keeps transformers' SDPA, the other
-selects ``mtrl_runtime.engines._attention`` as the engine does on CPU. The
+selects ``mtrl_runtime.engines.hf._attention`` as the engine does on CPU. The
 shared prompt prefix is prefilled once by the prefix cache in both runs, so
 the difference is decoding. In bf16 the two attention paths round
 differently, so the sampled tokens may differ; in fp32 they agree within 1e-4
@@ -28,7 +28,8 @@ import torch
 from _machine import load_note, machine_info
 from mtrl_examples.aircraft_inspection import TOOL_SPECS, build_messages, load_instances
 from mtrl_runtime.chat import ChatRenderer
-from mtrl_runtime.engines import HFEngine, hf, resolve_model
+from mtrl_runtime.engines import HFEngine, resolve_model
+from mtrl_runtime.engines.hf import _engine as hf  # the module whose use_short_query_attention HFEngine calls
 from mtrl_runtime.types import GenerationRequest, SamplingParams
 
 

@@ -1,7 +1,7 @@
 """hf engine decoding after torch work ran on the engine's worker thread vs on a thread pool thread.
 
 torch's CPU kernels run in an OpenMP team per calling thread, and a team
-lives as long as its thread (see ``engines/_worker.py``). The same work is
+lives as long as its thread (see ``engines/hf/_worker.py``). The same work is
 done in two fresh processes, one after the other (the effect lasts for the
 life of a process, so the two sides cannot share one):
 

@@ -43,10 +43,10 @@ from mtrl_adapters import aupdate_reward
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.coordinator import Coordinator
 from mtrl_runtime.engines import HFEngine, VLLMEngine, resolve_model
-from mtrl_runtime.engines._vllm_server import find_vllm_python
+from mtrl_runtime.engines.vllm._server import find_vllm_python
 from mtrl_runtime.executors import InProcessExecutor
 from mtrl_runtime.server import create_app, start_server
-from mtrl_runtime.store import TrajectoryStore
+from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.types import GenerationRequest, RolloutSpec, SamplingParams, Task
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,7 +83,7 @@ async def engine_round(engine: Any, n: int, max_tokens: int) -> dict[str, Any]:
 
 async def rollout_round(engine: Any, n: int, max_tokens: int, folder: Path) -> dict[str, Any]:
     """``n`` concurrent rollouts through the coordinator; tokens counted from the store."""
-    store = TrajectoryStore(folder / f"{engine.name}.db")
+    store = SQLiteStore(folder / f"{engine.name}.db")
     coordinator = Coordinator(engine, store, MtrlConfig())
     server = start_server(create_app(coordinator), "127.0.0.1", 0)
     executor = InProcessExecutor(agent)
@@ -92,7 +92,7 @@ async def rollout_round(engine: Any, n: int, max_tokens: int, folder: Path) -> d
         for i in range(n):
             task = Task(id=f"t{i}", prompt=QUESTIONS[i % len(QUESTIONS)])
             handle = coordinator.create_rollout(task)
-            specs.append(RolloutSpec(handle.id, handle.group_id, task, handle.token, server.url, "policy",
+            specs.append(RolloutSpec(handle.rollout_id, handle.group_id, task, handle.token, server.url, "policy",
                                      SamplingParams(max_tokens=max_tokens), max_turns=TURNS["n"], timeout_s=1800))
         started = time.perf_counter()
         outcomes = await asyncio.gather(*(executor.run(spec) for spec in specs))

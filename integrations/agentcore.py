@@ -28,8 +28,7 @@ import functools
 import inspect
 from typing import Any, Callable, Mapping
 
-from mtrl_adapters import context_from_request, rollout, rollout_result, rollout_scope
-from mtrl_adapters._client import describe
+from mtrl_adapters import context_from_request, describe_error, rollout, rollout_result, rollout_scope
 
 
 def is_rollout_payload(payload: Any) -> bool:
@@ -55,7 +54,7 @@ def trainable(fn: Callable[..., Any]) -> Callable[..., Any]:
                 try:
                     result = await agent(payload, *args, **kwargs)
                 except Exception as exc:  # recorded as the rollout's failure; the runtime keeps serving
-                    error = describe(exc)
+                    error = describe_error(exc)
             return rollout_result(ctx, result, error)
 
         return async_entry
@@ -70,7 +69,7 @@ def trainable(fn: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 result = agent(payload, *args, **kwargs)
             except Exception as exc:
-                error = describe(exc)
+                error = describe_error(exc)
         return rollout_result(ctx, result, error)
 
     return entry

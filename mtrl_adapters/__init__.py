@@ -13,7 +13,7 @@ submodules that import their framework: ``mtrl_adapters.strands``,
         update_reward(score(reply, task.ground_truth))
 """
 
-from ._client import RolloutError
+from ._client import RolloutError, describe_error
 from ._context import AgentTask, RolloutContext, current_rollout, rollout_scope
 from ._decorator import RolloutTimeout, instrument, is_decorated, rollout
 from ._openai import instrument_openai
@@ -38,6 +38,7 @@ __all__ = [
     "aupdate_reward",
     "context_from_request",
     "current_rollout",
+    "describe_error",
     "handle_rollout_request",
     "instrument",
     "instrument_openai",

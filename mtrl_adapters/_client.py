@@ -192,7 +192,7 @@ def _log_refusal(exc: RolloutError | None) -> None:
         log.warning("the coordinator refused this rollout's tool calls: %s", exc.message)
 
 
-def describe(exc: BaseException, limit: int = 8000) -> str:
+def describe_error(exc: BaseException, limit: int = 8000) -> str:
     """An exception as the text a failed rollout records: type, message, then the traceback's tail."""
     import traceback
 
@@ -201,4 +201,4 @@ def describe(exc: BaseException, limit: int = 8000) -> str:
     return (head + "\n\n" + trace[-(limit - len(head) - 2):])[:limit] if len(head) < limit else head[:limit]
 
 
-__all__ = ["CoordinatorClient", "RolloutError", "describe", "ssl_context"]
+__all__ = ["CoordinatorClient", "RolloutError", "describe_error", "ssl_context"]

@@ -22,7 +22,7 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-from ._client import RolloutError, describe
+from ._client import RolloutError, describe_error
 from ._context import RolloutContext, activate, current_rollout, deactivate
 from ._openai import instrument_openai
 
@@ -77,7 +77,7 @@ class _Opened:
         if isinstance(exc, RolloutTimeout) or (exc is None and late):
             return "timed_out", f"the agent ran {elapsed:.1f}s, past timeout_s={self.timeout_s}"
         if exc is not None:
-            return "failed", describe(exc)
+            return "failed", describe_error(exc)
         return "completed", None
 
     def close(self, exc: BaseException | None) -> None:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping
 import httpx
 from pydantic import ValidationError
 
-from ._client import describe, ssl_context
+from ._client import describe_error, ssl_context
 from ._context import AgentTask, RolloutContext, jsonable, rollout_scope, sampling_fields
 from ._decorator import is_decorated, rollout
 from .wire import RolloutServerRequest
@@ -77,7 +77,7 @@ def handle_rollout_request(fn: Callable[..., Any], body: Mapping[str, Any], *, h
             if inspect.isawaitable(result):
                 result = asyncio.run(_awaited(result))
         except Exception as exc:
-            error = describe(exc)
+            error = describe_error(exc)
     return rollout_result(ctx, result, error)
 
 
@@ -93,7 +93,7 @@ async def ahandle_rollout_request(fn: Callable[..., Any], body: Mapping[str, Any
             else:
                 result = await asyncio.to_thread(agent, ctx.task)
         except Exception as exc:
-            error = describe(exc)
+            error = describe_error(exc)
     return rollout_result(ctx, result, error)
 
 
@@ -207,7 +207,7 @@ def _handler_class(fn: Callable[..., Any], api_key: str | None, http: httpx.Clie
                 self._reply(400, _error(str(exc)))
                 return
             except Exception as exc:  # the agent's own errors are in the response; this is ours
-                self._reply(500, _error(describe(exc)))
+                self._reply(500, _error(describe_error(exc)))
                 return
             self._reply(200, response)
 

@@ -125,9 +125,9 @@ class CreatedRollout(BaseModel):
 
 
 class RolloutState(BaseModel):
-    """What the coordinator says about a rollout (``GET /rollouts/{id}``)."""
+    """What the coordinator says about a rollout (``GET /rollouts/{rollout_id}``)."""
 
-    id: str
+    rollout_id: str
     task_id: str
     group_id: str
     status: str

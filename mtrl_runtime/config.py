@@ -10,11 +10,14 @@ the value.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .algorithms import ADVANTAGES, LOSSES
+from .engines import ENGINES
+from .registry import Registry
 from .types import SamplingParams
 
 
@@ -68,12 +71,34 @@ class CoreConfig(_Section):
     val_every: int = Field(default=10, ge=0)
     seed: int = 0
 
+    @field_validator("advantage_method")
+    @classmethod
+    def _known_advantage(cls, value: str) -> str:
+        return _known(ADVANTAGES, value)
+
+    @field_validator("loss_fn")
+    @classmethod
+    def _known_loss(cls, value: str) -> str:
+        return _known(LOSSES, value)
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, value: str) -> str:
+        return _known(ENGINES, value)
+
     @model_validator(mode="after")
     def _check_k(self) -> "CoreConfig":
         for k in self.pass_k_values:
             if k < 1:
                 raise ValueError(f"pass_k_values: every k must be >= 1, got {k}")
         return self
+
+
+def _known(registry: Registry[Any], value: str) -> str:
+    """``value`` if the registry knows it; else an error naming the value and the known names (at load)."""
+    if value not in registry:
+        raise ValueError(f"unknown {registry.kind} {value!r}; known: {', '.join(registry.names())}")
+    return value
 
 
 class AsyncConfig(_Section):
@@ -141,6 +166,19 @@ class MtrlConfig(_Section):
 
     core: CoreConfig = Field(default_factory=CoreConfig)
     advanced: AdvancedConfig = Field(default_factory=AdvancedConfig)
+
+    @classmethod
+    def coerce(cls, config: "MtrlConfig | Mapping[str, Any] | str | Path | None") -> "MtrlConfig":
+        """A validated config from what a user may pass: a config (copied), a mapping, a YAML path, or None."""
+        if config is None:
+            return cls()
+        if isinstance(config, MtrlConfig):
+            return config.model_copy(deep=True)
+        if isinstance(config, (str, Path)):
+            return cls.from_yaml(config)
+        if isinstance(config, Mapping):
+            return cls.from_dict(dict(config))
+        raise ConfigError(f"config: expected an MtrlConfig, a mapping or a YAML path, got {type(config).__name__}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MtrlConfig":

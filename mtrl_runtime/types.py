@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping, Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence, TypeVar, Union, runtime_checkable
 
 JSON = Any  # a value that round-trips through json.dumps / json.loads
+R = TypeVar("R")  # what a function handed to an engine returns
 
 
 class RolloutStatus(str, enum.Enum):
@@ -238,12 +240,72 @@ class RolloutSpec:
 
 
 @dataclass(frozen=True)
+class RolloutHandle:
+    """What the creator of a rollout hands to whoever runs the agent: its id, its secret token, its group."""
+
+    rollout_id: str
+    token: str
+    group_id: str
+    task: Task
+
+
+@dataclass(frozen=True)
 class RolloutOutcome:
     """What an executor saw when the agent returned (or did not)."""
 
     rollout_id: str
     status: RolloutStatus
     error: str | None = None
+
+
+# ---------------------------------------------------------------- a rollout's end, as typed events
+# Whoever learns something about a rollout's end tells the coordinator with one
+# of these (``RolloutCoordinator.end``); only the coordinator's state machine
+# turns them into the final status and the default reward.
+
+
+@dataclass(frozen=True)
+class RewardReported:
+    """The agent's reward was recorded."""
+
+
+@dataclass(frozen=True)
+class TurnLimitHit:
+    """The agent asked for one turn more than ``max_turns`` allows (the call was refused)."""
+
+
+@dataclass(frozen=True)
+class AgentEnded:
+    """The agent's side reports how the agent ended; ``awaits_reward``: end only once the reward is in."""
+
+    status: RolloutStatus
+    error: str | None = None
+    awaits_reward: bool = False
+
+
+@dataclass(frozen=True)
+class ExecutorEnded:
+    """The executor returned for this rollout; a status that is not final counts as a failure."""
+
+    status: RolloutStatus
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class DeadlinePassed:
+    """The rollout ran past its deadline of ``limit_s`` seconds."""
+
+    limit_s: float
+
+
+@dataclass(frozen=True)
+class RunStopped:
+    """The run stopped (was cancelled) while the rollout was running."""
+
+    reason: str = "cancelled: the trainer stopped before the rollout ended"
+
+
+RolloutEvent = Union[RewardReported, TurnLimitHit, AgentEnded, ExecutorEnded, DeadlinePassed, RunStopped]
 
 
 @runtime_checkable
@@ -267,6 +329,33 @@ class PolicyEngine(Protocol):
 
 
 @runtime_checkable
+class SharedModelEngine(PolicyEngine, Protocol):
+    """An engine an in-process trainer can train through: it serves the very model object the trainer updates.
+
+    The trainer changes ``model``'s weights while holding ``weights_lock``
+    (every forward pass of the engine holds it), then calls
+    ``set_policy_version``; all of it runs on the engine's worker thread
+    through ``on_worker`` / ``on_worker_sync``. ``lora_fold`` is the engine's
+    LoRA folding (its ``unfolded()`` context gives the weights as peft
+    computes them), or None for an engine that does not fold. Implementation:
+    ``hf``.
+    """
+
+    model: Any
+    weights_lock: Any  # a threading.RLock
+    lora_fold: Any
+
+    def set_policy_version(self, version: int) -> None:
+        """Record that the shared weights now are policy ``version``."""
+
+    async def on_worker(self, fn: Callable[[], R]) -> R:
+        """Run ``fn()`` on the engine's worker thread between forward passes; its result or its error."""
+
+    def on_worker_sync(self, fn: Callable[[], R]) -> R:
+        """``on_worker`` for a caller outside an event loop: blocks until ``fn`` ran."""
+
+
+@runtime_checkable
 class RolloutExecutor(Protocol):
     """Runs the user's agent for one rollout: in-process, over HTTP, or on Ray."""
 
@@ -275,25 +364,164 @@ class RolloutExecutor(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class RolloutCoordinator(Protocol):
+    """What the rollout dispatcher, the evaluation and the server may call on the coordinator, and nothing else.
+
+    ``chat`` answers and records one model call; ``create_rollout`` opens a
+    rollout (thread-safe); ``end`` feeds an end event; ``recorded`` reads a
+    rollout back as the store holds it.
+    """
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def policy_version(self) -> int: ...
+
+    def create_rollout(
+        self, task: Task, group_id: str | None = None, *, step: int | None = None, max_turns: int | None = None
+    ) -> RolloutHandle: ...
+
+    async def chat(
+        self,
+        rollout_id: str | None,
+        token: str | None,
+        messages: list[Mapping[str, JSON]],
+        tools: list[Mapping[str, JSON]] | None,
+        sampling: SamplingParams,
+    ) -> Any: ...
+
+    async def end(self, rollout_id: str, event: RolloutEvent) -> bool: ...
+
+    def recorded(self, rollout_id: str, with_turns: bool = True) -> Rollout | None: ...
+
+    def live_rollout_ids(self) -> list[str]: ...
+
+
+@runtime_checkable
+class TrajectoryStore(Protocol):
+    """Everything a run records: tasks, rollouts, turns, tool calls, training history, checkpoint meta.
+
+    The methods the runtime calls. A write returns (or its ``a``-prefixed
+    async twin resolves) once it is durable; a write the store refuses (a bad
+    value, an unknown id, a turn for a finished rollout, a trained rollout
+    changed) raises ValueError naming the field and changes nothing.
+    Implementations: ``SQLiteStore`` (``mtrl_runtime.store``), the in-memory
+    test double ``MemoryStore``; ``mtrl_runtime.store.open_store`` builds one by name.
+    """
+
+    def put_task(self, task: Task) -> None:
+        """Record a task; a task already recorded under the same id is replaced."""
+
+    def create_rollout(self, rollout: Rollout, token_hash: str) -> None:
+        """A new rollout of a recorded task; ``token_hash`` is the sha256 hex of its bearer token."""
+
+    async def aadd_turn(self, turn: Turn) -> None:
+        """A turn of a running rollout; its index must be new to the rollout."""
+
+    async def aadd_tool_call(self, call: ToolCall) -> int:
+        """A tool call of a rollout not yet trained; returns its sequence number in the rollout."""
+
+    async def aset_reward(
+        self,
+        rollout_id: str,
+        reward: float | None = None,
+        turn_rewards: Sequence[float] | None = None,
+        metrics: Mapping[str, float] | None = None,
+        defaulted: bool = False,
+    ) -> bool:
+        """Exactly one of ``reward`` / ``turn_rewards``; a ``defaulted`` one only if none was reported."""
+
+    def finish_rollout(self, rollout_id: str, status: RolloutStatus | str, error: str | None = None) -> bool:
+        """Give a running rollout its final status; False (nothing changed) if it had one."""
+
+    async def afinish_rollout(self, rollout_id: str, status: RolloutStatus | str, error: str | None = None) -> bool:
+        """``finish_rollout`` from an event loop."""
+
+    def mark_trained(self, rollout_ids: Sequence[str], step: int) -> None:
+        """Record that update ``step`` consumed these final rollouts: all or nothing, never twice."""
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Append training metrics of ``step`` to the history."""
+
+    def set_meta(self, key: str, value: JSON) -> None:
+        """Store a JSON value under ``key`` (checkpoint data: step counter, run ids...)."""
+
+    def flush(self) -> None:
+        """Block until every write made so far is durable."""
+
+    def get_task(self, task_id: str) -> Task | None:
+        """The recorded task, or None."""
+
+    def get_rollout(self, rollout_id: str, with_turns: bool = True) -> Rollout | None:
+        """The rollout (with its turns and tool calls unless ``with_turns`` is False), or None."""
+
+    def rollouts(
+        self,
+        step: int | None = None,
+        status: RolloutStatus | str | None = None,
+        group_id: str | None = None,
+        untrained_only: bool = False,
+        with_turns: bool = True,
+    ) -> list[Rollout]:
+        """Rollouts matching every filter given, in creation order."""
+
+    def count_turns(self, rollout_id: str) -> int:
+        """How many turns the rollout has recorded."""
+
+    def count_tool_calls(self, rollout_id: str) -> int:
+        """How many tool calls the rollout has recorded."""
+
+    def token_hash(self, rollout_id: str) -> str | None:
+        """The sha256 of the rollout's bearer token, or None for an unknown rollout."""
+
+    def trained_step(self, rollout_id: str) -> int | None:
+        """The update step that consumed the rollout, None if not trained yet; an unknown id raises ValueError."""
+
+    def metric_history(self, name: str | None = None) -> list[tuple[int, str, float]]:
+        """``(step, name, value)`` in step order, of one metric or of all."""
+
+    def get_meta(self, key: str, default: JSON = None) -> JSON:
+        """The JSON value stored under ``key``, or ``default``."""
+
+    def export_jsonl(self, path: str | Path, step: int | None = None) -> int:
+        """One JSON line per rollout (of ``step``, if given); returns how many were written."""
+
+    def close(self) -> None:
+        """Make every write durable and release the store; idempotent."""
+
+
 AgentFn = Callable[..., Any | Awaitable[Any]]
 """A user's agent entrypoint, called with a Task (decorated with ``mtrl_adapters.rollout``)."""
 
 
 __all__ = [
+    "AgentEnded",
     "AgentFn",
     "BreakReason",
+    "DeadlinePassed",
+    "ExecutorEnded",
     "Generation",
     "GenerationRequest",
     "Group",
     "PolicyEngine",
+    "RewardReported",
     "Rollout",
+    "RolloutCoordinator",
+    "RolloutEvent",
     "RolloutExecutor",
+    "RolloutHandle",
     "RolloutOutcome",
     "RolloutSpec",
     "RolloutStatus",
+    "RunStopped",
     "Sample",
     "SamplingParams",
+    "SharedModelEngine",
     "Task",
     "ToolCall",
+    "TrajectoryStore",
     "Turn",
+    "TurnLimitHit",
 ]

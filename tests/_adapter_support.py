@@ -84,7 +84,7 @@ def specs(handle: Any, tasks_: list[Task], *, max_tokens: int = 256, timeout_s: 
         created = handle.coordinator.create_rollout(task)
         out.append(
             RolloutSpec(
-                rollout_id=created.id,
+                rollout_id=created.rollout_id,
                 group_id=created.group_id,
                 task=task,
                 token=created.token,

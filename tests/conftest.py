@@ -32,13 +32,13 @@ def served(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     from mtrl_runtime.config import MtrlConfig
     from mtrl_runtime.coordinator import Coordinator
     from mtrl_runtime.server import create_app, start_server
-    from mtrl_runtime.store import TrajectoryStore
+    from mtrl_runtime.store import SQLiteStore
 
     started: list[tuple[Any, Any]] = []
 
     def start(engine: Any, config: MtrlConfig | None = None) -> Any:
         config = config or MtrlConfig()
-        store = TrajectoryStore(tmp_path / f"store{len(started)}.db")
+        store = SQLiteStore(tmp_path / f"store{len(started)}.db")
         coordinator = Coordinator(engine, store, config)
         handle = start_server(create_app(coordinator), "127.0.0.1", 0)
         started.append((handle, store))

@@ -25,8 +25,8 @@ from mtrl_runtime.coordinator import Coordinator
 from mtrl_runtime.engines import ScriptedEngine
 from mtrl_runtime.executors import InProcessExecutor
 from mtrl_runtime.server import check_bind, create_app, start_server
-from mtrl_runtime.store import TrajectoryStore
-from mtrl_runtime.training import Dispatcher
+from mtrl_runtime.store import SQLiteStore
+from mtrl_runtime.rollouts import Dispatcher
 from mtrl_runtime.types import Task
 
 COORDINATOR_KEY = "coordinator-api-key-do-not-leak-7f3a"
@@ -88,7 +88,7 @@ def test_an_api_key_guards_rollout_creation_and_unattributed_calls(served, tiny_
 def test_rollout_ids_and_tokens_are_unguessable(served, tiny_tok):
     handle = served(ScriptedEngine(tiny_tok, ["ok"]))
     made = [handle.coordinator.create_rollout(Task(id="t", prompt="q")) for _ in range(300)]
-    ids, tokens = [m.id for m in made], [m.token for m in made]
+    ids, tokens = [m.rollout_id for m in made], [m.token for m in made]
     assert len(set(ids)) == len(ids) and len(set(tokens)) == len(tokens)
     for rid in ids:
         assert re.fullmatch(r"r-[0-9a-f]{24}", rid), rid  # 96 random bits
@@ -98,10 +98,10 @@ def test_rollout_ids_and_tokens_are_unguessable(served, tiny_tok):
     for position in range(2, 26):  # every hex digit of the id varies across rollouts: no counter, no clock
         assert len(Counter(rid[position] for rid in ids)) >= 12, position
     stored = {rid: handle.store.token_hash(rid) for rid in ids[:20]}
-    assert all(stored[m.id] == hashlib.sha256(m.token.encode()).hexdigest() for m in made[:20])
+    assert all(stored[m.rollout_id] == hashlib.sha256(m.token.encode()).hexdigest() for m in made[:20])
 
 
-def _snapshot(store: TrajectoryStore, rollout_id: str) -> tuple:
+def _snapshot(store: SQLiteStore, rollout_id: str) -> tuple:
     r = store.get_rollout(rollout_id)
     return (r.status, r.reward, r.turn_rewards, dict(r.metrics), r.error, len(r.turns), len(r.tool_calls))
 
@@ -137,33 +137,33 @@ def test_only_a_rollouts_own_token_reaches_its_record(served, tiny_tok, route):
     victim = handle.coordinator.create_rollout(Task(id="victim", prompt="q"))
     other = handle.coordinator.create_rollout(Task(id="other", prompt="q"))
     own = {"authorization": f"Bearer {victim.token}"}
-    assert _request(handle, victim.id, _ROUTES[0], own).status_code == 200  # the victim has a turn
-    before = _snapshot(handle.store, victim.id)
+    assert _request(handle, victim.rollout_id, _ROUTES[0], own).status_code == 200  # the victim has a turn
+    before = _snapshot(handle.store, victim.rollout_id)
 
     credentials = [({}, 401), ({"authorization": "Bearer guess"}, 403),
                    ({"authorization": f"Bearer {other.token}"}, 403), ({"authorization": victim.token}, 401)]
     for headers, status in credentials:
-        response = _request(handle, victim.id, route, headers)
+        response = _request(handle, victim.rollout_id, route, headers)
         assert response.status_code == status, (headers, response.text)
-        assert victim.id in response.json()["error"]["message"]
+        assert victim.rollout_id in response.json()["error"]["message"]
         assert other.token not in response.text and victim.token not in response.text
-    assert _snapshot(handle.store, victim.id) == before
+    assert _snapshot(handle.store, victim.rollout_id) == before
     assert handle.coordinator.counters["auth_rejected"] >= 2
-    assert _request(handle, victim.id, route, own).status_code == 200  # its own token is accepted
+    assert _request(handle, victim.rollout_id, route, own).status_code == 200  # its own token is accepted
 
 
 def test_another_rollout_cannot_change_an_ended_rollouts_reward(served, tiny_tok):
     handle = served(ScriptedEngine(tiny_tok, ["ok"]))
     done = handle.coordinator.create_rollout(Task(id="a", prompt="q"))
     other = handle.coordinator.create_rollout(Task(id="b", prompt="q"))
-    base = f"{handle.url}/rollouts/{done.id}"
+    base = f"{handle.url}/rollouts/{done.rollout_id}"
     own = {"authorization": f"Bearer {done.token}"}
     assert httpx.post(f"{base}/reward", json={"reward": 0.5}, headers=own).status_code == 200
     assert httpx.post(f"{base}/complete", json={"status": "completed"}, headers=own).status_code == 200
     stranger = {"authorization": f"Bearer {other.token}"}
     for path, body in [("/reward", {"reward": 0.5}), ("/reward", {"reward": 1.0}), ("/complete", {"status": "completed"})]:
         assert httpx.post(base + path, json=body, headers=stranger).status_code == 403  # not even a 409 hint
-    stored = handle.store.get_rollout(done.id)
+    stored = handle.store.get_rollout(done.rollout_id)
     assert (stored.reward, stored.status.value) == (0.5, "completed")
 
 
@@ -205,7 +205,7 @@ async def test_the_users_key_and_rollout_tokens_never_leave_the_agent_or_reach_l
         "core": {"group_size": 2, "max_turns": 4, "run_dir": str(run_dir)},
         "advanced": {"rollout_timeout_s": 20, "server": {"api_key": COORDINATOR_KEY}},
     })
-    store = TrajectoryStore(run_dir / "trajectories.db")
+    store = SQLiteStore(run_dir / "trajectories.db")
     coordinator = Coordinator(ScriptedEngine(tiny_tok, FaultPolicy()), store, config)
     seen: list[tuple[dict[str, str], bytes]] = []
     app = create_app(coordinator)

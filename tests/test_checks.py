@@ -192,7 +192,6 @@ def write_cli_inputs(tmp_path: Path, model_dir: Path, script: list[str]) -> tupl
 
 
 def test_cli_eval_and_checks(tmp_path, tiny_model_dir, capsys):
-    import mtrl_runtime._cli_eval  # noqa: F401  (registers eval and check)
     from mtrl_runtime.cli import main
 
     cfg, data = write_cli_inputs(tmp_path, tiny_model_dir, ["ANSWER 42"])

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from mtrl_runtime.store import TrajectoryStore
+from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.training._resume import INTERRUPTED, RESUMES_KEY
 
 CHILD = Path(__file__).resolve().parent / "_crash_child.py"
@@ -41,7 +41,7 @@ def _answered(log: Path) -> list[tuple[str, int]]:
     return [(e["rollout_id"], e["turn"]) for e in map(json.loads, log.read_text().splitlines())]
 
 
-def _assert_answered_turns_stored(store: TrajectoryStore, log: Path) -> int:
+def _assert_answered_turns_stored(store: SQLiteStore, log: Path) -> int:
     answered = _answered(log)
     for rollout_id, turn in answered:
         rollout = store.get_rollout(rollout_id)
@@ -62,7 +62,7 @@ def test_a_run_killed_anywhere_resumes_without_losing_or_repeating_anything(tmp_
     assert crashed.returncode == -9, crashed.stdout[-2000:] + crashed.stderr[-3000:]
 
     # what the killed process left: answered turns stored, checkpoints complete or absent
-    with TrajectoryStore(run_dir / "trajectories.db") as store:
+    with SQLiteStore(run_dir / "trajectories.db") as store:
         answered_before = _assert_answered_turns_stored(store, log)
         known = store.get_meta("checkpoint")["next_step"]
     assert answered_before > 0
@@ -79,7 +79,7 @@ def test_a_run_killed_anywhere_resumes_without_losing_or_repeating_anything(tmp_
     summary = json.loads(resumed.stdout.strip().splitlines()[-1])
     assert summary == {"start_step": resume_from, "final_step": MAX_STEPS}
 
-    with TrajectoryStore(run_dir / "trajectories.db") as store:
+    with SQLiteStore(run_dir / "trajectories.db") as store:
         assert _assert_answered_turns_stored(store, log) > answered_before
         # the step counter and the metrics continue: every step logged once, none twice, no gap
         assert [step for step, _, _ in store.metric_history(STEP_METRIC)] == list(range(MAX_STEPS))

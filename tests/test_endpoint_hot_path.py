@@ -15,7 +15,7 @@ from mtrl_runtime.coordinator import Coordinator
 from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
 from mtrl_runtime.server import create_app, start_server
 from mtrl_runtime.server._chat_route import chat_path_rollout
-from mtrl_runtime.store import TrajectoryStore, hash_token
+from mtrl_runtime.store import SQLiteStore, hash_token
 from mtrl_runtime.types import Rollout, Task, Turn
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
@@ -28,14 +28,14 @@ def _turn(rollout_id: str, index: int) -> Turn:
     )
 
 
-def _wal_frames(store: TrajectoryStore) -> int:
+def _wal_frames(store: SQLiteStore) -> int:
     """Frames written to the WAL so far: each commit writes at least one (a page and its 24-byte header)."""
     page = store._reader().execute("PRAGMA page_size").fetchone()[0]
     size = Path(f"{store.path}-wal").stat().st_size
     return max(0, size - 32) // (page + 24)
 
 
-def _open_rollouts(store: TrajectoryStore, n: int) -> list[str]:
+def _open_rollouts(store: SQLiteStore, n: int) -> list[str]:
     store.put_task(Task(id="t", prompt="p"))
     ids = [f"r{i}" for i in range(n)]
     for rid in ids:
@@ -44,7 +44,7 @@ def _open_rollouts(store: TrajectoryStore, n: int) -> list[str]:
 
 
 def test_writes_awaited_in_one_loop_iteration_commit_as_one_transaction(tmp_path: Path) -> None:
-    store = TrajectoryStore(tmp_path / "trajectories.db")
+    store = SQLiteStore(tmp_path / "trajectories.db")
     ids = _open_rollouts(store, 40)
 
     async def one_by_one() -> None:
@@ -66,7 +66,7 @@ def test_writes_awaited_in_one_loop_iteration_commit_as_one_transaction(tmp_path
 
 
 def test_an_async_write_after_close_is_refused(tmp_path: Path) -> None:
-    store = TrajectoryStore(tmp_path / "trajectories.db")
+    store = SQLiteStore(tmp_path / "trajectories.db")
     (rid,) = _open_rollouts(store, 1)
     store.close()
     with pytest.raises(RuntimeError, match="closed"):
@@ -87,28 +87,28 @@ def test_every_concurrent_answer_is_durable_when_it_arrives(served: Any, tiny_to
 
     async def call(client: httpx.AsyncClient, rollout: Any) -> tuple[str, int]:
         r = await client.post(
-            f"{handle.url}/rollouts/{rollout.id}/v1/chat/completions",
+            f"{handle.url}/rollouts/{rollout.rollout_id}/v1/chat/completions",
             json={"messages": [{"role": "user", "content": "go"}], "tools": TOOLS},
             headers={"authorization": f"Bearer {rollout.token}"},
         )
         assert r.status_code == 200, r.text
-        return r.json()["choices"][0]["message"]["content"], handle.store.count_turns(rollout.id)
+        return r.json()["choices"][0]["message"]["content"], handle.store.count_turns(rollout.rollout_id)
 
     async def main() -> list[tuple[str, int]]:
         async with httpx.AsyncClient(timeout=30) as client:
             return await asyncio.gather(*(call(client, r) for r in rollouts))
 
     answers = asyncio.run(main())
-    assert [a for a, _ in answers] == [f"answer {r.id}" for r in rollouts]
+    assert [a for a, _ in answers] == [f"answer {r.rollout_id}" for r in rollouts]
     assert all(stored == 1 for _, stored in answers)  # the turn was committed before its answer was sent
-    assert [t.completion_text for r in rollouts for t in handle.store.get_rollout(r.id).turns] == [a for a, _ in answers]
+    assert [t.completion_text for r in rollouts for t in handle.store.get_rollout(r.rollout_id).turns] == [a for a, _ in answers]
 
 
 def test_a_streamed_completion_carries_every_event_in_order(served: Any, tiny_tok: Any) -> None:
     handle = served(ScriptedEngine(tiny_tok, lambda request, prompt: ScriptedReply.tool_call("lookup", {"k": 1}, text="On it. ")))
     rollout = handle.coordinator.create_rollout(Task(id="t", prompt="q"))
     r = httpx.post(
-        f"{handle.url}/rollouts/{rollout.id}/v1/chat/completions",
+        f"{handle.url}/rollouts/{rollout.rollout_id}/v1/chat/completions",
         json={"messages": [{"role": "user", "content": "go"}], "tools": TOOLS, "stream": True,
               "stream_options": {"include_usage": True}, "return_token_ids": True},
         headers={"authorization": f"Bearer {rollout.token}"},
@@ -121,7 +121,7 @@ def test_a_streamed_completion_carries_every_event_in_order(served: Any, tiny_to
     assert chunks[1]["choices"][0]["delta"]["content"] == "On it."  # the text before the call, stripped
     call = chunks[2]["choices"][0]["delta"]["tool_calls"][0]
     assert call["function"]["name"] == "lookup" and json.loads(call["function"]["arguments"]) == {"k": 1}
-    turn = handle.store.get_rollout(rollout.id).turns[0]
+    turn = handle.store.get_rollout(rollout.rollout_id).turns[0]
     assert chunks[3]["choices"][0]["finish_reason"] == "tool_calls"
     assert chunks[3]["choices"][0]["token_ids"] == list(turn.completion_ids)
     assert chunks[4]["usage"]["completion_tokens"] == len(turn.completion_ids)
@@ -132,10 +132,10 @@ def test_a_streamed_completion_carries_every_event_in_order(served: Any, tiny_to
 def test_the_chat_route_answers_other_methods_in_openai_shape(served: Any, tiny_tok: Any) -> None:
     handle = served(ScriptedEngine(tiny_tok, lambda request, prompt: "ok"))
     rollout = handle.coordinator.create_rollout(Task(id="t", prompt="q"))
-    r = httpx.get(f"{handle.url}/rollouts/{rollout.id}/v1/chat/completions")
+    r = httpx.get(f"{handle.url}/rollouts/{rollout.rollout_id}/v1/chat/completions")
     assert r.status_code == 405 and r.headers["allow"] == "POST"
     assert "POST" in r.json()["error"]["message"]
-    assert handle.store.count_turns(rollout.id) == 0
+    assert handle.store.count_turns(rollout.rollout_id) == 0
 
 
 def test_the_published_schema_documents_both_chat_paths(served: Any, tiny_tok: Any) -> None:
@@ -150,7 +150,7 @@ def test_the_published_schema_documents_both_chat_paths(served: Any, tiny_tok: A
 
 
 def test_the_startup_heap_is_frozen_while_serving_and_released_after(tmp_path: Path, tiny_tok: Any) -> None:
-    store = TrajectoryStore(tmp_path / "trajectories.db")
+    store = SQLiteStore(tmp_path / "trajectories.db")
     handle = start_server(create_app(Coordinator(ScriptedEngine(tiny_tok, ["ok"]), store)))
     try:
         assert gc.get_freeze_count() > 10_000  # the modules and objects loaded before the server started

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mtrl_runtime.engines import HFEngine
-from mtrl_runtime.engines._attention import ATTENTION_NAME, SHORT_QUERY_TOKENS
+from mtrl_runtime.engines.hf._attention import ATTENTION_NAME, SHORT_QUERY_TOKENS
 from mtrl_runtime.testing import tiny_model, tiny_tokenizer
 
 
@@ -47,7 +47,7 @@ def test_the_engine_attention_matches_sdpa_for_padded_batches(tokenizer, query_t
 def test_grouped_attention_equals_attention_over_repeated_kv_heads(query_tokens):
     from transformers.models.llama.modeling_llama import repeat_kv
 
-    from mtrl_runtime.engines._attention import grouped_matmul_attention
+    from mtrl_runtime.engines.hf._attention import grouped_matmul_attention
 
     gen = torch.Generator().manual_seed(1)
     B, H, K, L, D = 2, 9, 3, 11, 8  # SmolLM2's 3 query heads per KV head
@@ -68,7 +68,7 @@ def test_grouped_attention_equals_attention_over_repeated_kv_heads(query_tokens)
 
 def test_training_through_small_matmul_attention_gives_sdpa_gradients(tokenizer):
     """Training forward + backward on right-padded rows: the same loss and LoRA-free weight gradients."""
-    from mtrl_runtime.engines._attention import SMALL_ATTENTION_POSITIONS
+    from mtrl_runtime.engines.hf._attention import SMALL_ATTENTION_POSITIONS
 
     sdpa = tiny_model(tokenizer, seed=5)
     ours = tiny_model(tokenizer, seed=5)

@@ -453,7 +453,7 @@ async def test_create_engine_builds_hf_from_a_folder_and_scripted_without_a_mode
 
 
 async def test_auto_dtype_is_bf16_where_the_cpu_computes_it_natively(tiny_model_dir: Path, monkeypatch):
-    from mtrl_runtime.engines import _loading
+    from mtrl_runtime.engines.hf import _pretrained as _loading
 
     assert _loading.auto_dtype("cuda:0") == "bf16"
     monkeypatch.setattr(_loading, "cpu_has_native_bf16", lambda: False)

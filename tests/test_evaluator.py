@@ -268,7 +268,7 @@ async def test_hf_base_and_adapter_side_by_side_on_one_engine(tmp_path, tiny_tok
 
 async def test_run_validation_uses_the_trainers_dispatcher_and_reports_base_success(served, tmp_path, tiny_tok):
     from mtrl_runtime.executors import InProcessExecutor
-    from mtrl_runtime.training import Dispatcher, load_tasks
+    from mtrl_runtime.rollouts import Dispatcher, load_tasks
 
     tasks = load_tasks(rows("all", "one"))
     script = Script([t.id for t in tasks], 2, passk_plan)

@@ -40,13 +40,13 @@ def test_aircraft_agent_runs_the_sop_and_reports_full_reward(served, tiny_tok):
         task = _task(row)
         created = handle.coordinator.create_rollout(task, max_turns=10)
         spec = RolloutSpec(
-            rollout_id=created.id, group_id=created.group_id, task=task, token=created.token,
+            rollout_id=created.rollout_id, group_id=created.group_id, task=task, token=created.token,
             endpoint=handle.url, model_name="policy", sampling=SamplingParams(max_tokens=256),
             max_turns=10, timeout_s=60,
         )
         with rollout_scope(spec):
             await run(task)
-        return created.id
+        return created.rollout_id
 
     async def all_rows():
         return await asyncio.wait_for(asyncio.gather(*(one(r) for r in rows)), 120)
@@ -73,7 +73,7 @@ def test_an_agent_that_loops_past_max_turns_scores_zero_instead_of_failing(serve
     task = _task(load_instances("test")[0])
     created = handle.coordinator.create_rollout(task, max_turns=3)
     spec = RolloutSpec(
-        rollout_id=created.id, group_id=created.group_id, task=task, token=created.token,
+        rollout_id=created.rollout_id, group_id=created.group_id, task=task, token=created.token,
         endpoint=handle.url, model_name="policy", sampling=SamplingParams(max_tokens=256),
         max_turns=3, timeout_s=60,
     )
@@ -83,6 +83,6 @@ def test_an_agent_that_loops_past_max_turns_scores_zero_instead_of_failing(serve
             return await run(task)
 
     assert asyncio.run(asyncio.wait_for(episode(), 60)) == ""
-    stored = handle.store.get_rollout(created.id)
+    stored = handle.store.get_rollout(created.rollout_id)
     assert stored.status is RolloutStatus.COMPLETED and stored.reward == 0.0
     assert len(stored.turns) == 3  # the fourth call was refused (409), after a tool had run

@@ -182,7 +182,7 @@ def _specs(handle: Any, rows: list[dict], max_turns: int = 6) -> list[RolloutSpe
     for row in rows:
         task = Task(id=row["id"], prompt=row["prompt"], ground_truth=row["ground_truth"], data=row["data"])
         made = handle.coordinator.create_rollout(task)
-        out.append(RolloutSpec(made.id, made.group_id, task, made.token, handle.url, "policy",
+        out.append(RolloutSpec(made.rollout_id, made.group_id, task, made.token, handle.url, "policy",
                                SamplingParams(max_tokens=256), max_turns, 60.0))
     return out
 
@@ -246,7 +246,7 @@ def test_the_config_validates_and_names_the_train_split():
     config = MtrlConfig.from_yaml(PACKAGE_DIR / "config.yaml")
     assert (REPO / config.core.dataset).resolve() == (PACKAGE_DIR / "instances" / "train.jsonl").resolve()
     assert config.core.model == "smollm2-135m" and config.core.engine == "hf"
-    from mtrl_runtime._cli_train import load_agent
+    from mtrl_runtime.cli import load_agent
 
     assert load_agent("examples.sql_agent.agent:run") is run
 

@@ -315,7 +315,7 @@ TOOLS = [{"type": "function", "function": {
 
 
 def _vllm_python() -> str | None:
-    from mtrl_runtime.engines._vllm_server import find_vllm_python
+    from mtrl_runtime.engines.vllm._server import find_vllm_python
 
     repo = Path(__file__).resolve().parents[1]
     return find_vllm_python(os.environ.get("MTRL_VLLM_PYTHON")) or find_vllm_python(str(repo / ".venv-vllm/bin/python"))

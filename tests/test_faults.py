@@ -24,7 +24,7 @@ from _faults import EXPECTED, FAULTS, FaultAgent, FaultPolicy, fault_of, fault_t
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.engines import ScriptedEngine
 from mtrl_runtime.executors import InProcessExecutor
-from mtrl_runtime.training import Dispatcher
+from mtrl_runtime.rollouts import Dispatcher
 from mtrl_runtime.types import RolloutStatus, Task
 
 MAX_TURNS = 4
@@ -174,24 +174,24 @@ def _auth(rollout: Any) -> dict[str, str]:
 def test_a_non_finite_or_malformed_reward_over_http_is_refused_and_changes_nothing(served, tiny_tok, body, needle):
     handle = _serve(served, tiny_tok, _config())
     rollout = handle.coordinator.create_rollout(Task(id="t", prompt="q"))
-    r = httpx.post(f"{handle.url}/rollouts/{rollout.id}/reward", content=body, headers=_auth(rollout))
+    r = httpx.post(f"{handle.url}/rollouts/{rollout.rollout_id}/reward", content=body, headers=_auth(rollout))
     assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
-    assert handle.store.get_rollout(rollout.id).reward is None
-    ok = httpx.post(f"{handle.url}/rollouts/{rollout.id}/reward", json={"reward": 0.5}, headers=_auth(rollout))
-    assert ok.status_code == 200 and handle.store.get_rollout(rollout.id).reward == 0.5
+    assert handle.store.get_rollout(rollout.rollout_id).reward is None
+    ok = httpx.post(f"{handle.url}/rollouts/{rollout.rollout_id}/reward", json={"reward": 0.5}, headers=_auth(rollout))
+    assert ok.status_code == 200 and handle.store.get_rollout(rollout.rollout_id).reward == 0.5
 
 
 def test_a_second_reward_is_kept_while_running_and_refused_after_the_end(served, tiny_tok):
     handle = _serve(served, tiny_tok, _config())
     rollout = handle.coordinator.create_rollout(Task(id="t", prompt="q"))
-    base = f"{handle.url}/rollouts/{rollout.id}"
+    base = f"{handle.url}/rollouts/{rollout.rollout_id}"
     for reward in (0.25, 1.0):
         assert httpx.post(f"{base}/reward", json={"reward": reward}, headers=_auth(rollout)).status_code == 200
     assert httpx.post(f"{base}/complete", json={"status": "completed"}, headers=_auth(rollout)).status_code == 200
     same = httpx.post(f"{base}/reward", json={"reward": 1.0}, headers=_auth(rollout))
     other = httpx.post(f"{base}/reward", json={"reward": 0.0}, headers=_auth(rollout))
     assert same.status_code == 200 and other.status_code == 409 and "0.0" in other.json()["error"]["message"]
-    assert handle.store.get_rollout(rollout.id).reward == 1.0
+    assert handle.store.get_rollout(rollout.rollout_id).reward == 1.0
 
 
 @pytest.mark.parametrize(
@@ -210,44 +210,44 @@ def test_a_malformed_tool_call_report_is_refused_and_changes_nothing(served, tin
     handle = _serve(served, tiny_tok, _config())
     rollout = handle.coordinator.create_rollout(Task(id="t", prompt="q"))
     route = "tool_calls/batch" if "calls" in body else "tool_calls"
-    r = httpx.post(f"{handle.url}/rollouts/{rollout.id}/{route}", content=json.dumps(body), headers=_auth(rollout))
+    r = httpx.post(f"{handle.url}/rollouts/{rollout.rollout_id}/{route}", content=json.dumps(body), headers=_auth(rollout))
     assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
-    assert handle.store.count_tool_calls(rollout.id) == 0
+    assert handle.store.count_tool_calls(rollout.rollout_id) == 0
 
 
 def test_an_empty_call_id_is_recorded_as_no_call_id(served, tiny_tok):
     handle = _serve(served, tiny_tok, _config())
     rollout = handle.coordinator.create_rollout(Task(id="t", prompt="q"))
-    r = httpx.post(f"{handle.url}/rollouts/{rollout.id}/tool_calls", json={"name": "lookup", "call_id": ""},
+    r = httpx.post(f"{handle.url}/rollouts/{rollout.rollout_id}/tool_calls", json={"name": "lookup", "call_id": ""},
                    headers=_auth(rollout))
     assert r.status_code == 200, r.text
-    assert handle.store.get_rollout(rollout.id).tool_calls[0].call_id is None
+    assert handle.store.get_rollout(rollout.rollout_id).tool_calls[0].call_id is None
 
 
 def test_a_client_that_drops_a_stream_loses_no_turn_and_the_rollout_goes_on(served, tiny_tok):
     handle = _serve(served, tiny_tok, _config())
     rollout = handle.coordinator.create_rollout(fault_task("healthy"))
-    url = f"{handle.url}/rollouts/{rollout.id}/v1/chat/completions"
+    url = f"{handle.url}/rollouts/{rollout.rollout_id}/v1/chat/completions"
     body = {"messages": [{"role": "user", "content": rollout.task.prompt}], "stream": True}
     with httpx.Client(timeout=30) as client, client.stream("POST", url, json=body, headers=_auth(rollout)) as response:
         assert response.status_code == 200
         next(response.iter_bytes())  # read one chunk, then hang up
-    assert handle.store.count_turns(rollout.id) == 1  # recorded before the first byte was sent
+    assert handle.store.count_turns(rollout.rollout_id) == 1  # recorded before the first byte was sent
     follow = {"messages": [{"role": "user", "content": rollout.task.prompt}], "max_tokens": 8}
     assert httpx.post(url, json=follow, headers=_auth(rollout), timeout=30).status_code == 200
-    assert handle.store.count_turns(rollout.id) == 2
+    assert handle.store.count_turns(rollout.rollout_id) == 2
 
 
 def test_an_engine_failure_on_a_stream_is_an_error_response_before_any_chunk(served, tiny_tok):
     handle = _serve(served, tiny_tok, _config())
     rollout = handle.coordinator.create_rollout(fault_task("stream_engine_fails"))
-    url = f"{handle.url}/rollouts/{rollout.id}/v1/chat/completions"
+    url = f"{handle.url}/rollouts/{rollout.rollout_id}/v1/chat/completions"
     body = {"messages": [{"role": "user", "content": rollout.task.prompt}], "stream": True}
     assert httpx.post(url, json=body, headers=_auth(rollout), timeout=30).status_code == 200  # turn 0
     failed = httpx.post(url, json=body, headers=_auth(rollout), timeout=30)  # turn 1: the engine fails
     assert failed.status_code == 502 and failed.headers["content-type"] == "application/json"
     assert "the policy engine failed" in failed.json()["error"]["message"]
-    assert handle.store.count_turns(rollout.id) == 1
+    assert handle.store.count_turns(rollout.rollout_id) == 1
     assert httpx.get(f"{handle.url}/health").status_code == 200
 
 

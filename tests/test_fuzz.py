@@ -29,7 +29,7 @@ from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.coordinator import Coordinator
 from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
 from mtrl_runtime.server import create_app, start_server
-from mtrl_runtime.store import TrajectoryStore
+from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.types import Task
 
 MAX_EXAMPLES = 20  # per operation and mode: 13 operations x positive, 9 POSTs x negative
@@ -49,7 +49,7 @@ def fuzz_server(tmp_path_factory: pytest.TempPathFactory, tiny_tok: Any) -> Iter
     config = MtrlConfig.from_dict(
         {"advanced": {"server": {"sagemaker_compat": True, "inference_mode": True}}}
     )
-    store = TrajectoryStore(tmp_path_factory.mktemp("fuzz") / "trajectories.db")
+    store = SQLiteStore(tmp_path_factory.mktemp("fuzz") / "trajectories.db")
     coordinator = Coordinator(ScriptedEngine(tiny_tok, _policy), store, config)
     handle = start_server(create_app(coordinator), "127.0.0.1", 0)
     handle.coordinator = coordinator  # type: ignore[attr-defined]
@@ -102,11 +102,11 @@ def _aim_at_a_real_rollout(case: Any, handle: Any) -> None:
     headers = dict(case.headers or {})
     headers["authorization"] = f"Bearer {created.token}"
     if "rollout_id" in (case.path_parameters or {}):
-        case.path_parameters = {**case.path_parameters, "rollout_id": created.id}
+        case.path_parameters = {**case.path_parameters, "rollout_id": created.rollout_id}
     elif case.operation.path == "/v1/chat/completions":
-        headers["x-mtrl-rollout-id"] = created.id
+        headers["x-mtrl-rollout-id"] = created.rollout_id
     elif isinstance(case.body, dict) and "TrajectoryId" in case.body:
-        case.body = {**case.body, "TrajectoryId": created.id}
+        case.body = {**case.body, "TrajectoryId": created.rollout_id}
     case.headers = headers
 
 
@@ -195,7 +195,7 @@ def limited(served: Any, tiny_tok: Any) -> Any:
 def _post(handle: Any, rollout: Any, route: str, body: Any = None, **kw: Any) -> httpx.Response:
     path = "v1/chat/completions" if route == "chat" else route
     auth = {"authorization": f"Bearer {rollout.token}"}
-    return httpx.post(f"{handle.url}/rollouts/{rollout.id}/{path}", json=body, headers=auth, timeout=30, **kw)
+    return httpx.post(f"{handle.url}/rollouts/{rollout.rollout_id}/{path}", json=body, headers=auth, timeout=30, **kw)
 
 
 @pytest.mark.parametrize("limit", list(OVER_LIMITS))
@@ -207,7 +207,7 @@ def test_each_request_limit_is_refused_clearly_and_changes_nothing(limited: Any,
     message = response.json()["error"]["message"]
     for word in words:
         assert word in message, (word, message)
-    stored = limited.store.get_rollout(rollout.id)
+    stored = limited.store.get_rollout(rollout.rollout_id)
     assert (len(stored.turns), len(stored.tool_calls), stored.reward, stored.status.value) == (0, 0, None, "running")
     assert _post(limited, rollout, "chat", _chat()).status_code == 200  # the rollout goes on
 
@@ -222,13 +222,13 @@ def test_a_body_over_the_limit_without_content_length_is_refused(limited: Any) -
         yield b'"}]}'
 
     response = httpx.post(
-        f"{limited.url}/rollouts/{rollout.id}/v1/chat/completions",
+        f"{limited.url}/rollouts/{rollout.rollout_id}/v1/chat/completions",
         content=chunks(),
         headers={"authorization": f"Bearer {rollout.token}", "content-type": "application/json"},
         timeout=30,
     )
     assert response.status_code == 413 and "exceeds the limit of 20000 bytes" in response.json()["error"]["message"]
-    assert limited.store.count_turns(rollout.id) == 0
+    assert limited.store.count_turns(rollout.rollout_id) == 0
 
 
 def test_requests_at_each_limit_are_served(limited: Any) -> None:
@@ -237,4 +237,4 @@ def test_requests_at_each_limit_are_served(limited: Any) -> None:
     response = _post(limited, rollout, "chat", body)
     assert response.status_code == 200, response.text
     assert _post(limited, rollout, "tool_calls", {"name": "n" * 256, "result": "r" * 500}).status_code == 200
-    assert limited.store.count_turns(rollout.id) == 1 and limited.store.count_tool_calls(rollout.id) == 1
+    assert limited.store.count_turns(rollout.rollout_id) == 1 and limited.store.count_tool_calls(rollout.rollout_id) == 1

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from mtrl_runtime.engines import HFEngine, create_engine
-from mtrl_runtime.engines._prefix_cache import PrefixCache, common_length
-from mtrl_runtime.engines._prefix_prefill import shared_groups
+from mtrl_runtime.engines.hf._prefix_cache import PrefixCache, common_length
+from mtrl_runtime.engines.hf._prefix_prefill import shared_groups
 from mtrl_runtime.evaluation import base_policy
 from mtrl_runtime.testing import tiny_model
 from mtrl_runtime.types import Generation, GenerationRequest, SamplingParams

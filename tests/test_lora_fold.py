@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from mtrl_runtime.engines._lora_fold import LoraFold
+from mtrl_runtime.engines.hf._lora_fold import LoraFold
 from mtrl_runtime.testing import tiny_model
 
 

@@ -21,7 +21,7 @@ from _ray_agents import KILL_KEY, async_agent, slow_agent, sync_agent, worker_pi
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.engines import ScriptedEngine
 from mtrl_runtime.executors import RayExecutor
-from mtrl_runtime.training._dispatcher import Dispatcher
+from mtrl_runtime.rollouts import Dispatcher
 from mtrl_runtime.types import RolloutSpec, RolloutStatus, SamplingParams, Task
 
 ray = pytest.importorskip("ray")
@@ -144,7 +144,7 @@ async def test_an_undecorated_function_is_decorated_and_timeouts_are_reported(ra
     slow = RayExecutor(slow_agent, num_cpus=0.5)
     task = Task(id="slow", prompt="What is the value of key K01 plus 5?", data={"sleep_s": 60})
     created = handle.coordinator.create_rollout(task)
-    stuck = RolloutSpec(created.id, created.group_id, task, created.token, handle.url, "policy",
+    stuck = RolloutSpec(created.rollout_id, created.group_id, task, created.token, handle.url, "policy",
                         SamplingParams(), max_turns=4, timeout_s=1.0)
     outcome = await slow.run(stuck)
     await slow.close()

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mtrl_runtime._cli_demo import DEMO_RECIPE
+from mtrl_runtime.cli.demo import DEMO_RECIPE
 from mtrl_runtime.config import MtrlConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def test_gpu_recipes_keep_the_design_defaults_and_size_vllm_for_one_gpu(path):
 @pytest.mark.parametrize("path", GPU_RECIPES, ids=lambda p: p.name)
 def test_gpu_recipes_give_the_vllm_engine_only_options_it_takes(path):
     from mtrl_runtime.engines import VLLMEngine
-    from mtrl_runtime.engines._vllm_server import VLLMServer
+    from mtrl_runtime.engines.vllm._server import VLLMServer
 
     known = set(inspect.signature(VLLMEngine).parameters) | set(inspect.signature(VLLMServer).parameters)
     options = MtrlConfig.from_yaml(path).advanced.engine_options
@@ -129,7 +129,7 @@ def test_the_aircraft_config_trains_one_step_of_the_strands_agent(tmp_path, tiny
 
     from examples.aircraft_inspection import load_instances
     from examples.aircraft_inspection.agent import run
-    from mtrl_runtime._cli_train import load_agent
+    from mtrl_runtime.cli import load_agent
     from mtrl_runtime.engines import ScriptedEngine
     from mtrl_runtime.training import MultiTurnRLTrainer
 
@@ -163,7 +163,7 @@ def _lora_b_norm(adapter: Path) -> float:
 def test_the_demo_table_lists_every_field_the_evaluator_reports():
     from rich.console import Console
 
-    from mtrl_runtime._cli_demo import _table
+    from mtrl_runtime.cli.demo import _table
 
     base = {"val/strict/success_rate": 0.06, "val/metrics/format_ok": 0.5, "val/metrics/field_acc": 0.27,
             "val/metrics/field_acc_decision": 0.22, "val/metrics/field_acc_incident_flag": 0.18}
@@ -179,7 +179,7 @@ def test_the_demo_table_lists_every_field_the_evaluator_reports():
 def test_demo_hides_strands_log_lines_while_it_runs_and_restores_the_level(caplog):
     import logging
 
-    from mtrl_runtime._cli_demo import _agent_logs
+    from mtrl_runtime.cli.demo import _agent_logs
 
     logger = logging.getLogger("strands.tools.executors")
     before = logging.getLogger("strands").level

@@ -18,7 +18,7 @@ import torch
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
 from mtrl_runtime.engines.hf import HFEngine
-from mtrl_runtime.store import TrajectoryStore
+from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.types import Task
 
 TOOLS = [
@@ -34,7 +34,7 @@ TOOLS = [
 
 
 def _client(handle, rollout) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{handle.url}/rollouts/{rollout.id}/v1", api_key=rollout.token, max_retries=0)
+    return openai.OpenAI(base_url=f"{handle.url}/rollouts/{rollout.rollout_id}/v1", api_key=rollout.token, max_retries=0)
 
 
 def test_sync_async_and_streaming_clients_are_served_and_recorded(served, tiny_tok):
@@ -60,7 +60,7 @@ def test_sync_async_and_streaming_clients_are_served_and_recorded(served, tiny_t
     assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens > 0
 
     async def go() -> str:
-        aclient = openai.AsyncOpenAI(base_url=f"{handle.url}/rollouts/{rollout.id}/v1", api_key=rollout.token)
+        aclient = openai.AsyncOpenAI(base_url=f"{handle.url}/rollouts/{rollout.rollout_id}/v1", api_key=rollout.token)
         r = await aclient.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
         await aclient.close()
         return r.choices[0].message.content
@@ -68,7 +68,7 @@ def test_sync_async_and_streaming_clients_are_served_and_recorded(served, tiny_t
     import asyncio
 
     assert asyncio.run(go()) == "The answer is 42."
-    stored = handle.store.get_rollout(rollout.id)
+    stored = handle.store.get_rollout(rollout.rollout_id)
     assert [t.index for t in stored.turns] == [0, 1, 2]
     assert all(t.completion_text == "The answer is 42." for t in stored.turns)
 
@@ -79,11 +79,11 @@ def test_header_attribution_and_models_and_health(served, tiny_tok):
     client = openai.OpenAI(
         base_url=f"{handle.url}/v1",
         api_key=rollout.token,
-        default_headers={"x-mtrl-rollout-id": rollout.id},
+        default_headers={"x-mtrl-rollout-id": rollout.rollout_id},
         max_retries=0,
     )
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-    assert handle.store.count_turns(rollout.id) == 1
+    assert handle.store.count_turns(rollout.rollout_id) == 1
     assert [m.id for m in client.models.list()] == ["smollm2-135m"]
     health = httpx.get(f"{handle.url}/health").json()
     assert health["status"] == "ok" and health["engine"] == "scripted"
@@ -109,7 +109,7 @@ def test_tool_calls_round_trip_through_the_client(served, tiny_tok):
     ]
     second = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
     assert second.choices[0].message.content == "The value is 42."
-    turns = handle.store.get_rollout(rollout.id).turns
+    turns = handle.store.get_rollout(rollout.rollout_id).turns
     assert turns[0].tool_calls[0]["function"]["name"] == "lookup"
     assert turns[1].break_reason is None and turns[1].segment == 0
     assert turns[1].prompt_ids[: len(turns[0].prompt_ids) + len(turns[0].completion_ids)] == (
@@ -136,7 +136,7 @@ def test_token_ids_and_logprobs_match_a_direct_forward_pass(served, tiny_tok):
     prompt_ids = body["prompt_token_ids"]
     completion_ids = body["choices"][0]["token_ids"]
     response_lps = [c["logprob"] for c in body["choices"][0]["logprobs"]["content"]]
-    turn = handle.store.get_rollout(rollout.id).turns[0]
+    turn = handle.store.get_rollout(rollout.rollout_id).turns[0]
     assert list(turn.prompt_ids) == prompt_ids and list(turn.completion_ids) == completion_ids
     assert len(completion_ids) == len(turn.logprobs) > 0
 
@@ -166,7 +166,7 @@ def test_six_turn_conversation_is_one_extending_sequence(served, tiny_tok):
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls or []:
             messages.append({"role": "tool", "tool_call_id": call.id, "content": f"value {turn}"})
-    turns = handle.store.get_rollout(rollout.id).turns
+    turns = handle.store.get_rollout(rollout.rollout_id).turns
     assert len(turns) == 6
     assert {t.segment for t in turns} == {0} and all(t.break_reason is None for t in turns)
     for prev, cur in zip(turns, turns[1:]):
@@ -188,13 +188,13 @@ def test_bad_requests_get_a_4xx_naming_the_problem(served, tiny_tok, content, he
     handle = served(ScriptedEngine(tiny_tok, lambda req, text: "ok"))
     rollout = handle.coordinator.create_rollout(Task(id="t1", prompt="q"))
     response = httpx.post(
-        f"{handle.url}/rollouts/{rollout.id}/v1/chat/completions",
+        f"{handle.url}/rollouts/{rollout.rollout_id}/v1/chat/completions",
         content=content,
         headers={"authorization": f"Bearer {rollout.token}", "content-type": "application/json", **headers},
     )
     assert response.status_code == expected_status
     assert needle in response.json()["error"]["message"]
-    assert handle.store.count_turns(rollout.id) == 0
+    assert handle.store.count_turns(rollout.rollout_id) == 0
 
 
 def test_unknown_rollout_wrong_token_oversized_body_and_unattributed(served, tiny_tok):
@@ -207,13 +207,13 @@ def test_unknown_rollout_wrong_token_oversized_body_and_unattributed(served, tin
     assert r.status_code == 404 and "r-nope" in r.json()["error"]["message"]
 
     r = httpx.post(
-        f"{handle.url}/rollouts/{rollout.id}/v1/chat/completions", json=body, headers={"authorization": "Bearer wrong"}
+        f"{handle.url}/rollouts/{rollout.rollout_id}/v1/chat/completions", json=body, headers={"authorization": "Bearer wrong"}
     )
-    assert r.status_code == 403 and rollout.id in r.json()["error"]["message"]
+    assert r.status_code == 403 and rollout.rollout_id in r.json()["error"]["message"]
 
     big = {"messages": [{"role": "user", "content": "x" * 5000}]}
     r = httpx.post(
-        f"{handle.url}/rollouts/{rollout.id}/v1/chat/completions",
+        f"{handle.url}/rollouts/{rollout.rollout_id}/v1/chat/completions",
         json=big,
         headers={"authorization": f"Bearer {rollout.token}"},
     )
@@ -221,7 +221,7 @@ def test_unknown_rollout_wrong_token_oversized_body_and_unattributed(served, tin
 
     r = httpx.post(f"{handle.url}/v1/chat/completions", json=body)
     assert r.status_code == 400 and "inference mode" in r.json()["error"]["message"]
-    assert handle.store.count_turns(rollout.id) == 0
+    assert handle.store.count_turns(rollout.rollout_id) == 0
 
 
 def test_inference_mode_serves_unattributed_calls(served, tiny_tok):
@@ -281,7 +281,7 @@ def test_sigkill_of_a_serving_process_loses_no_answered_turn(tmp_path: Path, tin
     finally:
         if proc.poll() is None:
             proc.kill()
-    store = TrajectoryStore(run_dir / "trajectories.db")
+    store = SQLiteStore(run_dir / "trajectories.db")
     try:
         turns = store.get_rollout(created["rollout_id"]).turns
         assert [t.completion_text for t in turns] == answered
@@ -295,7 +295,7 @@ def test_rollout_routes_record_tool_calls_reward_and_end(served, tiny_tok):
     auth = {"authorization": f"Bearer {rollout.token}"}
     client = _client(handle, rollout)
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-    base = f"{handle.url}/rollouts/{rollout.id}"
+    base = f"{handle.url}/rollouts/{rollout.rollout_id}"
     r = httpx.post(f"{base}/tool_calls", json={"name": "lookup", "arguments": {"key": "A1"}, "result": "42"}, headers=auth)
     assert r.status_code == 200, r.text
     assert httpx.post(f"{base}/reward", json={"reward": 0.5, "metrics": {"acc": 1.0}}, headers=auth).status_code == 200
@@ -307,4 +307,4 @@ def test_rollout_routes_record_tool_calls_reward_and_end(served, tiny_tok):
     assert r.status_code == 403
     r = httpx.post(f"{base}/reward", json={"reward": 0.9}, headers=auth)
     assert r.status_code == 409 and "0.9" in r.json()["error"]["message"]
-    assert handle.store.get_rollout(rollout.id).reward == 0.5
+    assert handle.store.get_rollout(rollout.rollout_id).reward == 0.5

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mtrl_runtime.store import TrajectoryStore, hash_token
+from mtrl_runtime.store import SQLiteStore, hash_token
 from mtrl_runtime.types import BreakReason, Rollout, RolloutStatus, Task, ToolCall, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def make_turn(rollout_id: str, index: int, prompt_ids: tuple[int, ...], n_comple
     return Turn(rollout_id=rollout_id, index=index, prompt_ids=prompt_ids, completion_ids=completion, **defaults)
 
 
-def start_rollout(store: TrajectoryStore, rollout_id: str, task_id: str = "t1", **kw) -> Rollout:
+def start_rollout(store: SQLiteStore, rollout_id: str, task_id: str = "t1", **kw) -> Rollout:
     if store.get_task(task_id) is None:
         store.put_task(Task(id=task_id, prompt="What is 6 x 7?", ground_truth=42))
     rollout = Rollout(id=rollout_id, task_id=task_id, group_id=kw.pop("group_id", "g1"), created_at=1.5, **kw)
@@ -66,7 +66,7 @@ def dump(path: Path) -> list:
 
 @pytest.fixture
 def store(tmp_path: Path):
-    s = TrajectoryStore(tmp_path / "run" / "trajectories.db")
+    s = SQLiteStore(tmp_path / "run" / "trajectories.db")
     yield s
     s.close()
 
@@ -120,7 +120,7 @@ def full_rollout() -> tuple[Task, Rollout]:
 # ---- round trips -------------------------------------------------------------
 
 
-def test_round_trip_of_every_type_is_exact(store: TrajectoryStore) -> None:
+def test_round_trip_of_every_type_is_exact(store: SQLiteStore) -> None:
     task, rollout = full_rollout()
     store.put_task(task)
     store.create_rollout(rollout, TOKEN_HASH)
@@ -148,7 +148,7 @@ def test_round_trip_of_every_type_is_exact(store: TrajectoryStore) -> None:
     assert got.finished_at is not None and abs(got.finished_at - time.time()) < 60
 
 
-def test_extending_prompts_are_stored_once_and_rebuilt_exactly(store: TrajectoryStore) -> None:
+def test_extending_prompts_are_stored_once_and_rebuilt_exactly(store: SQLiteStore) -> None:
     start_rollout(store, "r1")
     prompt = tuple(range(300))
     turns = []
@@ -168,7 +168,7 @@ def test_extending_prompts_are_stored_once_and_rebuilt_exactly(store: Trajectory
 # ---- invariants ---------------------------------------------------------------
 
 
-def test_a_final_status_is_never_overwritten(store: TrajectoryStore) -> None:
+def test_a_final_status_is_never_overwritten(store: SQLiteStore) -> None:
     start_rollout(store, "r1")
     assert store.finish_rollout("r1", RolloutStatus.TIMED_OUT, error="no answer in 600 s") is True
     assert store.finish_rollout("r1", "completed") is False
@@ -183,7 +183,7 @@ def test_a_final_status_is_never_overwritten(store: TrajectoryStore) -> None:
         store.finish_rollout("r9", "completed")
 
 
-def test_mark_trained_twice_raises_and_changes_nothing(store: TrajectoryStore) -> None:
+def test_mark_trained_twice_raises_and_changes_nothing(store: SQLiteStore) -> None:
     for rid in ("a", "b", "c", "d"):
         start_rollout(store, rid)
     for rid in ("a", "b", "c"):
@@ -205,7 +205,7 @@ def test_mark_trained_twice_raises_and_changes_nothing(store: TrajectoryStore) -
         store.set_reward("a", reward=1.0)
 
 
-def test_reward_reports_and_defaults(store: TrajectoryStore) -> None:
+def test_reward_reports_and_defaults(store: SQLiteStore) -> None:
     start_rollout(store, "r1")
     start_rollout(store, "r2")
     assert store.set_reward("r1", 0.0, defaulted=True) is True
@@ -262,7 +262,7 @@ def test_bad_writes_raise_naming_the_field_and_change_nothing(store, write, mess
     assert dump(store.path) == before
 
 
-def test_one_failing_write_in_a_batch_leaves_the_others_committed(store: TrajectoryStore) -> None:
+def test_one_failing_write_in_a_batch_leaves_the_others_committed(store: SQLiteStore) -> None:
     start_rollout(store, "r1")
 
     async def main() -> list:
@@ -278,7 +278,7 @@ def test_one_failing_write_in_a_batch_leaves_the_others_committed(store: Traject
 # ---- concurrency, history, reopen ------------------------------------------------------
 
 
-async def test_concurrent_async_writers_all_commit(store: TrajectoryStore) -> None:
+async def test_concurrent_async_writers_all_commit(store: SQLiteStore) -> None:
     for w in range(32):
         start_rollout(store, f"r{w}")
 
@@ -301,7 +301,7 @@ async def test_concurrent_async_writers_all_commit(store: TrajectoryStore) -> No
     assert [c.arguments["i"] for c in got[5].tool_calls] == list(range(10))
 
 
-async def test_a_cancelled_awaiter_does_not_cancel_its_write(store: TrajectoryStore) -> None:
+async def test_a_cancelled_awaiter_does_not_cancel_its_write(store: SQLiteStore) -> None:
     start_rollout(store, "r1")
     task = asyncio.ensure_future(store.aadd_turn(make_turn("r1", 0, (1, 2))))
     await asyncio.sleep(0)
@@ -312,7 +312,7 @@ async def test_a_cancelled_awaiter_does_not_cancel_its_write(store: TrajectorySt
     assert store.count_turns("r1") == 1
 
 
-def test_reads_from_other_threads_see_every_returned_write(store: TrajectoryStore) -> None:
+def test_reads_from_other_threads_see_every_returned_write(store: SQLiteStore) -> None:
     start_rollout(store, "r1")
     errors: list[BaseException] = []
 
@@ -333,7 +333,7 @@ def test_reads_from_other_threads_see_every_returned_write(store: TrajectoryStor
     assert errors == [] and store.count_turns("r1") == 40
 
 
-def test_nothing_is_kept_in_memory_per_stored_turn(store: TrajectoryStore) -> None:
+def test_nothing_is_kept_in_memory_per_stored_turn(store: SQLiteStore) -> None:
     import gc
     import tracemalloc
 
@@ -358,7 +358,7 @@ def test_nothing_is_kept_in_memory_per_stored_turn(store: TrajectoryStore) -> No
     assert grown < 50_000, f"{grown} bytes kept after 500 turns (each ~3 KB of ids)"
 
 
-def test_metric_history(store: TrajectoryStore) -> None:
+def test_metric_history(store: SQLiteStore) -> None:
     store.log_metrics(0, {"rollout/reward/mean": 0.25, "train/loss": 1.5})
     store.log_metrics(2, {"rollout/reward/mean": 0.75})
     store.log_metrics(1, {"rollout/reward/mean": 0.5})
@@ -375,7 +375,7 @@ def test_metric_history(store: TrajectoryStore) -> None:
 def test_reopen_after_close_keeps_everything(tmp_path: Path) -> None:
     path = tmp_path / "trajectories.db"
     task, rollout = full_rollout()
-    with TrajectoryStore(path) as first:
+    with SQLiteStore(path) as first:
         first.put_task(task)
         first.create_rollout(rollout, TOKEN_HASH)
         first.mark_trained([rollout.id], step=7)
@@ -388,7 +388,7 @@ def test_reopen_after_close_keeps_everything(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="closed"):
         first.count_turns("r-open")
 
-    second = TrajectoryStore(path)
+    second = SQLiteStore(path)
     try:
         assert second.schema_version == 1 and second.get_meta("schema_version") == 1
         assert second.get_rollout(rollout.id) == rollout and second.trained_step(rollout.id) == 7
@@ -403,22 +403,22 @@ def test_reopen_after_close_keeps_everything(tmp_path: Path) -> None:
 
 def test_refuses_a_newer_schema_and_foreign_files(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
-    TrajectoryStore(path).close()
+    SQLiteStore(path).close()
     with sqlite3.connect(path) as conn:
         conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     with pytest.raises(RuntimeError, match="schema_version 99 is newer"):
-        TrajectoryStore(path)
+        SQLiteStore(path)
     other = tmp_path / "other.db"
     with sqlite3.connect(other) as conn:
         conn.execute("CREATE TABLE x (a)")
     with pytest.raises(RuntimeError, match="not a trajectory store"):
-        TrajectoryStore(other)
+        SQLiteStore(other)
 
 
 # ---- export -------------------------------------------------------------------------------
 
 
-def test_export_jsonl_writes_one_self_contained_line_per_rollout(store: TrajectoryStore, tmp_path: Path) -> None:
+def test_export_jsonl_writes_one_self_contained_line_per_rollout(store: SQLiteStore, tmp_path: Path) -> None:
     task, rollout = full_rollout()
     store.put_task(task)
     store.create_rollout(rollout, TOKEN_HASH)
@@ -450,10 +450,10 @@ def test_export_jsonl_writes_one_self_contained_line_per_rollout(store: Trajecto
 _CHILD = textwrap.dedent(
     """
     import asyncio, sys
-    from mtrl_runtime.store import TrajectoryStore, hash_token
+    from mtrl_runtime.store import SQLiteStore, hash_token
     from mtrl_runtime.types import Rollout, Task, Turn
 
-    store = TrajectoryStore(sys.argv[1])
+    store = SQLiteStore(sys.argv[1])
     store.put_task(Task(id="t", prompt="p"))
 
     async def agent(w):
@@ -491,7 +491,7 @@ def test_sigkill_loses_no_answered_turn(tmp_path: Path) -> None:
         child.kill()
         child.wait()
     assert child.returncode == -signal.SIGKILL
-    with TrajectoryStore(db) as store:
+    with SQLiteStore(db) as store:
         for rollout_id, index in printed:
             turn = next((t for t in store.get_rollout(rollout_id).turns if t.index == int(index)), None)
             assert turn is not None, f"answered turn {rollout_id}/{index} lost"
@@ -501,7 +501,7 @@ def test_sigkill_loses_no_answered_turn(tmp_path: Path) -> None:
 def test_exports_only_public_names() -> None:
     import mtrl_runtime.store as store_pkg
 
-    assert store_pkg.__all__ == ["TrajectoryStore", "hash_token"]
+    assert store_pkg.__all__ == ["STORES", "SQLiteStore", "TrajectoryStore", "hash_token", "open_store"]
     assert hash_token("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
 
 
@@ -509,7 +509,7 @@ def test_exports_only_public_names() -> None:
 
 
 async def _bench(path: Path, writers: int = 32, rollouts_per_writer: int = 25, turns: int = 4) -> dict:
-    store = TrajectoryStore(path)
+    store = SQLiteStore(path)
     store.put_task(Task(id="t", prompt="p"))
     latencies: list[float] = []
 

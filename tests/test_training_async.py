@@ -10,11 +10,11 @@ import torch
 import _lookup_task as lookup
 from mtrl_runtime.algorithms import AdvantageParams
 from mtrl_runtime.config import MtrlConfig
-from mtrl_runtime.store import TrajectoryStore, hash_token
+from mtrl_runtime.store import SQLiteStore, hash_token
 from mtrl_runtime.testing import tiny_model
+from mtrl_runtime.rollouts import GroupResult
 from mtrl_runtime.training import (
     Checkpoints,
-    GroupResult,
     MultiTurnRLTrainer,
     PolicyUpdate,
     build_policy,
@@ -34,7 +34,7 @@ def async_run(tmp_path_factory):
         agent_env=lookup.agent, training_dataset=lookup.tasks(), config=MtrlConfig.from_dict(cfg),
         engine=lookup.build_engine(seed=1), tracking=False,
     ).train(progress=False)
-    store = TrajectoryStore(run / "trajectories.db")
+    store = SQLiteStore(run / "trajectories.db")
     yield result, store
     store.close()
 
@@ -77,7 +77,7 @@ def test_samples_beyond_the_bound_are_dropped_and_counted(async_run):
     assert gone.samples == [] and gone.rollout_ids == [] and gone.metrics["async/stale_samples_dropped"] == built
 
 
-def _finished_rollouts(store: TrajectoryStore, n: int) -> list[str]:
+def _finished_rollouts(store: SQLiteStore, n: int) -> list[str]:
     store.put_task(Task(id="t", prompt="p"))
     ids = []
     for i in range(n):
@@ -89,7 +89,7 @@ def _finished_rollouts(store: TrajectoryStore, n: int) -> list[str]:
 
 
 def test_checkpoints_commit_trained_steps_once_and_are_atomic(tmp_path, tiny_tok):
-    store = TrajectoryStore(tmp_path / "trajectories.db")
+    store = SQLiteStore(tmp_path / "trajectories.db")
     ids = _finished_rollouts(store, 4)
     update = PolicyUpdate(build_policy(tiny_model(tiny_tok), tiny_tok, rank=4, alpha=8))
     checkpoints = Checkpoints(tmp_path, store, keep=2)
@@ -145,7 +145,7 @@ def test_an_engine_in_another_process_gets_each_version_as_an_adapter_folder(tmp
     assert engine.adapters == [(str(folder / f"v{v}"), v) for v in (1, 2, 3)]
     assert sorted(p.name for p in folder.iterdir()) == ["v2", "v3"]  # older versions are removed
     assert (folder / "v3" / "adapter_config.json").is_file()
-    store = TrajectoryStore(tmp_path / "run" / "trajectories.db")
+    store = SQLiteStore(tmp_path / "run" / "trajectories.db")
     versions = {r.step: {t.policy_version for t in r.turns} for r in store.rollouts()}
     store.close()
     assert versions == {0: {0}, 1: {1}, 2: {2}}  # each step's turns came from the version pushed before it

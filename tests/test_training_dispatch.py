@@ -14,7 +14,7 @@ from mtrl_adapters import aupdate_reward, current_rollout, rollout
 from mtrl_runtime.config import GroupPolicyConfig, MtrlConfig
 from mtrl_runtime.engines import ScriptedEngine
 from mtrl_runtime.executors import InProcessExecutor
-from mtrl_runtime.training import GROUP_POLICIES, Dispatcher, GroupRound, TaskSchedule, load_tasks
+from mtrl_runtime.rollouts import GROUP_POLICIES, Dispatcher, GroupRound, TaskSchedule, load_tasks
 from mtrl_runtime.types import RolloutStatus, Task
 
 

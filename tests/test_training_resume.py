@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 import _lookup_task as lookup
-from mtrl_runtime.store import TrajectoryStore
+from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.types import RolloutStatus
 
 TESTS = Path(__file__).parent
@@ -87,7 +87,7 @@ def _kill_during_an_uncheckpointed_step(proc: subprocess.Popen, run: Path) -> in
 def test_sigkill_then_resume_loses_nothing_and_trains_nothing_twice(tmp_path):
     config, run = _write_run(tmp_path)
     start = _kill_during_an_uncheckpointed_step(_train(config), run)  # 2 or 4: checkpoints every 2 steps
-    killed = TrajectoryStore(run / "trajectories.db")
+    killed = SQLiteStore(run / "trajectories.db")
     before = {r.id: r for r in killed.rollouts(with_turns=False)}
     # only checkpointed steps are committed: step `start` was trained, but its update died with the process
     assert [s for s, _, _ in killed.metric_history("time/step")] == list(range(start))
@@ -98,7 +98,7 @@ def test_sigkill_then_resume_loses_nothing_and_trains_nothing_twice(tmp_path):
     out, _ = resumed.communicate(timeout=240)
     assert resumed.returncode == 0, out
 
-    store = TrajectoryStore(run / "trajectories.db")
+    store = SQLiteStore(run / "trajectories.db")
     try:
         rollouts = store.rollouts(with_turns=False)
         trained_at = {r.id: store.trained_step(r.id) for r in rollouts}

@@ -22,7 +22,7 @@ import _eval_agents as agents
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.engines import ScriptedEngine
 from mtrl_runtime.evaluation import sample_seed
-from mtrl_runtime.store import TrajectoryStore
+from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.training import MultiTurnRLTrainer
 
 TRAIN = [{"id": f"train-{n}", "prompt": f"question {n}", "ground_truth": 42} for n in "ab"]
@@ -73,7 +73,7 @@ def train(tmp_path: Path, model_dir: Path, tok: Any, script: Script, *, strict: 
     return trainer.train(progress=False, on_step=on_step)
 
 
-def val_steps(store: TrajectoryStore) -> list[int]:
+def val_steps(store: SQLiteStore) -> list[int]:
     return [s for s, _, _ in store.metric_history("val/reward/mean")]
 
 
@@ -86,7 +86,7 @@ def healthy(tmp_path_factory, tiny_model_dir, tiny_tok):
     tmp = tmp_path_factory.mktemp("healthy")
     script = Script(alternating)
     result = train(tmp, tiny_model_dir, tiny_tok, script)
-    store = TrajectoryStore(tmp / "run" / "trajectories.db")
+    store = SQLiteStore(tmp / "run" / "trajectories.db")
     yield result, store, script
     store.close()
 
@@ -148,7 +148,7 @@ def test_async_runs_validate_the_policy_of_their_step_while_later_steps_collect(
                                 config=cfg, engine=ScriptedEngine(tiny_tok, Script(alternating)), validation_dataset=VAL,
                                 tracking=False).train(progress=False)
     assert [r.step for r in result.reports if "val/reward/mean" in r.metrics] == [0, 2, 3]
-    store = TrajectoryStore(tmp_path / "run" / "trajectories.db")
+    store = SQLiteStore(tmp_path / "run" / "trajectories.db")
     try:
         versions = defaultdict(set)
         for rollout in store.rollouts():
@@ -171,7 +171,7 @@ def test_an_early_stop_still_validates_the_policy_it_leaves(tmp_path, tiny_model
     assert [r.step for r in result.reports] == [0, 1] and seen == [True, False]
     assert result.reports[-1].metrics["val/reward/pass_k_2"] == 1.0  # the pass after the stop joined the report
     assert (tmp_path / "run" / "checkpoints" / "step-000002").is_dir()
-    store = TrajectoryStore(tmp_path / "run" / "trajectories.db")
+    store = SQLiteStore(tmp_path / "run" / "trajectories.db")
     try:
         assert val_steps(store) == [0, 2]
         assert {t.policy_version for r in store.rollouts() if r.group_id.startswith("val-s2-") for t in r.turns} == {2}
@@ -223,7 +223,7 @@ def test_a_resumed_run_repeats_no_pass_and_no_finding(tmp_path, tiny_model_dir, 
     assert "val/reward/mean" not in second.reports[0].metrics  # step 2's pass ran after the first run's last step
     # the history of the first run counts: all-alike groups at steps 0, 1, 2 fire at step 2, said once overall
     assert [rules(r) for r in second.reports] == [["zero_advantage_groups"], []]
-    store = TrajectoryStore(tmp_path / "run" / "trajectories.db")
+    store = SQLiteStore(tmp_path / "run" / "trajectories.db")
     try:
         assert val_steps(store) == [0, 2, 4]
         groups = Counter(r.group_id for r in store.rollouts(with_turns=False) if r.group_id.startswith("val-"))
@@ -263,7 +263,7 @@ def test_cli_train_with_a_validation_split_and_a_strict_scorer(tmp_path, tiny_mo
     assert main([*args, "--val-dataset", str(tmp_path / "held_out.jsonl"), "--val-split", "val"]) == 0
     captured = capsys.readouterr()
     assert "validation: reward 1.000  pass@1 1.000  pass@2 1.000  strict 1.000" in captured.err
-    store = TrajectoryStore(tmp_path / "run" / "trajectories.db")
+    store = SQLiteStore(tmp_path / "run" / "trajectories.db")
     try:
         assert val_steps(store) == [0, 1, 2]
         validation = [r for r in store.rollouts(with_turns=False) if r.group_id.startswith("val-")]

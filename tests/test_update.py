@@ -204,11 +204,11 @@ def test_unknown_loss_is_an_error_listing_known_names():
 
 
 def test_checkpoints_keep_the_newest_and_remove_what_a_dead_write_left(tokenizer, tmp_path):
-    from mtrl_runtime.store import TrajectoryStore
+    from mtrl_runtime.store import SQLiteStore
     from mtrl_runtime.training._checkpoint import Checkpoints
 
     update = PolicyUpdate(make_policy(tokenizer), UpdateSettings(precision="fp32"))
-    with TrajectoryStore(tmp_path / "trajectories.db") as store:
+    with SQLiteStore(tmp_path / "trajectories.db") as store:
         checkpoints = Checkpoints(tmp_path, store, keep=3)
         dead = [tmp_path / "checkpoints" / ".step-000004.tmp-abc", tmp_path / "checkpoints" / ".step-000002.old-77"]
         for folder in dead:  # what a SIGKILL mid-write leaves

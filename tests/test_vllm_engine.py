@@ -23,8 +23,8 @@ import pytest_asyncio
 import torch
 
 from mtrl_runtime.engines import HFEngine, VLLMEngine, VLLMServerError, create_engine, resolve_model
-from mtrl_runtime.engines._vllm_server import VLLMServer, find_vllm_python, free_port
-from mtrl_runtime.engines._vllm_wire import top_logprobs
+from mtrl_runtime.engines.vllm._server import VLLMServer, find_vllm_python, free_port
+from mtrl_runtime.engines.vllm._wire import top_logprobs
 from mtrl_runtime.types import GenerationRequest, RolloutSpec, RolloutStatus, SamplingParams, Task
 
 pytestmark = pytest.mark.timeout(1800)
@@ -190,11 +190,11 @@ async def test_a_rollout_through_the_coordinator_records_vllm_tokens(engine: VLL
     handle = served(engine)
     task = Task(id="t0", prompt="Name two rivers.")
     created = handle.coordinator.create_rollout(task)
-    spec = RolloutSpec(created.id, created.group_id, task, created.token, handle.url, "policy",
+    spec = RolloutSpec(created.rollout_id, created.group_id, task, created.token, handle.url, "policy",
                        SamplingParams(max_tokens=24, seed=1), max_turns=2, timeout_s=600)
     outcome = await InProcessExecutor(agent).run(spec)
     assert outcome.status is RolloutStatus.COMPLETED, outcome.error
-    rollout = handle.store.get_rollout(created.id)
+    rollout = handle.store.get_rollout(created.rollout_id)
     assert len(rollout.turns) == 2 and rollout.turns[1].break_reason is None  # the second turn extends the first
     first, second = rollout.turns
     assert second.prompt_ids[: len(first.prompt_ids) + len(first.completion_ids)] == first.prompt_ids + first.completion_ids

@@ -29,13 +29,14 @@ Options shared by all losses (``LossParams``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from ..registry import Registry
 
-LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+if TYPE_CHECKING:  # the losses use tensor methods only, so the registry's names load without torch
+    import torch
+
+LossFn = Callable[..., "tuple[torch.Tensor, dict[str, float]]"]
 LOSSES: Registry[LossFn] = Registry("loss function")
 
 LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: beyond this a ratio is noise, and exp would overflow in bf16
@@ -91,10 +92,10 @@ def _ratio_and_weight(
     """(ratio the loss clips, detached TIS weight or None). See the module docstring."""
     if params.tis_cap is None:
         log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-        return torch.exp(log_ratio), None
+        return log_ratio.exp(), None
     proximal = logprobs.detach()
-    weight = torch.exp((proximal - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
-    return torch.exp(logprobs - proximal), weight.clamp(max=params.tis_cap)
+    weight = (proximal - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT).exp()
+    return (logprobs - proximal).exp(), weight.clamp(max=params.tis_cap)
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -144,15 +145,14 @@ def _finish(
         if ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs_BT (the reference policy's logprobs)")
         delta = ref_logprobs - logprobs
-        kl_BT = torch.exp(delta) - delta - 1.0
+        kl_BT = delta.exp() - delta - 1.0
         loss_BT = loss_BT + params.kl_coef * kl_BT
         metrics["kl_ref"] = _masked_mean(kl_BT.detach(), mask)
-    with torch.no_grad():
-        log_r = (logprobs - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-        metrics["ratio_mean"] = _masked_mean(torch.exp(log_r), mask)
-        # k3 estimate of KL(behaviour || current), sampled from the behaviour policy
-        metrics["approx_kl"] = _masked_mean(torch.exp(log_r) - 1.0 - log_r, mask)
-        metrics["tokens"] = float(mask.sum())
+    log_r = (logprobs.detach() - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # metrics: no graph
+    metrics["ratio_mean"] = _masked_mean(log_r.exp(), mask)
+    # k3 estimate of KL(behaviour || current), sampled from the behaviour policy
+    metrics["approx_kl"] = _masked_mean(log_r.exp() - 1.0 - log_r, mask)
+    metrics["tokens"] = float(mask.sum())
     return aggregate(loss_BT, mask, params.aggregation, normalizer), metrics
 
 
@@ -179,7 +179,7 @@ def ppo(
     ratio, weight = _ratio_and_weight(logprobs_BT, old_logprobs_BT, params)
     unclipped = ratio * advantages_BT
     clipped = ratio.clamp(low, high) * advantages_BT
-    objective = torch.minimum(unclipped, clipped)
+    objective = unclipped.minimum(clipped)
     mask = mask_BT.to(logprobs_BT.dtype)
     metrics = {"clip_fraction": _masked_mean((clipped < unclipped).to(mask.dtype), mask)}
     return _finish(

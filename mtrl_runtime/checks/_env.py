@@ -27,7 +27,8 @@ from typing import Any, Mapping, Sequence
 
 from ..config import MtrlConfig
 from ..envs import describe_tools, diff_messages
-from ..evaluation import EvalPlan, RolloutStack, conversation, open_stack, run_side, run_tag, select_tasks
+from ..evaluation import EvalPlan, conversation, run_side, run_tag, select_tasks
+from ..rollouts import Dispatcher, open_stack
 from ..types import Rollout, RolloutStatus, Task
 from ._checklist import CheckItem, Checklist, failed, passed
 
@@ -45,15 +46,13 @@ async def acheck_env(
     output_path: str | Path | None = None,
 ) -> Checklist:
     """Run the determinism and isolation episodes on the first two tasks (or ``task_ids``) and list the tools."""
-    from ..training._trainer import _as_config
-
-    cfg = _as_config(config)
+    cfg = MtrlConfig.coerce(config)
     tasks = _pick(select_tasks(dataset, split), task_ids)
     sampling = cfg.core.val_sampling_params.model_copy(update={"temperature": 0.0})
     folder = Path(output_path) if output_path is not None else cfg.run_dir / "checks"
     served = EvalPlan.from_config(cfg, tasks, samples=1, sampling=sampling).dispatch_config(cfg)
     async with open_stack(served, agent_env, folder / "check_env.db", engine) as stack:
-        runs = _Runs(stack, cfg, sampling, run_tag())
+        runs = _Runs(stack.dispatcher(), cfg, sampling, run_tag())
         first = await runs.one(tasks[0], "a")
         second = await runs.one(tasks[0], "b")
         solo = [first] + [await runs.one(t, f"solo{i}") for i, t in enumerate(tasks[1:], start=1)]
@@ -73,24 +72,24 @@ def check_env(*args: Any, **kwargs: Any) -> Checklist:
 
 
 class _Runs:
-    """Runs single rollouts on the stack with one fixed seed and temperature 0; keeps every rollout."""
+    """Runs single rollouts through the dispatcher with one fixed seed and temperature 0; keeps every rollout."""
 
-    def __init__(self, stack: RolloutStack, config: MtrlConfig, sampling: Any, tag: str) -> None:
-        self.stack, self.config, self.sampling, self.tag = stack, config, sampling, tag
+    def __init__(self, dispatcher: Dispatcher, config: MtrlConfig, sampling: Any, tag: str) -> None:
+        self.dispatcher, self.config, self.sampling, self.tag = dispatcher, config, sampling, tag
         self.all: list[Rollout] = []
 
     def _plan(self, tasks: Sequence[Task]) -> EvalPlan:
         return EvalPlan.from_config(self.config, tasks, samples=1, sampling=self.sampling)
 
     async def one(self, task: Task, label: str) -> Rollout:
-        side = await run_side(self.stack, self._plan([task]), label=label, group_prefix=f"check-env-{self.tag}-{label}")
+        side = await run_side(self.dispatcher, self._plan([task]), label=label, group_prefix=f"check-env-{self.tag}-{label}")
         self.all.extend(side.rollouts)
         return side.rollouts[0]
 
     async def together(self, tasks: Sequence[Task]) -> list[Rollout]:
         """One rollout per task, all at once (a task given twice runs twice)."""
         if len({t.id for t in tasks}) == len(tasks):
-            side = await run_side(self.stack, self._plan(tasks), label="together",
+            side = await run_side(self.dispatcher, self._plan(tasks), label="together",
                                   group_prefix=f"check-env-{self.tag}-together")
             self.all.extend(side.rollouts)
             by_task = {r.task_id: r for r in side.rollouts}

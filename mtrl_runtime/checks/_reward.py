@@ -31,11 +31,11 @@ from ..evaluation import (
     StrictScorer,
     as_strict_scorer,
     compare_with_strict,
-    open_stack,
     run_side,
     run_tag,
     select_tasks,
 )
+from ..rollouts import open_stack
 from ..types import Rollout, Task
 from ._checklist import CheckItem, Checklist, failed, passed, skipped
 
@@ -211,15 +211,13 @@ async def acheck_reward(
     output_path: str | Path | None = None,
 ) -> Checklist:
     """Run ``max_tasks`` x ``samples`` baseline rollouts (training sampling) and check the reward."""
-    from ..training._trainer import _as_config
-
-    cfg = _as_config(config)
+    cfg = MtrlConfig.coerce(config)
     tasks = select_tasks(dataset, split, max_tasks)
     k = samples if samples is not None else min(cfg.core.group_size, DEFAULT_MAX_SAMPLES)
     plan = EvalPlan.from_config(cfg, tasks, samples=k, sampling=cfg.core.sampling_params)
     folder = Path(output_path) if output_path is not None else cfg.run_dir / "checks"
     async with open_stack(cfg, agent_env, folder / "check_reward.db", engine) as stack:
-        side = await run_side(stack, plan, label="baseline", group_prefix=f"check-reward-{run_tag()}")
+        side = await run_side(stack.dispatcher(), plan, label="baseline", group_prefix=f"check-reward-{run_tag()}")
     return reward_checklist(side.rollouts, plan.task_map, success_threshold=plan.success_threshold,
                             reward_range=reward_range, strict_scorer=strict_scorer)
 

@@ -1,53 +1,150 @@
-"""The coordinator: live rollouts, their tokens, and the capture of every model call.
+"""The coordinator: live rollouts, their tokens, the capture of every model call, and each rollout's end.
 
-The HTTP routes and the in-process dispatcher both call this object; it owns
-the engine, the store, the chat renderer and, per live rollout, the
-conversation state that makes token-in-token-out work. A rollout leaves
-memory when it reaches a final status, so memory stays bounded however many
+The HTTP routes and the rollout dispatcher call this object and nothing
+behind it (the ``RolloutCoordinator`` protocol in ``types`` is what they may
+rely on). It is composed of collaborators, each owning its own state:
+
+- ``LiveRollouts`` (``_live``): creation, secret tokens, lookup, and each
+  live rollout's state machine (``_lifecycle.RolloutLife``);
+- ``CallCapture`` (``_capture``): model calls, each attributed one committed
+  as a turn before it is answered;
+- ``ReportIntake`` (``_reports``): tool calls, rewards, the agent's own end,
+  a rollout's state;
+- ``RolloutEnds`` (``_ends``): the one place an end is decided (by the state
+  machine, from typed events) and written.
+
+A rollout leaves memory when it ends, so memory stays bounded however many
 rollouts a run makes; later lookups read the store.
-
-Its parts: ``_rollouts`` (creation, tokens, lookup), ``_capture`` (model
-calls, each attributed one committed as a turn before it is answered) and
-``_reports`` (tool calls, rewards, the end, state).
 """
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
+from typing import Any, Mapping
 
-from ..chat import ChatRenderer, PromptBuilder
-from ..config import MtrlConfig
-from ..store import TrajectoryStore, hash_token
-from ..types import PolicyEngine
+from mtrl_adapters.wire import CompletionReport, RewardReport, RolloutState, ToolCallReport
+
+from ..config import MtrlConfig, ServerConfig
+from ..store import hash_token
+from ..types import (
+    ExecutorEnded,
+    PolicyEngine,
+    Rollout,
+    RolloutEvent,
+    RolloutHandle,
+    RolloutStatus,
+    SamplingParams,
+    Task,
+    TrajectoryStore,
+)
 from ._capture import CallCapture, ChatResult
+from ._ends import RolloutEnds
+from ._lifecycle import Ending, RolloutLife, deadline_error
+from ._live import LiveRollouts, VerifiedToken
 from ._reports import ReportIntake
-from ._rollouts import LiveRollout, RolloutHandle, VerifiedToken
 
 
-class Coordinator(CallCapture, ReportIntake):
-    """Creates rollouts, serves and records their model calls, and takes their reports."""
+class Coordinator:
+    """Creates rollouts, serves and records their model calls, takes their reports and ends them."""
 
     def __init__(self, engine: PolicyEngine, store: TrajectoryStore, config: MtrlConfig | None = None) -> None:
         self.engine = engine
         self.store = store
         self.config = config or MtrlConfig()
-        self.renderer = ChatRenderer(engine.tokenizer)
-        self.builder = PromptBuilder(self.renderer)
         self.counters: Counter[str] = Counter()
-        self._live: dict[str, LiveRollout] = {}
-        self._live_lock = threading.Lock()
         core = self.config.core
         self.default_sampling = core.sampling_params.to_params()
         self.max_tokens_cap = max(core.sampling_params.max_tokens, core.val_sampling_params.max_tokens)
+        self._live = LiveRollouts(store, self.counters, core.max_turns)
+        self._capture = CallCapture(engine, store, self._live, self.counters)
+        self._ends = RolloutEnds(store, self._live, self.counters, self.config.advanced.default_reward)
+        self._reports = ReportIntake(store, self._live, self._ends, self.counters)
 
+    # ------------------------------------------------------------------ what the server shows
     @property
     def model_name(self) -> str:
         return self.config.core.model
 
     @property
+    def engine_name(self) -> str:
+        return self.engine.name
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer replies are decoded with (for OpenAI ``logprobs`` token strings)."""
+        return self.engine.tokenizer
+
+    @property
     def policy_version(self) -> int:
         return self.engine.policy_version
 
+    @property
+    def server_config(self) -> ServerConfig:
+        return self.config.advanced.server
 
-__all__ = ["ChatResult", "Coordinator", "RolloutHandle", "VerifiedToken", "hash_token"]
+    # ------------------------------------------------------------------ rollouts
+    def create_rollout(
+        self, task: Task, group_id: str | None = None, *, step: int | None = None, max_turns: int | None = None
+    ) -> RolloutHandle:
+        """Register a rollout (durably) and return its id and token. Thread-safe."""
+        return self._live.create(task, group_id, self.engine.policy_version, step=step, max_turns=max_turns)
+
+    def live_rollout_ids(self) -> list[str]:
+        return self._live.ids()
+
+    def recorded(self, rollout_id: str, with_turns: bool = True) -> Rollout | None:
+        """The rollout as the store holds it (turns and tool calls included unless ``with_turns`` is False)."""
+        return self.store.get_rollout(rollout_id, with_turns=with_turns)
+
+    # ------------------------------------------------------------------ model calls
+    async def chat(
+        self,
+        rollout_id: str | None,
+        token: str | None,
+        messages: list[Mapping[str, Any]],
+        tools: list[Mapping[str, Any]] | None,
+        sampling: SamplingParams,
+    ) -> ChatResult:
+        """Serve one chat completion; attributed calls are recorded before this returns."""
+        return await self._capture.chat(rollout_id, token, messages, tools, sampling)
+
+    # ------------------------------------------------------------------ reports
+    async def record_tool_call(self, rollout_id: str, token: str | None, report: ToolCallReport) -> None:
+        await self._reports.record_tool_call(rollout_id, token, report)
+
+    async def record_tool_calls(self, rollout_id: str, token: str | None, reports: list[ToolCallReport]) -> None:
+        """Several tool calls of one rollout (an adapter's buffer), committed together, in order."""
+        await self._reports.record_tool_calls(rollout_id, token, reports)
+
+    async def report_reward(self, rollout_id: str, token: str | None, report: RewardReport) -> None:
+        """Record ``update_reward``. Repeating a report is fine; changing it after the end is not."""
+        await self._reports.report_reward(rollout_id, token, report)
+
+    async def complete(self, rollout_id: str, token: str | None, report: CompletionReport) -> RolloutState:
+        """The agent's side reports how the agent ended; a repeated report of the same end is accepted."""
+        return await self._reports.complete(rollout_id, token, report)
+
+    async def request_end(self, rollout_id: str, token: str | None, status: RolloutStatus) -> bool:
+        """SageMaker compat: end once the reward is in; False when the rollout ended now (it had its reward)."""
+        return await self._reports.request_end(rollout_id, token, status)
+
+    def requested_end(self, rollout_id: str) -> RolloutStatus | None:
+        return self._reports.requested_end(rollout_id)
+
+    def state(self, rollout_id: str) -> RolloutState:
+        return self._reports.state(rollout_id)
+
+    def authorized_state(self, rollout_id: str, token: str | None) -> RolloutState:
+        return self._reports.authorized_state(rollout_id, token)
+
+    # ------------------------------------------------------------------ the end (trusted callers)
+    async def end(self, rollout_id: str, event: RolloutEvent) -> bool:
+        """Feed an end event (the dispatcher, the executor, a deadline); True if it ended the rollout now."""
+        return await self._ends.observe(rollout_id, event)
+
+    async def finish(self, rollout_id: str, status: RolloutStatus, error: str | None = None) -> bool:
+        """End a rollout with what its executor saw (``ExecutorEnded``); False if it had ended."""
+        return await self.end(rollout_id, ExecutorEnded(status, error))
+
+
+__all__ = ["ChatResult", "Coordinator", "Ending", "RolloutHandle", "RolloutLife", "VerifiedToken", "deadline_error", "hash_token"]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..chat import ChatRenderer, PromptBuilder, normalize_messages, parse_tool_calls
 from ..errors import BadRequest, Conflict, EngineFailure
-from ..types import Generation, GenerationRequest, SamplingParams, Turn
-from ._rollouts import LiveRollout, RolloutRegistry
+from ..types import Generation, GenerationRequest, PolicyEngine, SamplingParams, TrajectoryStore, Turn, TurnLimitHit
+from ._live import LiveRollout, LiveRollouts
 
 
 @dataclass(frozen=True)
@@ -24,11 +25,22 @@ class ChatResult:
     completion_text: str
 
 
-class CallCapture(RolloutRegistry):
+class CallCapture:
     """The coordinator's part that answers chat calls and records each attributed one as a turn."""
 
-    renderer: ChatRenderer
-    builder: PromptBuilder
+    def __init__(
+        self,
+        engine: PolicyEngine,
+        store: TrajectoryStore,
+        live: LiveRollouts,
+        counters: Counter[str],
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.live = live
+        self.counters = counters
+        self.renderer = ChatRenderer(engine.tokenizer)
+        self.builder = PromptBuilder(self.renderer)
 
     async def chat(
         self,
@@ -46,12 +58,12 @@ class CallCapture(RolloutRegistry):
         tools = list(tools or [])
         if rollout_id is None:
             return await self._inference(normalized, tools, sampling)
-        live = self._live_rollout(rollout_id, token)
+        live = self.live.running(rollout_id, token)
         async with live.lock:
-            if rollout_id not in self._live:
+            if self.live.get(rollout_id) is None:
                 raise Conflict(f"rollout {rollout_id!r} ended while this call waited", param="rollout_id")
             if live.turns >= live.max_turns:
-                live.hit_turn_limit = True
+                self.live.decide(rollout_id, TurnLimitHit())
                 self.counters["turn_limit_hits"] += 1
                 raise Conflict(
                     f"rollout {rollout_id!r} reached max_turns={live.max_turns}; end the episode",

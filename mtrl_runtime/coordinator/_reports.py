@@ -4,56 +4,61 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 
 from mtrl_adapters.wire import CompletionReport, RewardReport, RolloutState, ToolCallReport
 
 from ..errors import BadRequest, Conflict, RolloutNotFound
-from ..types import RolloutStatus, ToolCall
+from ..types import AgentEnded, RewardReported, RolloutStatus, ToolCall, TrajectoryStore
+from ._ends import RolloutEnds
 from ._errors import client_data
-from ._rollouts import LiveRollout, RolloutRegistry
+from ._live import LiveRollout, LiveRollouts
 
 
-class ReportIntake(RolloutRegistry):
-    """The coordinator's part that records reports, ends rollouts and answers their state."""
+class ReportIntake:
+    """The coordinator's part that records what agents report (tool calls, rewards, their end) and answers state."""
+
+    def __init__(self, store: TrajectoryStore, live: LiveRollouts, ends: RolloutEnds, counters: Counter[str]) -> None:
+        self.store = store
+        self.live = live
+        self.ends = ends
+        self.counters = counters
 
     async def record_tool_call(self, rollout_id: str, token: str | None, report: ToolCallReport) -> None:
-        live = self._live_rollout(rollout_id, token)
+        live = self.live.running(rollout_id, token)
         with client_data("tool_call"):
             await self.store.aadd_tool_call(_tool_call(live, report))
         self.counters["tool_calls"] += 1
 
     async def record_tool_calls(self, rollout_id: str, token: str | None, reports: list[ToolCallReport]) -> None:
         """Several tool calls of one rollout (an adapter's buffer), committed together, in order."""
-        live = self._live_rollout(rollout_id, token)
+        live = self.live.running(rollout_id, token)
         calls = [_tool_call(live, report) for report in reports]
         with client_data("calls"):
             await asyncio.gather(*(self.store.aadd_tool_call(call) for call in calls))
         self.counters["tool_calls"] += len(calls)
 
-    def request_end(self, rollout_id: str, token: str | None, status: RolloutStatus) -> bool:
-        """SageMaker compat: note the end an agent asked for before its reward; False if it has a reward.
+    async def request_end(self, rollout_id: str, token: str | None, status: RolloutStatus) -> bool:
+        """SageMaker compat: the agent ends its trajectory and reports its reward after; False if ended now.
 
         SageMaker's feedback client completes a trajectory, then reports its
         reward; the rollout stays live until the reward comes (or the executor
-        ends it), so the trainer never takes it without its reward.
+        ends it), so the trainer never takes it without its reward. A rollout
+        that has its reward already ends at once.
         """
-        live = self._live_rollout(rollout_id, token)
-        stored = self.store.get_rollout(rollout_id, with_turns=False)
-        if stored is not None and (stored.reward is not None or stored.turn_rewards is not None):
-            return False
-        live.requested_end = status
-        return True
+        self.live.running(rollout_id, token)
+        return not await self.ends.observe(rollout_id, AgentEnded(status, awaits_reward=True))
 
     def requested_end(self, rollout_id: str) -> RolloutStatus | None:
-        """The end a live rollout's agent asked for and that still waits (SageMaker compat)."""
-        live = self._live_or_none(rollout_id)
-        return live.requested_end if live is not None else None
+        """The end a live rollout's agent asked for and that still waits for the reward (SageMaker compat)."""
+        live = self.live.get(rollout_id)
+        return live.life.awaiting_reward if live is not None else None
 
     async def report_reward(self, rollout_id: str, token: str | None, report: RewardReport) -> None:
         """Record ``update_reward``. Repeating a report is fine; changing it after the end is not."""
-        live = self._live_or_none(rollout_id)
+        live = self.live.get(rollout_id)
         if live is None:
-            stored = self._ended_rollout(rollout_id, token)
+            stored = self.live.ended(rollout_id, token)
             if (stored.reward, stored.turn_rewards) == (report.reward, _tuple(report.turn_rewards)) and not stored.reward_defaulted:
                 return
             raise Conflict(
@@ -61,7 +66,7 @@ class ReportIntake(RolloutRegistry):
                 f"a different reward ({report.reward if report.turn_rewards is None else report.turn_rewards}) is refused",
                 param="reward",
             )
-        self._check_token(rollout_id, live.token_hash, token)
+        self.live.check_token(rollout_id, live.token_hash, token)
         if report.turn_rewards is not None and len(report.turn_rewards) > live.turns:
             raise BadRequest(
                 f"turn_rewards has {len(report.turn_rewards)} values but rollout {rollout_id!r} has {live.turns} turns",
@@ -69,54 +74,29 @@ class ReportIntake(RolloutRegistry):
             )
         with client_data("reward"):
             await self.store.aset_reward(rollout_id, report.reward, _tuple(report.turn_rewards), dict(report.metrics))
+        await self.ends.observe(rollout_id, RewardReported())
 
     async def complete(self, rollout_id: str, token: str | None, report: CompletionReport) -> RolloutState:
-        """The agent says it is done; a repeated report of the same end is accepted."""
-        live = self._live_or_none(rollout_id)
+        """The agent says how it ended; a repeated report of the same end is accepted."""
+        live = self.live.get(rollout_id)
         if live is None:
-            stored = self._ended_rollout(rollout_id, token)
+            stored = self.live.ended(rollout_id, token)
             if stored.status.value != report.status:
                 raise Conflict(
                     f"rollout {rollout_id!r} already ended as {stored.status.value}; cannot end it as {report.status}",
                     param="status",
                 )
             return self.state(rollout_id)
-        self._check_token(rollout_id, live.token_hash, token)
-        await self.finish(rollout_id, RolloutStatus(report.status), report.error)
+        self.live.check_token(rollout_id, live.token_hash, token)
+        await self.ends.observe(rollout_id, AgentEnded(RolloutStatus(report.status), report.error))
         return self.state(rollout_id)
-
-    async def finish(self, rollout_id: str, status: RolloutStatus, error: str | None = None) -> bool:
-        """End a rollout (trusted callers: the dispatcher, timeouts). Returns False if it had ended."""
-        with self._live_lock:
-            live = self._live.pop(rollout_id, None)
-        if live is None:
-            return False
-        async with live.lock:  # let a call in flight finish recording its turn first
-            pass
-        stored = self.store.get_rollout(rollout_id, with_turns=False)
-        metrics: dict[str, float] = {}
-        if live.hit_turn_limit:
-            metrics["hit_turn_limit"] = 1.0
-        if stored is not None and stored.reward is None and stored.turn_rewards is None:
-            metrics["reward_defaulted"] = 1.0
-            await self.store.aset_reward(
-                rollout_id, self.config.advanced.default_reward, None, metrics, defaulted=True
-            )
-            self.counters["rewards_defaulted"] += 1
-        elif metrics and stored is not None:
-            await self.store.aset_reward(
-                rollout_id, stored.reward, stored.turn_rewards, {**stored.metrics, **metrics}, defaulted=False
-            )
-        changed = await self.store.afinish_rollout(rollout_id, status, error)
-        self.counters[f"rollouts_{status.value}"] += 1
-        return changed
 
     def state(self, rollout_id: str) -> RolloutState:
         rollout = self.store.get_rollout(rollout_id, with_turns=False)
         if rollout is None:
             raise RolloutNotFound(f"unknown rollout id {rollout_id!r}", param="rollout_id")
         return RolloutState(
-            id=rollout.id,
+            rollout_id=rollout.id,
             task_id=rollout.task_id,
             group_id=rollout.group_id,
             status=rollout.status.value,
@@ -132,7 +112,7 @@ class ReportIntake(RolloutRegistry):
         stored_hash = self.store.token_hash(rollout_id)
         if stored_hash is None:
             raise RolloutNotFound(f"unknown rollout id {rollout_id!r}", param="rollout_id")
-        self._check_token(rollout_id, stored_hash, token)
+        self.live.check_token(rollout_id, stored_hash, token)
         return self.state(rollout_id)
 
 

@@ -1,15 +1,45 @@
 """Policy engines: the registry, the ``hf`` and ``vllm`` engines, the ``scripted`` test double, model resolution.
 
 ``create_engine(name, model, **options)`` builds any registered engine;
-``resolve_model`` turns a model spec into a local Hugging Face folder.
+``resolve_model`` turns a model spec into a local Hugging Face folder. Each
+engine is one folder (``hf/``, ``vllm/``, ``scripted/``) with a ``create``
+factory; its names below are imported on first use, so importing this
+package (and listing ``ENGINES.names()``) never imports torch or transformers.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from ._loading import ModelNotFoundError, atomic_folder, default_cache_dir, resolve_model
-from ._jobs import EngineClosedError, EngineStats
 from ._registry import ENGINES, EngineFactory, create_engine
-from .hf import HFEngine
-from .scripted import ScriptedEngine, ScriptedFailure, ScriptedReply, ScriptExhausted, scripted_logprob
-from .vllm import VLLMEngine, VLLMRequestError, VLLMServerError
+from ._stats import EngineClosedError, EngineStats
+
+_LAZY = {  # name -> the engine folder that defines it
+    "HFEngine": ".hf",
+    "ScriptExhausted": ".scripted",
+    "ScriptedEngine": ".scripted",
+    "ScriptedFailure": ".scripted",
+    "ScriptedReply": ".scripted",
+    "scripted_logprob": ".scripted",
+    "VLLMEngine": ".vllm",
+    "VLLMRequestError": ".vllm",
+    "VLLMServerError": ".vllm",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value  # once imported, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "ENGINES",

@@ -1,13 +1,15 @@
-"""The engine registry: engine name → factory ``(model, **options) -> PolicyEngine``.
+"""The engine registry: engine name → the module (its folder) whose ``create(model, **options)`` builds it.
 
-Each engine module registers its factory with ``@ENGINES.register("name")``;
-``create_engine`` is the one door the CLI and the coordinator use. A new
-backend (``vllm``) is one module with one registered factory and one import
-line in the package ``__init__``.
+Names are listed without importing any engine (``ENGINES.names()``), so
+importing the registry never pulls in torch, transformers or httpx;
+``create_engine`` imports the engine's module on use and is the one door
+the CLI, the trainer and the stacks use. A new backend is one folder with a
+``create`` factory and one line here.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from typing import Any, Callable
 
@@ -15,8 +17,12 @@ from ..registry import Registry
 from ..types import PolicyEngine
 
 EngineFactory = Callable[..., PolicyEngine]
+"""What an engine folder's ``create`` is: ``(model, **options) -> PolicyEngine``."""
 
-ENGINES: Registry[EngineFactory] = Registry("engine")
+ENGINES: Registry[str] = Registry("engine")
+ENGINES.register("hf")("mtrl_runtime.engines.hf")
+ENGINES.register("vllm")("mtrl_runtime.engines.vllm")
+ENGINES.register("scripted")("mtrl_runtime.engines.scripted")
 
 
 def create_engine(name: str, model: str | None = None, **options: Any) -> PolicyEngine:
@@ -25,7 +31,7 @@ def create_engine(name: str, model: str | None = None, **options: Any) -> Policy
     ``options`` are the engine's own keyword options (``advanced.engine_options``
     in the config); an option the engine does not know is an error naming it.
     """
-    factory = ENGINES.get(name)
+    factory: EngineFactory = importlib.import_module(ENGINES.get(name)).create  # unknown: a KeyError naming the known
     try:
         inspect.signature(factory).bind(model, **options)
     except TypeError as exc:

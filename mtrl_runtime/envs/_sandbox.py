@@ -204,7 +204,7 @@ class SandboxPool:
 
     @contextmanager
     def session(self, rollout_id: str) -> Iterator[Sandbox]:
-        """``with pool.session(rid) as sandbox:`` — opened here, torn down on any exit."""
+        """``with pool.session(rollout_id) as sandbox:`` — opened here, torn down on any exit."""
         with self.open(rollout_id) as sandbox:
             yield sandbox
 

@@ -44,7 +44,6 @@ from ._run import (
     select_tasks,
     summarize,
 )
-from ._stack import RolloutStack, executor_for, open_stack
 from ._strict import (
     REWARD_ONLY,
     STRICT_ONLY,
@@ -69,7 +68,6 @@ __all__ = [
     "EvaluationResult",
     "MultiTurnRLEvaluator",
     "ReportPaths",
-    "RolloutStack",
     "SeededExecutor",
     "StrictComparison",
     "StrictScorer",
@@ -81,12 +79,10 @@ __all__ = [
     "conversation",
     "disputed_rollouts",
     "eval_metrics",
-    "executor_for",
     "final_text",
     "log_evaluation",
     "mean_reward",
     "mean_turns",
-    "open_stack",
     "pass_at_k",
     "pass_k_metrics",
     "plot_report",

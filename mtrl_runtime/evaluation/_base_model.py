@@ -22,30 +22,30 @@ import asyncio
 from contextlib import asynccontextmanager, nullcontext
 from typing import Any, AsyncIterator
 
+from ..types import PolicyEngine, SharedModelEngine
 
-def adapter_layers(engine: Any) -> list[Any]:
-    """The peft tuner layers inside the engine's model (empty when it holds no adapter)."""
-    model = getattr(engine, "model", None)
-    if model is None or not hasattr(model, "modules"):
+
+def adapter_layers(engine: PolicyEngine) -> list[Any]:
+    """The peft tuner layers inside the engine's model (empty when it holds no adapter or no model)."""
+    if not isinstance(engine, SharedModelEngine) or engine.model is None:
         return []
-    try:
-        from peft.tuners.tuners_utils import BaseTunerLayer
-    except ImportError:  # pragma: no cover - peft is a dependency of the runtime
-        return []
-    return [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    from peft.tuners.tuners_utils import BaseTunerLayer  # peft loads only for an engine that holds a model
+
+    return [m for m in engine.model.modules() if isinstance(m, BaseTunerLayer)]
 
 
 @asynccontextmanager
-async def base_policy(engine: Any) -> AsyncIterator[None]:
+async def base_policy(engine: PolicyEngine) -> AsyncIterator[None]:
     """Disable the engine's adapters and report version 0 for the duration (see the module docstring)."""
+    shared = engine if isinstance(engine, SharedModelEngine) else None
     layers = adapter_layers(engine)
-    lock = getattr(engine, "weights_lock", None) or nullcontext()
+    lock: Any = shared.weights_lock if shared is not None else nullcontext()
     was_disabled = [bool(layer.disable_adapters) for layer in layers]
     # peft's toggle also flips requires_grad of adapter weights: put each flag back as it was
     grads = [(p, p.requires_grad) for layer in layers for p in layer.parameters()]
     version = engine.policy_version
 
-    fold = getattr(engine, "lora_fold", None)  # the hf engine serves LoRA folded into the base weights
+    fold = shared.lora_fold if shared is not None else None  # the hf engine serves LoRA folded into the base weights
 
     def switch(to_base: bool) -> None:
         with lock:
@@ -59,11 +59,9 @@ async def base_policy(engine: Any) -> AsyncIterator[None]:
                 fold.fold()
             engine.policy_version = 0 if to_base else version
 
-    on_worker = getattr(engine, "on_worker", None)  # the hf engine: torch work on its model runs on its thread
-
     async def run(to_base: bool) -> None:
-        if on_worker is not None:
-            await on_worker(lambda: switch(to_base))
+        if shared is not None:  # torch work on the engine's model runs on the engine's own thread
+            await shared.on_worker(lambda: switch(to_base))
         else:
             await asyncio.to_thread(switch, to_base)
 

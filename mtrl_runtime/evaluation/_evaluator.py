@@ -28,14 +28,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 
 from ..config import MtrlConfig
+from ..rollouts import open_stack
 from ..types import Rollout, Task
 from ._base_model import base_policy
 from ._report import ReportPaths, report_data, write_report
 from ._run import EvalPlan, EvalSide, run_side, run_tag, select_tasks
-from ._stack import open_stack
 from ._strict import StrictScorer, as_strict_scorer
 
 FINE_TUNED = "fine_tuned"
@@ -75,6 +75,15 @@ class EvaluationResult:
         return out
 
 
+@runtime_checkable
+class _Trained(Protocol):
+    """What the evaluator reads of a ``MultiTurnRLTrainer`` passed as ``model``."""
+
+    config: MtrlConfig
+    agent_env: Any
+    engine: Any
+
+
 class MultiTurnRLEvaluator:
     """Evaluates an agent's policy on held-out tasks (see the module docstring)."""
 
@@ -95,10 +104,8 @@ class MultiTurnRLEvaluator:
         max_samples: int | None = None,
         tracking: bool = True,
     ) -> None:
-        from ..training._trainer import _as_config
-
         if model is not None and not isinstance(model, (str, Path)):  # a MultiTurnRLTrainer
-            if not hasattr(model, "config") or not hasattr(model, "agent_env"):
+            if not isinstance(model, _Trained):
                 raise TypeError(f"model: expected a model name or a MultiTurnRLTrainer, got {model!r}")
             config = model.config if config is None else config
             agent_env = model.agent_env if agent_env is None else agent_env
@@ -107,7 +114,7 @@ class MultiTurnRLEvaluator:
             if adapter is None and (trained / "adapter_config.json").is_file():
                 adapter = trained
             model = None
-        self.config = _as_config(config)
+        self.config = MtrlConfig.coerce(config)
         if model is not None:
             self.config = self.config.with_overrides({"core.model": str(model)})
         if agent_env is None:
@@ -145,11 +152,11 @@ class MultiTurnRLEvaluator:
             if self.adapter is not None:
                 await stack.engine.load_adapter(str(self.adapter), int(stack.engine.policy_version) + 1)
             if self.adapter is not None or stack.engine.policy_version > 0:
-                sides[FINE_TUNED] = await run_side(stack, plan, label=FINE_TUNED, group_prefix=f"eval-{tag}-ft",
+                sides[FINE_TUNED] = await run_side(stack.dispatcher(), plan, label=FINE_TUNED, group_prefix=f"eval-{tag}-ft",
                                                    scorer=self.strict_scorer)
             if self.evaluate_base_model or not sides:
                 async with base_policy(stack.engine):
-                    sides[BASE] = await run_side(stack, plan, label=BASE, group_prefix=f"eval-{tag}-base",
+                    sides[BASE] = await run_side(stack.dispatcher(), plan, label=BASE, group_prefix=f"eval-{tag}-base",
                                                  scorer=self.strict_scorer)
         data = report_data(list(sides.values()), plan)
         paths = await asyncio.to_thread(write_report, data, self.output_path / "report")

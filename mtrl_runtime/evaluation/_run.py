@@ -26,10 +26,10 @@ from typing import Any, Mapping, Sequence
 
 from ..config import MtrlConfig, SamplingConfig
 from ..diagnostics import BASE_SUCCESS
+from ..rollouts import Dispatcher, load_tasks
 from ..types import Rollout, RolloutExecutor, RolloutOutcome, RolloutSpec, Task
 from ._metrics import EvalRecord, eval_metrics, success_rate
 from ._records import record_of
-from ._stack import RolloutStack
 from ._strict import StrictComparison, StrictScorer, compare_with_strict
 
 
@@ -104,8 +104,6 @@ class EvalPlan:
 
 def select_tasks(dataset: Any, split: str | None = None, max_tasks: int | None = None) -> list[Task]:
     """Tasks of ``dataset`` (JSONL path or rows) with ``split``, the first ``max_tasks`` in file order."""
-    from ..training import load_tasks
-
     if max_tasks is not None and max_tasks < 1:
         raise ValueError(f"max_tasks: must be >= 1, got {max_tasks}")
     tasks = load_tasks(dataset)
@@ -175,7 +173,7 @@ def summarize(
 
 
 async def run_side(
-    stack: RolloutStack,
+    dispatcher: Dispatcher,
     plan: EvalPlan,
     *,
     label: str,
@@ -183,29 +181,22 @@ async def run_side(
     scorer: StrictScorer | None = None,
     prefix: str = "val",
 ) -> EvalSide:
-    """Run every task of ``plan`` k times on the engine as it is now and summarize the rollouts."""
-    from ..training import Dispatcher
+    """Run every task of ``plan`` k times on the policy served now and summarize the rollouts.
 
-    version = int(stack.engine.policy_version)
-    dispatcher = Dispatcher(stack.coordinator, SeededExecutor(stack.executor, plan),
-                            plan.dispatch_config(stack.config), stack.endpoint, stack.server_loop)
+    ``dispatcher`` is any dispatcher over the coordinator to evaluate on (its
+    executor runs the agent); the plan's sampling, seeds and k replace its own.
+    """
+    version = int(dispatcher.coordinator.policy_version)
+    seeded = dispatcher.with_plan(plan.dispatch_config(dispatcher.config), SeededExecutor(dispatcher.executor, plan))
     groups = await asyncio.gather(
-        *(_run_group(dispatcher, f"{group_prefix}-t{i}", task) for i, task in enumerate(plan.tasks))
+        *(seeded.run_group(f"{group_prefix}-t{i}", task) for i, task in enumerate(plan.tasks))
     )
     rollouts = [r for g in groups for r in g.finished]
     return summarize(label, rollouts, plan, scorer, prefix=prefix, policy_version=version)
 
 
-async def _run_group(dispatcher: Any, group_id: str, task: Task) -> Any:
-    """One group of the plan's k rollouts, outside any training step (``step`` None)."""
-    run_group = getattr(dispatcher, "run_group", None)
-    if run_group is not None:  # the public form, once the dispatcher has one
-        return await run_group(group_id, task)
-    return await dispatcher._group(None, group_id, task, ())
-
-
 async def run_validation(
-    dispatcher: Any,
+    dispatcher: Dispatcher,
     tasks: Sequence[Task],
     *,
     step: int,
@@ -220,9 +211,8 @@ async def run_validation(
     rule ``base_zero_success`` reads: the strict scorer's success rate when
     there is one (the independent judge of "solved"), else the reward's.
     """
-    stack = RolloutStack.from_dispatcher(dispatcher)
-    plan = EvalPlan.from_config(stack.config, tasks, max_samples=max_samples)
-    side = await run_side(stack, plan, label="policy", group_prefix=f"val-s{step}", scorer=strict_scorer)
+    plan = EvalPlan.from_config(dispatcher.config, tasks, max_samples=max_samples)
+    side = await run_side(dispatcher, plan, label="policy", group_prefix=f"val-s{step}", scorer=strict_scorer)
     if side.policy_version == 0:
         base = side.strict.success_rate if side.strict is not None else success_rate(side.records)
         side = replace(side, metrics={**side.metrics, BASE_SUCCESS: base})

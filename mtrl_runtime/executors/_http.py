@@ -11,10 +11,9 @@ it with the token as its API key. ``HttpExecutor.for_agentcore(url)``
 posts the same body to an AgentCore-style runtime (``/invocations``, ``/ping``).
 
 The agent reports its tool calls, reward and end to the coordinator itself.
-When the executor is given the coordinator, it also settles the rollout
-once the server answers: a rollout the agent did not end is ended with the
-status the server reported (or the end a SageMaker-style agent asked for
-before its reward), so none stays live.
+When the executor is given the coordinator, it also tells it what the server
+answered (``ExecutorEnded``) and returns the rollout's final status as the
+coordinator decided it, so none stays live.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import httpx
 
 from mtrl_adapters.wire import rollout_base_url
 
-from ..types import RolloutOutcome, RolloutSpec, RolloutStatus, Task
+from ..types import ExecutorEnded, RolloutCoordinator, RolloutOutcome, RolloutSpec, RolloutStatus, Task
 
 DEFAULT_JOB_ARN = "arn:mtrl:local:job/mtrl"
 _FINAL = {s.value: s for s in RolloutStatus if s.is_final} | {"error": RolloutStatus.FAILED}
@@ -38,7 +37,7 @@ class HttpExecutor:
         self,
         url: str,
         *,
-        coordinator: Any = None,
+        coordinator: RolloutCoordinator | None = None,
         api_key: str | None = None,
         job_arn: str = DEFAULT_JOB_ARN,
         region: str = "local",
@@ -126,16 +125,16 @@ class HttpExecutor:
         await self._http.aclose()
 
     async def _settle(self, outcome: RolloutOutcome) -> RolloutOutcome:
-        """End the rollout if the agent did not, and return the coordinator's final status."""
+        """Tell the coordinator what the server answered; return the final status it decided."""
         coordinator = self.coordinator
         if coordinator is None:
             return outcome
         rollout_id = outcome.rollout_id
-        status = coordinator.requested_end(rollout_id) or outcome.status
-        error = outcome.error if status is not RolloutStatus.COMPLETED else None
-        await coordinator.finish(rollout_id, status, error)
-        state = coordinator.state(rollout_id)
-        return RolloutOutcome(rollout_id, RolloutStatus(state.status), state.error)
+        await coordinator.end(rollout_id, ExecutorEnded(outcome.status, outcome.error))
+        recorded = coordinator.recorded(rollout_id, with_turns=False)
+        if recorded is None:  # pragma: no cover - the store lost a rollout it committed
+            raise RuntimeError(f"rollout {rollout_id!r} is missing from the store")
+        return RolloutOutcome(rollout_id, recorded.status, recorded.error)
 
 
 def task_instance(task: Task) -> dict[str, Any]:

@@ -5,10 +5,13 @@ decorator finds it, instruments the agent's model clients and reports the
 end. An async agent runs as a task on the loop; a sync agent runs in a thread
 of the executor's own pool (``max_threads``, so sync agents are not capped
 by asyncio's small default pool), with the rollout context copied in.
-A function that is not decorated is decorated here. The rollout's
-``timeout_s`` bounds the run: an async agent is cancelled at the deadline;
-a sync one cannot be interrupted, so its thread is left to finish while the
-rollout is reported ``timed_out`` (later reports of it are refused).
+A function that is not decorated is decorated here.
+
+The executor keeps no deadline of its own: the dispatcher owns the rollout's
+one deadline and cancels ``run`` when it passes, and the decorator cancels an
+async agent at the spec's ``timeout_s`` (a sync one cannot be interrupted: its
+thread is left to finish, and its later reports are refused once the
+rollout has ended).
 """
 
 from __future__ import annotations
@@ -42,10 +45,7 @@ class InProcessExecutor:
     async def run(self, spec: RolloutSpec) -> RolloutOutcome:
         with rollout_scope(spec) as ctx:
             try:
-                await asyncio.wait_for(self._call(spec), spec.timeout_s)
-            except TimeoutError:
-                return RolloutOutcome(spec.rollout_id, RolloutStatus.TIMED_OUT,
-                                      f"the agent did not finish within timeout_s={spec.timeout_s:g}")
+                await self._call(spec)
             except Exception as exc:  # the agent failed: the rollout is data, the run goes on
                 return RolloutOutcome(spec.rollout_id, RolloutStatus.FAILED, f"{type(exc).__name__}: {exc}")
         reported = ctx.outcome

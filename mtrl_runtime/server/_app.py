@@ -41,7 +41,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     app.router.routes.append(ChatCompletionsRoute(coordinator))
     app.include_router(build_openai_router(coordinator))
     app.include_router(build_rollout_router(coordinator))
-    if coordinator.config.advanced.server.sagemaker_compat:
+    if coordinator.server_config.sagemaker_compat:
         app.include_router(build_compat_router(coordinator))
     install_openapi(app, openapi_paths())
 

@@ -60,7 +60,7 @@ class ChatCompletionsRoute(BaseRoute):
 
     def __init__(self, coordinator: Coordinator) -> None:
         self.coordinator = coordinator
-        self.cfg = coordinator.config.advanced.server
+        self.cfg = coordinator.server_config
         # completion ids: unique, not secret (no system entropy per call)
         self._id_prefix = "chatcmpl-" + secrets.token_hex(6)
         self._ids = itertools.count()
@@ -110,7 +110,7 @@ class ChatCompletionsRoute(BaseRoute):
         result = await coordinator.chat(rollout_id, token, messages, tools, sampling)
         cid = f"{self._id_prefix}{next(self._ids):012x}"
         model = body.model or coordinator.model_name
-        tokenizer = coordinator.engine.tokenizer
+        tokenizer = coordinator.tokenizer
         if body.stream:
             return completion_events(cid, model, tokenizer, body, result), _EVENTS
         return completion_json(cid, model, tokenizer, body, result), _JSON

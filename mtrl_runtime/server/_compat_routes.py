@@ -87,7 +87,7 @@ def compat_credential(peer: str, coordinator: Coordinator, rollout_id: str, toke
 
     ``peer`` is the client's address: a SigV4 token counts only from loopback.
     """
-    cfg = coordinator.config.advanced.server
+    cfg = coordinator.server_config
     if not (cfg.sagemaker_compat and token and token.startswith(SIGV4_PREFIX)):
         return token
     if not (_loopback(cfg.host) and _loopback(peer)):
@@ -106,8 +106,8 @@ def compat_credential(peer: str, coordinator: Coordinator, rollout_id: str, toke
 
 def build_compat_router(coordinator: Coordinator) -> APIRouter:
     router = APIRouter()
-    max_bytes = coordinator.config.advanced.server.max_body_bytes
-    max_chars = coordinator.config.advanced.server.max_string_chars
+    max_bytes = coordinator.server_config.max_body_bytes
+    max_chars = coordinator.server_config.max_string_chars
 
     @router.post(
         "/complete-rollout",
@@ -119,7 +119,7 @@ def build_compat_router(coordinator: Coordinator) -> APIRouter:
         rollout_id = body.TrajectoryId
         token = compat_credential(_peer(request), coordinator, rollout_id, bearer_token(request))
         status = _status(body.Status)
-        if rollout_id in coordinator.live_rollout_ids() and coordinator.request_end(rollout_id, token, status):
+        if rollout_id in coordinator.live_rollout_ids() and await coordinator.request_end(rollout_id, token, status):
             return json_response({"TrajectoryId": rollout_id, "Status": status.value, "Pending": "reward"})
         state = await coordinator.complete(rollout_id, token, CompletionReport(status=status.value))
         return json_response({"TrajectoryId": rollout_id, "Status": state.status})
@@ -133,10 +133,7 @@ def build_compat_router(coordinator: Coordinator) -> APIRouter:
         body = await parse_body(request, SageMakerUpdateReward, max_bytes, max_chars)
         rollout_id = body.TrajectoryId
         token = compat_credential(_peer(request), coordinator, rollout_id, bearer_token(request))
-        await coordinator.report_reward(rollout_id, token, _reward_report(body.Rewards))
-        pending = coordinator.requested_end(rollout_id)
-        if pending is not None:
-            await coordinator.finish(rollout_id, pending)
+        await coordinator.report_reward(rollout_id, token, _reward_report(body.Rewards))  # ends one that waited
         return json_response({"TrajectoryId": rollout_id, "Status": coordinator.state(rollout_id).status})
 
     return router

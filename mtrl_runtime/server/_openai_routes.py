@@ -29,7 +29,7 @@ def build_openai_router(coordinator: Coordinator) -> APIRouter:
             {
                 "status": "ok",
                 "model": coordinator.model_name,
-                "engine": coordinator.engine.name,
+                "engine": coordinator.engine_name,
                 "policy_version": coordinator.policy_version,
                 "live_rollouts": len(coordinator.live_rollout_ids()),
             }

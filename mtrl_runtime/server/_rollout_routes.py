@@ -27,7 +27,7 @@ from ._http import bearer_token, json_response, openapi_body, parse_body
 
 def build_rollout_router(coordinator: Coordinator) -> APIRouter:
     router = APIRouter()
-    server_cfg = coordinator.config.advanced.server
+    server_cfg = coordinator.server_config
     max_bytes = server_cfg.max_body_bytes
     max_chars = server_cfg.max_string_chars
 
@@ -44,7 +44,8 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         handle = coordinator.create_rollout(task, body.group_id, max_turns=body.max_turns)
         base = str(request.base_url).rstrip("/")
         created = CreatedRollout(
-            rollout_id=handle.id, token=handle.token, group_id=handle.group_id, base_url=rollout_base_url(base, handle.id)
+            rollout_id=handle.rollout_id, token=handle.token, group_id=handle.group_id,
+            base_url=rollout_base_url(base, handle.rollout_id),
         )
         return json_response(created.model_dump())
 

@@ -1,7 +1,11 @@
-"""Validation and encoding between the contract's dataclasses and the store's rows.
+"""Validation and encoding between the contract's dataclasses and the store's rows, for every backend.
 
 Every ``encode_*`` checks its input and raises ValueError naming the field
-and the value, so a bad write fails in the caller before anything is queued.
+and the value, so a bad write fails in the caller before anything is queued;
+every ``decode_*`` turns a row back into the dataclass. Each backend writes
+through them (``sqlite`` into its tables, ``memory`` into dicts), so all of
+them refuse the same values with the same messages and read back the same
+values (JSON text in, JSON values out).
 Token ids are stored as little-endian uint32 bytes and logprobs as
 little-endian float64 bytes: 4 and 8 bytes a token against ~6 and ~20 for
 JSON, and float64 keeps every Python float exact.
@@ -9,6 +13,7 @@ JSON, and float64 keeps every Python float exact.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sys
@@ -71,6 +76,27 @@ def status_of(field: str, value: Any) -> RolloutStatus:
     except ValueError:
         known = ", ".join(s.value for s in RolloutStatus)
         raise ValueError(f"{field} must be one of {known}; got {value!r}") from None
+
+
+def final_status(field: str, value: Any) -> RolloutStatus:
+    """A final status (completed, failed, timed_out), or a ValueError naming the field."""
+    final = status_of(field, value)
+    if not final.is_final:
+        raise ValueError(f"{field} must be a final status (completed, failed, timed_out), got {value!r}")
+    return final
+
+
+def check_rollout_ids(field: str, rollout_ids: Any) -> list[str]:
+    """At least one rollout id, each a non-empty string named at most once."""
+    ids = list(rollout_ids)
+    if not ids:
+        raise ValueError(f"{field} must name at least one rollout, got []")
+    for rollout_id in ids:
+        check_str(f"{field}[]", rollout_id)
+    if len(set(ids)) != len(ids):
+        twice = sorted({r for r in ids if ids.count(r) > 1})
+        raise ValueError(f"{field}: each id at most once, got duplicates {twice[:10]!r}")
+    return ids
 
 
 # ---- JSON and blobs --------------------------------------------------------
@@ -232,9 +258,8 @@ def encode_turn(turn: Turn) -> TurnRow:
     )
 
 
-def decode_turn(row: tuple, prompt_ids: array) -> Turn:
-    """``row`` as ``reads.TURN_COLUMNS`` selects it; ``prompt_ids`` already rebuilt from its prefix."""
-    (rollout_id, index, messages, tools, _prefix, _suffix, completion_ids, logprobs, finish_reason,
+def decode_turn(row: TurnRow) -> Turn:
+    (rollout_id, index, messages, tools, prompt_ids, completion_ids, logprobs, finish_reason,
      completion_text, tool_calls, policy_version, segment, break_reason, malformed, started_at,
      latency_s) = row
     return Turn(
@@ -369,6 +394,12 @@ def decode_rollout(row: tuple, turns: tuple[Turn, ...] = (), tool_calls: tuple[T
         created_at=created_at,
         finished_at=finished_at,
     )
+
+
+def hash_token(token: str) -> str:
+    """The sha256 hex digest a rollout's bearer token is recorded (and checked) as."""
+    check_str("token", token)
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
 def _is_hex(text: str) -> bool:

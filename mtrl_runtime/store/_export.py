@@ -1,4 +1,4 @@
-"""Export of recorded rollouts as JSON Lines: one self-contained rollout per line.
+"""Export of recorded rollouts as JSON Lines: one self-contained rollout per line, the same for every backend.
 
 Each line is an object with these keys (times are Unix seconds)::
 
@@ -26,27 +26,23 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from ..types import Rollout, Task, ToolCall, Turn
-from . import _reads
 
 
-def export_jsonl(conn: sqlite3.Connection, path: str | Path, step: int | None) -> int:
-    """Write every rollout (of ``step``, if given) to ``path``; returns how many lines were written.
+def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
+    """Write one JSON line per record to ``path``; returns how many lines were written.
 
-    Reads one consistent snapshot, holds one rollout in memory at a time, and
-    replaces ``path`` only once the whole file is written.
+    Holds one record in memory at a time, and replaces ``path`` only once the
+    whole file is written.
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     count = 0
-    with _reads.snapshot(conn), open(tmp, "w", encoding="utf-8") as out:
-        for rollout_id in _reads.rollout_ids(conn, step):
-            rollout = _reads.rollout(conn, rollout_id, with_turns=True)
-            record = rollout_record(rollout, _reads.task(conn, rollout.task_id), _reads.trained_step(conn, rollout_id))
+    with open(tmp, "w", encoding="utf-8") as out:
+        for record in records:
             out.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
             count += 1
     os.replace(tmp, path)

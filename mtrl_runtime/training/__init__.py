@@ -1,13 +1,13 @@
-"""Training: the policy update (LoRA or full), the dispatcher, sync/async loops, checkpoints, the trainer."""
+"""Training: the policy update (LoRA or full), sync/async loops, checkpoints, the trainer.
+
+Rollouts are collected by the floor below (``mtrl_runtime.rollouts``).
+"""
 
 from ._policy import DEFAULT_TARGET_MODULES, Policy, atomic_folder, build_policy, policy_from_config, train_device
 from ._packing import plan_micro_batches
 from ._update import WEIGHTS_FOLDER, PolicyUpdate, UpdateSettings, resolve_autocast
 from ._batch import PreparedBatch, prepare_batch, staleness
 from ._checkpoint import CHECKPOINTS, POLICY_FOLDER, CheckpointState, Checkpoints, StepRecord
-from ._data import TaskSchedule, load_tasks, task_from_row
-from ._dispatcher import Dispatcher, GroupResult, StepBatch, group_id_for
-from ._groups import GROUP_POLICIES, GroupDecision, GroupRound
 from ._loop import StepReport, TrainingLoop, off_policy_bound
 from ._metrics import reward_function_metrics, rollout_metrics
 from ._resume import ResumePlan, plan_resume
@@ -20,13 +20,8 @@ __all__ = [
     "WEIGHTS_FOLDER",
     "train_device",
     "DEFAULT_TARGET_MODULES",
-    "GROUP_POLICIES",
     "CheckpointState",
     "Checkpoints",
-    "Dispatcher",
-    "GroupDecision",
-    "GroupResult",
-    "GroupRound",
     "MultiTurnRLTrainer",
     "Policy",
     "PolicyUpdate",
@@ -34,17 +29,13 @@ __all__ = [
     "PushedWeights",
     "ResumePlan",
     "SharedWeights",
-    "StepBatch",
     "StepRecord",
     "StepReport",
-    "TaskSchedule",
     "TrainingLoop",
     "TrainingResult",
     "UpdateSettings",
     "atomic_folder",
     "build_policy",
-    "group_id_for",
-    "load_tasks",
     "off_policy_bound",
     "plan_micro_batches",
     "plan_resume",
@@ -55,5 +46,4 @@ __all__ = [
     "rollout_metrics",
     "shares_model",
     "staleness",
-    "task_from_row",
 ]

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..algorithms import AdvantageParams, GroupRewards, PrefixError, SampleStats, build_samples, compute_advantages
+from ..rollouts import GroupResult
 from ..types import Rollout, Sample
-from ._dispatcher import GroupResult
 
 
 def staleness(sample: Sample, version: int) -> int:

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..store import TrajectoryStore
+from ..types import TrajectoryStore
 from ._policy import atomic_folder
 
 CHECKPOINTS = "checkpoints"
@@ -101,7 +101,7 @@ class Checkpoints:
         """Mark each recorded step's rollouts trained and log its metrics, skipping what is done."""
         logged = {step for step, _, _ in self.store.metric_history(COMMIT_SENTINEL)}
         for record in state.commits:
-            untrained = [rid for rid in record.rollout_ids if self.store.trained_step(rid) is None]
+            untrained = [rollout_id for rollout_id in record.rollout_ids if self.store.trained_step(rollout_id) is None]
             if untrained:
                 self.store.mark_trained(untrained, record.step)
             if record.step not in logged:

@@ -46,11 +46,10 @@ from ..algorithms import AdvantageParams
 from ..config import MtrlConfig
 from ..diagnostics import VAL_REWARD, ZERO_ADV
 from ..evaluation import run_validation
+from ..rollouts import Dispatcher, StepBatch, TaskSchedule
 from ..types import Task
 from ._batch import prepare_batch
 from ._checkpoint import Checkpoints
-from ._data import TaskSchedule
-from ._dispatcher import Dispatcher, StepBatch
 from ._metrics import rollout_metrics
 from ._resume import ResumePlan
 

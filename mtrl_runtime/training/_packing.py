@@ -21,6 +21,8 @@ from typing import Any, Sequence
 
 import torch
 
+from ..torch_support import plain_kv_cache
+
 MIN_SHARED_TOKENS = 16  # below this a second forward pass costs more than it saves
 
 
@@ -98,8 +100,6 @@ def shared_prefix_logits(
 
 def can_share_prefix(model: Any) -> bool:
     """Whether ``model``'s KV cache is plain per-layer keys and values (no sliding windows, no state)."""
-    from ..engines._decoding import plain_kv_cache
-
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return plain_kv_cache(base)
 

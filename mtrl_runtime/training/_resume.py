@@ -23,8 +23,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..store import TrajectoryStore
-from ..types import Rollout, RolloutStatus
+from ..types import Rollout, RolloutStatus, TrajectoryStore
 
 RESUMES_KEY = "resumes"
 INTERRUPTED = "interrupted: the trainer stopped before this rollout ended"

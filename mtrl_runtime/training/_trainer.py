@@ -29,14 +29,18 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..config import CoreConfig, MtrlConfig
+from ..engines import resolve_model
 from ..evaluation import StrictScorer, as_strict_scorer
 from ..monitor import DiagnosticsMonitor, history_from_rows
+from ..rollouts import RolloutStack, TaskSchedule, load_tasks
+from ..tracking import Tracker
 from ..types import RolloutExecutor, Task
 from ._checkpoint import Checkpoints
-from ._data import TaskSchedule, load_tasks
-from ._dispatcher import Dispatcher
 from ._loop import StepReport, TrainingLoop
+from ._policy import policy_from_config
+from ._progress import ProgressDisplay
 from ._resume import plan_resume
+from ._update import PolicyUpdate, UpdateSettings
 from ._weights import PushedWeights, SharedWeights, shares_model
 
 MLFLOW_RUN_KEY = "mlflow_run_id"
@@ -72,7 +76,7 @@ class MultiTurnRLTrainer:
         validation_dataset: str | Path | Iterable[Task | Mapping[str, Any]] | None = None,
         strict_scorer: StrictScorer | Callable[[Any, Any], float] | None = None,
     ) -> None:
-        self.config = _as_config(config)
+        self.config = MtrlConfig.coerce(config)
         overrides = {"core.model": model, "core.run_dir": str(output_path) if output_path is not None else None}
         self.config = self.config.with_overrides({k: v for k, v in overrides.items() if v is not None})
         if agent_env is None:
@@ -101,8 +105,6 @@ class MultiTurnRLTrainer:
         """
         if not progress:
             return asyncio.run(self.atrain(on_step))
-        from ._progress import ProgressDisplay
-
         with ProgressDisplay(self.config.core.max_steps) as display:
             def both(report: StepReport) -> bool | None:
                 display(report)
@@ -135,10 +137,11 @@ class MultiTurnRLTrainer:
 
 
 class _Run:
-    """The parts of one ``train()`` call, built in order and torn down in reverse."""
+    """The parts of one ``train()`` call: the rollout stack, the update and its weights strategy, the tracker."""
 
     def __init__(self) -> None:
-        self.parts_to_close: list[Callable[[], Any]] = []
+        self.stack: RolloutStack | None = None
+        self.weights: Any = None
         self.tracker: Any = None
 
     @classmethod
@@ -152,44 +155,26 @@ class _Run:
         return run
 
     def _build(self, trainer: MultiTurnRLTrainer) -> None:
-        from ..coordinator import Coordinator
-        from ..server import create_app, start_server
-        from ..store import TrajectoryStore
-        from ._policy import policy_from_config
-        from ._update import PolicyUpdate, UpdateSettings
-
         config = trainer.config
         config.run_dir.mkdir(parents=True, exist_ok=True)
         self.config = config
         self.schedule = TaskSchedule.of(load_tasks(trainer.training_dataset), config.core.train_batch_size, config.core.seed)
         self.validation_tasks = _validation_tasks(trainer.validation_dataset, self.schedule.tasks)
         self.strict_scorer = trainer.strict_scorer
-        self.engine, self.owns_engine = trainer.engine, trainer.engine is None
-        if self.engine is None:
-            from ..engines import create_engine
-
-            self.engine = create_engine(config.core.engine, config.core.model, **config.advanced.engine_options)
-        self.store = TrajectoryStore(config.run_dir / "trajectories.db")
-        self.parts_to_close.append(self.store.close)
+        self.stack = RolloutStack.build(config, store_path=config.run_dir / "trajectories.db", engine=trainer.engine,
+                                        agent_env=trainer.agent_env)
+        engine, self.store = self.stack.engine, self.stack.store
         settings = UpdateSettings.from_config(config)
-        if shares_model(self.engine):
-            policy = policy_from_config(config, self.engine.model, self.engine.tokenizer)
-            self.update = PolicyUpdate(policy, settings, weights_lock=self.engine.weights_lock)
-            self.weights: Any = SharedWeights(self.engine, self.update)
+        if shares_model(engine):
+            policy = policy_from_config(config, engine.model, engine.tokenizer)
+            self.update = PolicyUpdate(policy, settings, weights_lock=engine.weights_lock)
+            self.weights = SharedWeights(engine, self.update)
         else:
-            from ..engines import resolve_model
-
             policy = policy_from_config(config, resolve_model(config.core.model))
             self.update = PolicyUpdate(policy, settings)
-            self.weights = PushedWeights(self.engine, self.update, config.run_dir)
-        self.parts_to_close.append(self.weights.close)
+            self.weights = PushedWeights(engine, self.update, config.run_dir)
         self.checkpoints = Checkpoints(config.run_dir, self.store, keep=config.advanced.keep_checkpoints)
         self.start_step, self.plan = self._restore(trainer.resume)
-        self.coordinator = Coordinator(self.engine, self.store, config)
-        server_cfg = config.advanced.server
-        self.server = start_server(create_app(self.coordinator), server_cfg.host, server_cfg.port, server_cfg.api_key)
-        self.parts_to_close.append(self.server.stop)
-        self.executor = _executor(trainer.agent_env, config.advanced.max_concurrency)
         self.tracker = self._tracker(trainer.tracking)
         self.monitor = DiagnosticsMonitor.for_config(config, tracker=self.tracker, echo=None)
         if self.start_step > 0:  # resumed: the rules read the whole run, and what was said stays said
@@ -212,18 +197,16 @@ class _Run:
     def _tracker(self, enabled: bool) -> Any:
         if not enabled:
             return None
-        from ..tracking import Tracker
-
         tracker = Tracker(self.config, run_id=self.store.get_meta(MLFLOW_RUN_KEY))
         self.store.set_meta(MLFLOW_RUN_KEY, tracker.run_id)
         return tracker
 
     def loop(self, on_step: Callable[[StepReport], bool | None] | None) -> TrainingLoop:
-        dispatcher = Dispatcher(self.coordinator, self.executor, self.config, self.server.url, self.server.loop)
+        assert self.stack is not None
         return TrainingLoop(
             config=self.config,
             schedule=self.schedule,
-            dispatcher=dispatcher,
+            dispatcher=self.stack.dispatcher(),
             weights=self.weights,
             checkpoints=self.checkpoints,
             tracker=self.tracker,
@@ -247,32 +230,16 @@ class _Run:
             self.tracker.close("FAILED")
 
     async def close(self) -> None:
-        await self.executor.close()
-        if self.owns_engine:
-            await self.engine.close()
-        await asyncio.to_thread(self._close_sync)
+        if self.weights is not None:
+            await asyncio.to_thread(self.weights.close)
+            self.weights = None
+        if self.stack is not None:
+            await self.stack.close()
+            self.stack = None
 
     def _close_sync(self) -> None:
-        while self.parts_to_close:
-            self.parts_to_close.pop()()
-
-
-def _executor(agent_env: Any, max_concurrency: int) -> RolloutExecutor:
-    """A RolloutExecutor from what the user gave: an executor, an agent server URL, or a function."""
-    if hasattr(agent_env, "run") and hasattr(agent_env, "close") and not callable(agent_env):
-        return agent_env
-    if isinstance(agent_env, str):
-        from .. import executors
-
-        http = getattr(executors, "HttpExecutor", None)
-        if http is None:
-            raise ValueError(f"agent_env {agent_env!r}: running agents over HTTP needs mtrl_runtime.executors.HttpExecutor")
-        return http(agent_env)
-    if callable(agent_env):
-        from ..executors import InProcessExecutor
-
-        return InProcessExecutor(agent_env, max_threads=max_concurrency)
-    raise TypeError(f"agent_env: expected a function, a RolloutExecutor or a URL, got {agent_env!r}")
+        """Close from a thread with no running loop (a failed build)."""
+        asyncio.run(self.close())
 
 
 def _validation_tasks(source: Any, training: Sequence[Task]) -> tuple[Task, ...]:
@@ -286,16 +253,6 @@ def _validation_tasks(source: Any, training: Sequence[Task]) -> tuple[Task, ...]
             raise ValueError(f"validation_dataset: task id {task.id!r} names a different training task; "
                              "give validation tasks their own ids")
     return tasks
-
-
-def _as_config(config: MtrlConfig | Mapping[str, Any] | str | Path | None) -> MtrlConfig:
-    if config is None:
-        return MtrlConfig()
-    if isinstance(config, MtrlConfig):
-        return config.model_copy(deep=True)
-    if isinstance(config, (str, Path)):
-        return MtrlConfig.from_yaml(config)
-    return MtrlConfig.from_dict(dict(config))
 
 
 __all__ = ["MultiTurnRLTrainer", "TrainingResult"]

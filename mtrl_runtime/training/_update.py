@@ -26,7 +26,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from ..algorithms.losses import LOSSES, LossParams
-from ..engines._loading import cpu_has_native_bf16
+from ..torch_support import cpu_has_native_bf16
 from ..types import Sample
 from . import _memory
 from ._packing import batch_cost, can_share_prefix, pack_micro_batches, shared_prefix_logits

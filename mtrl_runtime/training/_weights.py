@@ -9,11 +9,11 @@ update, then make its version the one served):
   sees half-updated weights and a turn is never labelled with a version its
   weights are not; the new version is served from the next forward pass.
   The engine serves the LoRA deltas folded into the base weights
-  (``engines._lora_fold``): the update unfolds them first and folds the
+  (``engines.hf._lora_fold``): the update unfolds them first and folds the
   new ones after, inside the same lock. All of it runs on the engine's
   worker thread (``engine.on_worker``), the one thread that runs torch on
   that model: on CPU a second long-lived torch thread makes both slower
-  (``engines._worker`` has the measurements).
+  (``engines.hf._worker`` has the measurements).
 - ``PushedWeights``: the engine lives elsewhere (a vLLM server, another
   process). Each new version is saved as an adapter folder
   (``<run_dir>/adapters/v<N>``) and handed over with
@@ -31,20 +31,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..types import PolicyEngine, Sample
+from ..types import PolicyEngine, Sample, SharedModelEngine
 
 
 def shares_model(engine: Any) -> bool:
-    """True when the engine exposes the model it runs, a lock to serialize with it and its worker thread."""
-    return getattr(engine, "model", None) is not None and all(
-        hasattr(engine, name) for name in ("weights_lock", "set_policy_version", "on_worker", "on_worker_sync")
-    )
+    """True when the engine is a ``SharedModelEngine`` with a model: the trainer can train the model it serves."""
+    return isinstance(engine, SharedModelEngine) and engine.model is not None
 
 
 class SharedWeights:
     """The engine and the trainer hold the same model object (see the module docstring)."""
 
-    def __init__(self, engine: Any, update: Any) -> None:
+    def __init__(self, engine: SharedModelEngine, update: Any) -> None:
         self.engine = engine
         self.update = update
         engine.on_worker_sync(self._fold_again)
@@ -52,7 +50,7 @@ class SharedWeights:
     def _unfolded(self) -> Any:
         """The engine's model unfolded (as peft computes it) inside, folded again after; a no-op context
         for an engine that does not fold."""
-        fold = getattr(self.engine, "lora_fold", None)
+        fold = self.engine.lora_fold
         return fold.unfolded() if fold is not None else contextlib.nullcontext()
 
     def _fold_again(self) -> None:

@@ -3,11 +3,13 @@
 For each task of a step it opens rollouts with the coordinator (id, token,
 ``step``, ``max_turns``), hands a RolloutSpec to the executor under one
 concurrency limit (``advanced.max_concurrency``, shared by every step in
-flight), and bounds each rollout by ``advanced.rollout_timeout_s``: a
-rollout still running then is cancelled and finished ``timed_out``. A
-rollout the agent did not end itself is finished with the executor's
-outcome. The store's record is what counts; the group policy
-(``_groups``) then keeps, drops or retries the group.
+flight), and owns each rollout's one deadline, ``advanced.rollout_timeout_s``
+(the spec's ``timeout_s``): at the deadline the executor's run is cancelled
+and the coordinator told ``DeadlinePassed``. Whatever the executor returned
+is told as ``ExecutorEnded``; the coordinator's state machine alone decides
+the final status (the agent's own report, when it came first, stands). The
+store's record is what counts; the group policy (``_groups``) then keeps,
+drops or retries the group.
 
 Group ids are ``s<step>-g<index>`` (index in the step's batch), so a resumed
 run finds the rollouts a crashed run recorded for the same group.
@@ -22,14 +24,23 @@ from dataclasses import dataclass
 from typing import Any, Coroutine, Mapping, Sequence
 
 from ..config import MtrlConfig
-from ..types import Rollout, RolloutExecutor, RolloutOutcome, RolloutSpec, RolloutStatus, Task
+from ..types import (
+    DeadlinePassed,
+    ExecutorEnded,
+    Rollout,
+    RolloutCoordinator,
+    RolloutEvent,
+    RolloutExecutor,
+    RolloutSpec,
+    RolloutStatus,
+    RunStopped,
+    Task,
+)
 from ._groups import GROUP_POLICIES, GroupRound
 
 log = logging.getLogger("mtrl.train")
 
 ENVIRONMENT_PROBLEM_RATE = 0.01  # permanent failures above this share of a step's rollouts
-_TIMEOUT_GRACE_S = 1.0
-_CANCELLED = "cancelled: the trainer stopped before the rollout ended"  # the executor enforces the timeout itself; this catches one that does not
 
 
 def group_id_for(step: int, index: int) -> str:
@@ -95,7 +106,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        coordinator: Any,
+        coordinator: RolloutCoordinator,
         executor: RolloutExecutor,
         config: MtrlConfig,
         endpoint: str,
@@ -109,6 +120,10 @@ class Dispatcher:
         self.policy = GROUP_POLICIES.get(config.advanced.group_policy.on_failure)
         self._slots: asyncio.Semaphore | None = None
 
+    def with_plan(self, config: MtrlConfig, executor: RolloutExecutor) -> "Dispatcher":
+        """A dispatcher over the same coordinator and endpoint with another config and executor."""
+        return Dispatcher(self.coordinator, executor, config, self.endpoint, self.server_loop)
+
     @property
     def slots(self) -> asyncio.Semaphore:
         if self._slots is None:  # created on the loop that runs the dispatcher
@@ -121,7 +136,7 @@ class Dispatcher:
         """Run every group of ``step``; ``reuse[group_id]`` holds completed rollouts recorded earlier."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        first_version = int(self.coordinator.engine.policy_version)
+        first_version = int(self.coordinator.policy_version)
         reuse = reuse or {}
         groups = await asyncio.gather(
             *(self._group(step, group_id_for(step, i), task,
@@ -131,7 +146,11 @@ class Dispatcher:
         batch = StepBatch(step, tuple(groups), self.config.core.group_size, loop.time() - started, first_version)
         return _with_warnings(batch)
 
-    async def _group(self, step: int, group_id: str, task: Task, reused: Sequence[Rollout]) -> GroupResult:
+    async def run_group(self, group_id: str, task: Task) -> GroupResult:
+        """One group of ``group_size`` rollouts of ``task`` outside any training step (``step`` None)."""
+        return await self._group(None, group_id, task, ())
+
+    async def _group(self, step: int | None, group_id: str, task: Task, reused: Sequence[Rollout]) -> GroupResult:
         size = self.config.core.group_size
         completed = [r for r in reused if r.status is RolloutStatus.COMPLETED][:size]
         finished, n_reused = list(completed), len(completed)
@@ -161,7 +180,7 @@ class Dispatcher:
             permanent_failures=failed,
         )
 
-    async def _rollout(self, step: int, group_id: str, task: Task) -> Rollout:
+    async def _rollout(self, step: int | None, group_id: str, task: Task) -> Rollout:
         """Run one rollout to its end and return it as the store recorded it (with turns)."""
         core, advanced = self.config.core, self.config.advanced
         async with self.slots:
@@ -169,7 +188,7 @@ class Dispatcher:
                 self.coordinator.create_rollout, task, group_id, step=step, max_turns=core.max_turns
             )
             spec = RolloutSpec(
-                rollout_id=handle.id,
+                rollout_id=handle.rollout_id,
                 group_id=group_id,
                 task=task,
                 token=handle.token,
@@ -179,30 +198,27 @@ class Dispatcher:
                 max_turns=core.max_turns,
                 timeout_s=advanced.rollout_timeout_s,
             )
+            event: RolloutEvent
             try:
-                outcome = await asyncio.wait_for(self.executor.run(spec), advanced.rollout_timeout_s + _TIMEOUT_GRACE_S)
+                outcome = await asyncio.wait_for(self.executor.run(spec), spec.timeout_s)
+                event = ExecutorEnded(outcome.status, outcome.error)
             except asyncio.TimeoutError:
-                outcome = RolloutOutcome(handle.id, RolloutStatus.TIMED_OUT, _timeout_error(advanced.rollout_timeout_s))
+                event = DeadlinePassed(spec.timeout_s)
             except asyncio.CancelledError:  # the run is stopping: end the rollout before leaving
-                await self._on_server(self.coordinator.finish(handle.id, RolloutStatus.FAILED, _CANCELLED))
+                await self._on_server(self.coordinator.end(handle.rollout_id, RunStopped()))
                 raise
             except Exception as exc:  # the executor itself broke: the rollout failed, the run goes on
-                outcome = RolloutOutcome(handle.id, RolloutStatus.FAILED, f"executor error: {type(exc).__name__}: {exc}")
-            status = outcome.status if outcome.status.is_final else RolloutStatus.FAILED
-            await self._on_server(self.coordinator.finish(handle.id, status, outcome.error))
-        rollout = await asyncio.to_thread(self.coordinator.store.get_rollout, handle.id)
+                event = ExecutorEnded(RolloutStatus.FAILED, f"executor error: {type(exc).__name__}: {exc}")
+            await self._on_server(self.coordinator.end(handle.rollout_id, event))
+        rollout = await asyncio.to_thread(self.coordinator.recorded, handle.rollout_id)
         if rollout is None:  # pragma: no cover - the store lost a rollout it committed
-            raise RuntimeError(f"rollout {handle.id!r} is missing from the store")
+            raise RuntimeError(f"rollout {handle.rollout_id!r} is missing from the store")
         return rollout
 
     async def _on_server(self, coro: Coroutine[Any, Any, Any]) -> Any:
         if self.server_loop is None or self.server_loop is asyncio.get_running_loop():
             return await coro
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.server_loop))
-
-
-def _timeout_error(limit: float) -> str:
-    return f"the rollout ran longer than advanced.rollout_timeout_s={limit:g} s and was stopped"
 
 
 def _with_warnings(batch: StepBatch) -> StepBatch:

@@ -24,8 +24,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, Union
 
-from ..types import JSON, Generation, GenerationRequest
-from ._registry import ENGINES
+from ...types import JSON, Generation, GenerationRequest
+from .._stats import EngineClosedError
 
 
 class ScriptedFailure(RuntimeError):
@@ -108,8 +108,11 @@ class ScriptedEngine:
         self._cursor: dict[str | None, int] = defaultdict(int)
         self._encoded: dict[str, tuple[int, ...]] = {}
         self._eos = int(tokenizer.eos_token_id)
+        self._closed = False
 
     async def generate(self, request: GenerationRequest) -> Generation:
+        if self._closed:
+            raise EngineClosedError("the scripted engine is closed")
         if request.sampling.max_tokens < 1:
             raise ValueError(f"sampling.max_tokens: must be >= 1, got {request.sampling.max_tokens}")
         self.calls += 1
@@ -130,7 +133,8 @@ class ScriptedEngine:
         self.policy_version = version
 
     async def close(self) -> None:
-        pass
+        """Refuse every later request, as the other engines do."""
+        self._closed = True
 
     def _reply(self, request: GenerationRequest, turn: int) -> ScriptedReply:
         if callable(self.script):
@@ -180,8 +184,7 @@ def _alternatives(token: int, logprob: float, k: int, vocab: int) -> tuple[tuple
     return ((token, logprob),) + rest
 
 
-@ENGINES.register("scripted")
-def create_scripted_engine(
+def create(
     model: str | None,
     *,
     script: Script | None = None,
@@ -196,11 +199,11 @@ def create_scripted_engine(
     if tokenizer is None and model is not None:
         from transformers import AutoTokenizer
 
-        from ._loading import resolve_model
+        from .._loading import resolve_model
 
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
     if tokenizer is None:
-        from ..testing import tiny_tokenizer
+        from ...testing import tiny_tokenizer
 
         tokenizer = tiny_tokenizer()
     return ScriptedEngine(tokenizer, script if script is not None else (lambda request, prompt: "DONE"),
@@ -212,6 +215,6 @@ __all__ = [
     "ScriptedEngine",
     "ScriptedFailure",
     "ScriptedReply",
-    "create_scripted_engine",
+    "create",
     "scripted_logprob",
 ]

@@ -1,17 +1,21 @@
-"""The ``mtrl`` command. Each subcommand is a small function registered by name."""
+"""``mtrl serve``: serve a model (and optionally a trained adapter) over an OpenAI-compatible endpoint.
+
+``_serve`` turns the flags and the config into one ``MtrlConfig``;
+``_run_server`` builds the same rollout stack training uses (engine, store,
+coordinator; ``rollouts.RolloutStack``) and serves its app until interrupted.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
-from .registry import Registry
+from ._command import Command
 
-Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
-COMMANDS: Registry[Command] = Registry("command")
+if TYPE_CHECKING:
+    from ..config import MtrlConfig
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -27,15 +31,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import asyncio
-
-    import uvicorn
-
-    from .config import MtrlConfig
-    from .coordinator import Coordinator
-    from .engines import create_engine
-    from .server import KEEP_ALIVE_S, check_bind, create_app
-    from .store import TrajectoryStore
+    from ..config import MtrlConfig
+    from ..server import check_bind
 
     config = MtrlConfig.from_yaml(args.config) if args.config else MtrlConfig()
     adapter, adapter_base = _served_adapter(args.adapter) if args.adapter else (None, None)
@@ -49,27 +46,38 @@ def _serve(args: argparse.Namespace) -> int:
         "advanced.server.inference_mode": True if args.inference else None,
     }
     config = config.with_overrides({k: v for k, v in overrides.items() if v is not None})
+    check_bind(config.advanced.server.host, config.advanced.server.api_key)
+    return _run_server(config, adapter)
+
+
+def _run_server(config: MtrlConfig, adapter: Path | None) -> int:
+    """Build the rollout stack (engine with ``adapter`` loaded, store, coordinator) and serve it until stopped."""
+    import asyncio
+
+    import uvicorn
+
+    from ..rollouts import RolloutStack
+    from ..server import KEEP_ALIVE_S, create_app
+
     server_cfg = config.advanced.server
-    check_bind(server_cfg.host, server_cfg.api_key)
-    engine = create_engine(config.core.engine, config.core.model, **config.advanced.engine_options)
-    if adapter is not None:
-        asyncio.run(engine.load_adapter(str(adapter), 1))
-    config.run_dir.mkdir(parents=True, exist_ok=True)
-    store = TrajectoryStore(config.run_dir / "trajectories.db")
-    app = create_app(Coordinator(engine, store, config))
-    port = server_cfg.port or 8731
-    print(f"mtrl: serving {config.core.model} ({config.core.engine}) on http://{server_cfg.host}:{port}/v1", flush=True)
+    stack = RolloutStack.build(config, store_path=config.run_dir / "trajectories.db", serve=False)
     try:
+        if adapter is not None:
+            asyncio.run(stack.engine.load_adapter(str(adapter), 1))
+        app = create_app(stack.coordinator)
+        port = server_cfg.port or 8731
+        print(f"mtrl: serving {config.core.model} ({config.core.engine}) on http://{server_cfg.host}:{port}/v1",
+              flush=True)
         uvicorn.run(app, host=server_cfg.host, port=port, log_level="warning", access_log=False,
                     timeout_keep_alive=KEEP_ALIVE_S)
     finally:
-        store.close()
+        asyncio.run(stack.close())
     return 0
 
 
 def _served_adapter(spec: str) -> tuple[Path, str | None]:
     """The LoRA folder that ``--adapter`` names (an adapter, run or checkpoint folder) and its base model, if known."""
-    from .export import ExportError, find_trained_weights, resolve_base_model
+    from ..export import ExportError, find_trained_weights, resolve_base_model
 
     try:
         weights = find_trained_weights(spec, field="--adapter")
@@ -85,28 +93,5 @@ def _served_adapter(spec: str) -> tuple[Path, str | None]:
     return weights.folder, base
 
 
-COMMANDS.register("serve")((_serve_args, _serve))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from . import _cli_demo, _cli_eval, _cli_export, _cli_train  # noqa: F401  (each registers its commands)
-
-    parser = argparse.ArgumentParser(prog="mtrl", description="Multi-turn RL for the agents you already have.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMANDS:
-        add_args, _ = COMMANDS.get(name)
-        add_args(sub.add_parser(name))
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    _, run = COMMANDS.get(args.command)
-    return run(args)
-
-
-if __name__ == "__main__":
-    # Run through the package module so subcommands register where main() looks them up.
-    from mtrl_runtime import cli as _cli
-
-    sys.exit(_cli.main())
+SERVE = Command("serve", "serve a model (and a trained adapter) over an OpenAI-compatible endpoint",
+                _serve_args, _serve)

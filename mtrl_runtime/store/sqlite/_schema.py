@@ -4,7 +4,7 @@ A turn's ``prompt_ids`` holds only the ids after ``prompt_prefix_len``; the
 first ``prompt_prefix_len`` ids are those of the previous turn's prompt +
 completion (sequence extension), so a rollout's prompts cost linear, not
 quadratic, space. JSON columns hold compact JSON text; id and logprob
-columns hold little-endian int32 / float64 bytes (see ``_codec``).
+columns hold little-endian int32 / float64 bytes (see ``store._codec``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``TrajectoryStore``: everything a run records, in one SQLite (WAL) file in the run folder.
+"""``SQLiteStore``: everything a run records, in one SQLite (WAL) file in the run folder.
 
 Writes are validated in the caller, then committed by the writer
 (``_writer``: inline when idle, else by its group-committing thread); the
@@ -11,19 +11,18 @@ one connection per thread and see every write that has returned.
 
 from __future__ import annotations
 
-import hashlib
 import sqlite3
 import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ..types import Rollout, RolloutStatus, Task, ToolCall, Turn
-from . import _ops, _reads
-from ._codec import (
+from ...types import Rollout, RolloutStatus, Task, ToolCall, Turn
+from .._codec import (
     check_int,
     check_metrics,
+    check_rollout_ids,
     check_str,
     dumps,
     encode_reward,
@@ -31,9 +30,11 @@ from ._codec import (
     encode_task,
     encode_tool_call,
     encode_turn,
+    final_status,
     status_of,
 )
-from ._export import export_jsonl
+from .._export import rollout_record, write_jsonl
+from . import _ops, _reads
 from ._loop_batch import LoopBatch
 from ._schema import connect, connect_reader, prepare
 from ._writer import Operation, Writer
@@ -41,8 +42,8 @@ from ._writer import Operation, Writer
 _RESERVED_META = frozenset({"schema_version"})
 
 
-class TrajectoryStore:
-    """Tasks, rollouts, turns, tool calls, training metrics and checkpoint meta of one run.
+class SQLiteStore:
+    """The ``sqlite`` ``TrajectoryStore``: tasks, rollouts, turns, tool calls, metrics and meta of one run.
 
     Sync write methods block until committed; call the async ones
     (``aadd_turn``...) from an event loop. Opening an existing file keeps its
@@ -157,22 +158,13 @@ class TrajectoryStore:
 
     def _finish_rollout(self, rollout_id: str, status: Any, error: str | None) -> Operation:
         check_str("rollout_id", rollout_id)
-        final = status_of("status", status)
-        if not final.is_final:
-            raise ValueError(f"status must be a final status (completed, failed, timed_out), got {status!r}")
+        final = final_status("status", status)
         check_str("error", error, optional=True, empty=True)
         return _bind(_ops.finish_rollout, rollout_id, final.value, error, time.time())
 
     def mark_trained(self, rollout_ids: Sequence[str], step: int) -> None:
         """Record that update ``step`` consumed these rollouts: all or nothing, and never twice."""
-        ids = list(rollout_ids)
-        if not ids:
-            raise ValueError("rollout_ids must name at least one rollout, got []")
-        for rid in ids:
-            check_str("rollout_ids[]", rid)
-        if len(set(ids)) != len(ids):
-            twice = sorted({r for r in ids if ids.count(r) > 1})
-            raise ValueError(f"rollout_ids: each id at most once, got duplicates {twice[:10]!r}")
+        ids = check_rollout_ids("rollout_ids", rollout_ids)
         self._write(_bind(_ops.mark_trained, ids, check_int("step", step)))
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -241,8 +233,12 @@ class TrajectoryStore:
         return _reads.get_meta(self._reader(), key, default)
 
     def export_jsonl(self, path: str | Path, step: int | None = None) -> int:
-        """One JSON line per rollout (format in ``mtrl_runtime.store._export``); returns the count."""
-        return export_jsonl(self._reader(), path, step)
+        """One JSON line per rollout (format in ``mtrl_runtime.store._export``); returns the count.
+
+        Reads one consistent snapshot, holding one rollout in memory at a time.
+        """
+        with _reads.snapshot(self._reader()) as conn:
+            return write_jsonl(path, _export_records(conn, step))
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -257,7 +253,7 @@ class TrajectoryStore:
                 conn.close()
             self._readers.clear()
 
-    def __enter__(self) -> "TrajectoryStore":
+    def __enter__(self) -> "SQLiteStore":
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -288,10 +284,11 @@ class TrajectoryStore:
         return conn
 
 
-def hash_token(token: str) -> str:
-    """The sha256 hex digest a rollout's bearer token is recorded (and checked) as."""
-    check_str("token", token)
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+def _export_records(conn: sqlite3.Connection, step: int | None) -> Iterator[dict[str, Any]]:
+    """The export record of every rollout (of ``step``, if given), read one at a time."""
+    for rollout_id in _reads.rollout_ids(conn, step):
+        rollout = _reads.rollout(conn, rollout_id, with_turns=True)
+        yield rollout_record(rollout, _reads.task(conn, rollout.task_id), _reads.trained_step(conn, rollout_id))
 
 
 def _alive(thread_ref: weakref.ref) -> bool:

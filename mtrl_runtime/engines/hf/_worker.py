@@ -27,9 +27,10 @@ from collections import deque
 
 import torch
 
-from ..types import Generation
+from ...types import Generation
+from .._stats import EngineClosedError
 from ._decoding import DecodeBatch, Row
-from ._jobs import Call, EngineClosedError, Job
+from ._jobs import Call, Job
 from ._prefix_prefill import prefill_rows, store_finished
 from ._sampling import RowSampling, choose_tokens
 

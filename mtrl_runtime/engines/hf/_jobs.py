@@ -1,39 +1,12 @@
-"""The handoff between ``generate`` callers (event loops) and an engine's worker thread."""
+"""The handoff between ``generate`` callers (event loops) and the hf engine's worker thread."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..types import Generation, GenerationRequest
-
-
-class EngineClosedError(RuntimeError):
-    """The engine was closed before (or while) serving the request."""
-
-
-@dataclass
-class EngineStats:
-    """Counters the worker keeps (read them for benchmarks and tests)."""
-
-    generations: int = 0
-    tokens: int = 0
-    prefill_passes: int = 0
-    decode_passes: int = 0
-    rows_decoded: int = 0  # sum of batch sizes over decode passes
-    max_rows: int = 0
-    joins: int = 0  # prefills merged into an already running batch
-    adapter_mismatches: int = 0  # requests for a policy version other than the one served
-    prompt_tokens: int = 0  # prompt tokens of admitted requests
-    prefill_tokens: int = 0  # tokens computed by prefill passes (shared prefixes once, padding not counted)
-    prefix_hit_tokens: int = 0  # prompt tokens whose KV came from a stored or shared prefix
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        """Share of admitted prompt tokens that were not prefilled for their own row."""
-        return self.prefix_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+from ...types import Generation, GenerationRequest
 
 
 class Job:
@@ -93,4 +66,4 @@ def _settle(future: asyncio.Future, result: Generation | None, error: BaseExcept
         future.set_result(result)
 
 
-__all__ = ["Call", "EngineClosedError", "EngineStats", "Job"]
+__all__ = ["Call", "Job"]

@@ -10,13 +10,10 @@ same way as the agent (``fn(final_text, ground_truth) -> float``).
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
-from .cli import COMMANDS
+from ._agents import load_agent
+from ._command import Command
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
@@ -32,44 +29,20 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
 
 
-def load_agent(spec: str, flag: str = "--agent") -> Any:
-    """The function named by ``module:function`` or ``file.py:function`` (``flag`` names it in errors)."""
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target or not name:
-        raise ValueError(f"{flag}: expected module:function or file.py:function, got {spec!r}")
-    if target.endswith(".py"):
-        path = Path(target).resolve()
-        if not path.is_file():
-            raise FileNotFoundError(f"{flag}: no file {target!r}")
-        module_spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert module_spec is not None and module_spec.loader is not None
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[path.stem] = module
-        sys.path.insert(0, str(path.parent))
-        module_spec.loader.exec_module(module)
-    else:
-        sys.path.insert(0, str(Path.cwd()))
-        module = importlib.import_module(target)
-    agent = getattr(module, name, None)
-    if not callable(agent):
-        raise ValueError(f"{flag}: {target!r} has no function {name!r}")
-    return agent
-
-
 def _validation_tasks(args: argparse.Namespace) -> Any:
     """The tasks of ``--val-dataset`` (those of ``--val-split`` when given), or None."""
     if args.val_dataset is None:
         if args.val_split is not None:
             raise ValueError("--val-split: give --val-dataset, the file to take the split from")
         return None
-    from .evaluation import select_tasks
+    from ..evaluation import select_tasks
 
     return select_tasks(args.val_dataset, args.val_split)
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .config import MtrlConfig
-    from .training import MultiTurnRLTrainer
+    from ..config import MtrlConfig
+    from ..training import MultiTurnRLTrainer
 
     config = MtrlConfig.from_yaml(args.config)
     overrides = {"core.dataset": args.dataset, "core.run_dir": args.run_dir, "core.max_steps": args.max_steps}
@@ -84,4 +57,4 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS.register("train")((_train_args, _train))
+TRAIN = Command("train", "train an agent's policy from a YAML config", _train_args, _train)

@@ -13,8 +13,8 @@ import argparse
 import json
 from typing import Any
 
-from ._cli_train import load_agent
-from .cli import COMMANDS
+from ._agents import load_agent
+from ._command import Command
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -27,7 +27,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from .config import MtrlConfig
+    from ..config import MtrlConfig
 
     config = MtrlConfig.from_yaml(args.config)
     return config.with_overrides({"core.run_dir": args.run_dir}) if args.run_dir else config
@@ -51,7 +51,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from .evaluation import MultiTurnRLEvaluator
+    from ..evaluation import MultiTurnRLEvaluator
 
     config = _config(args)
     adapter = args.adapter
@@ -88,7 +88,7 @@ def _summary(result: Any) -> str:
     return "\n".join(lines)
 
 
-COMMANDS.register("eval")((_eval_args, _eval))
+EVAL = Command("eval", "evaluate a policy (and the base model) on a task file", _eval_args, _eval)
 
 
 # -- mtrl check ---------------------------------------------------------------------------------
@@ -111,7 +111,7 @@ def _check_args(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .checks import check_env, check_reward
+    from ..checks import check_env, check_reward
 
     config = _config(args)
     agent = load_agent(args.agent)
@@ -126,4 +126,4 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if checklist.ok else 1
 
 
-COMMANDS.register("check")((_check_args, _check))
+CHECK = Command("check", "check a reward or an environment before training", _check_args, _check)

@@ -48,13 +48,12 @@ from typing import Any, Mapping
 
 import httpx
 
-from ..types import Generation, GenerationRequest
-from ._jobs import EngineClosedError, EngineStats
-from ._loading import resolve_model
+from ...types import Generation, GenerationRequest
+from .._loading import resolve_model
+from .._stats import EngineClosedError, EngineStats
 from ._loop import LoopThread
-from ._registry import ENGINES
-from ._vllm_server import VLLMServer, VLLMServerError, find_vllm_python
-from ._vllm_wire import VLLMRequestError, answer_error, check_request, completion_body, parse_generation, transport_error
+from ._server import VLLMServer, VLLMServerError, find_vllm_python
+from ._wire import VLLMRequestError, answer_error, check_request, completion_body, parse_generation, transport_error
 
 _DEATH_GRACE_S = 3.0  # after a broken connection, how long to wait for the server process to show it died
 
@@ -369,10 +368,9 @@ def _consume_error(task: asyncio.Task) -> None:
         task.exception()  # a failed background unload or restart is reported by the next request
 
 
-@ENGINES.register("vllm")
-def create_vllm_engine(model: str | None, **options: Any) -> VLLMEngine:
+def create(model: str | None, **options: Any) -> VLLMEngine:
     """The ``vllm`` factory: ``VLLMEngine(model, **options)``."""
     return VLLMEngine(model, **options)
 
 
-__all__ = ["VLLMEngine", "VLLMRequestError", "VLLMServerError", "create_vllm_engine"]
+__all__ = ["VLLMEngine", "VLLMRequestError", "VLLMServerError", "create"]

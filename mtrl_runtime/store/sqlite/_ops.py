@@ -1,6 +1,6 @@
 """Write operations, run by the writer thread inside a transaction.
 
-Each takes the write connection and already-validated rows (see ``_codec``),
+Each takes the write connection and already-validated rows (see ``store._codec``),
 checks what depends on recorded data (unknown ids, finality, duplicates) and
 raises ValueError before changing anything; the writer's savepoint undoes
 any partial change of a failed operation.
@@ -13,7 +13,7 @@ import sqlite3
 from array import array
 from typing import Any, Sequence
 
-from ._codec import ROLLOUT_COLUMNS, TurnRow, empty_ids, ids_from_blob, to_blob
+from .._codec import ROLLOUT_COLUMNS, TurnRow, empty_ids, ids_from_blob, to_blob
 
 _FINAL = ("completed", "failed", "timed_out")
 
@@ -93,19 +93,19 @@ def mark_trained(conn: sqlite3.Connection, rollout_ids: Sequence[str], step: int
     """All or nothing: every rollout exists, is final and was never trained."""
     ids_json = json.dumps(list(rollout_ids))
     found = {
-        rid: (status, trained)
-        for rid, status, trained in conn.execute(
+        rollout_id: (status, trained)
+        for rollout_id, status, trained in conn.execute(
             "SELECT id, status, trained_step FROM rollouts WHERE id IN (SELECT value FROM json_each(?))",
             (ids_json,),
         )
     }
-    missing = [rid for rid in rollout_ids if rid not in found]
+    missing = [rollout_id for rollout_id in rollout_ids if rollout_id not in found]
     if missing:
         raise ValueError(f"rollout_ids: unknown rollout ids {missing[:10]!r}")
-    twice = {rid: t for rid, (_, t) in found.items() if t is not None}
+    twice = {rollout_id: t for rollout_id, (_, t) in found.items() if t is not None}
     if twice:
         raise ValueError(f"rollout_ids: already trained (id: step) {dict(list(twice.items())[:10])!r}")
-    running = [rid for rid, (s, _) in found.items() if s not in _FINAL]
+    running = [rollout_id for rollout_id, (s, _) in found.items() if s not in _FINAL]
     if running:
         raise ValueError(f"rollout_ids: still running, cannot be trained {running[:10]!r}")
     conn.execute(

@@ -23,8 +23,8 @@ from typing import Any, Sequence
 
 import torch
 
+from .._stats import EngineStats
 from ._decoding import DecodeBatch, Row, forward_prompts, row_states
-from ._jobs import EngineStats
 from ._prefix_cache import KV, PrefixCache, PrefixEntry, common_length
 
 MIN_SHARED_TOKENS = 32  # a common stretch shorter than this is cheaper to recompute than to split out

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .cli import COMMANDS
+from ._command import Command
 
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the values vLLM's --max-lora-rank accepts
 
@@ -27,7 +27,7 @@ def _export_args(p: argparse.ArgumentParser) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from .export import EXPORT_INFO, ExportError, export_adapter, export_merged
+    from ..export import EXPORT_INFO, ExportError, export_adapter, export_merged
 
     try:
         if args.merged:
@@ -65,5 +65,5 @@ def _vllm_rank(rank: int) -> int:
     return next((r for r in VLLM_LORA_RANKS if r >= rank), rank)
 
 
-
-COMMANDS.register("export")((_export_args, _export))
+EXPORT = Command("export", "write a trained policy as a peft adapter or a merged model folder",
+                 _export_args, _export)

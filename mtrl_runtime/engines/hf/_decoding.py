@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicCache
 
 from ._prefix_cache import KV
 from ._sampling import RowSampling
@@ -121,15 +121,6 @@ class DecodeBatch:
         return row_states(self.cache, self.mask_BL, b, start)
 
 
-def plain_kv_cache(model: Any) -> bool:
-    """Whether ``model``'s cache is all plain full-attention layers, whose KV can be cut and re-stacked."""
-    try:
-        layers = DynamicCache(config=model.config).layers
-    except Exception:  # no usable config: treat the cache as opaque
-        return False
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
-
-
 def forward_prompts(
     model: Any, prompts: Sequence[tuple[int, ...]], pad_id: int, device: torch.device,
     prefixes: Sequence[KV | None] = (),
@@ -206,4 +197,4 @@ def _left_pad_mask(mask_BL: torch.Tensor, length: int) -> torch.Tensor:
     return F.pad(mask_BL, (length - mask_BL.shape[1], 0))
 
 
-__all__ = ["DecodeBatch", "Row", "forward_prompts", "plain_kv_cache", "row_states"]
+__all__ = ["DecodeBatch", "Row", "forward_prompts", "row_states"]

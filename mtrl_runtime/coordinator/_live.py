@@ -1,4 +1,4 @@
-"""Live rollouts: their creation, their secret tokens, and finding the one a call is for."""
+"""Live rollouts: their creation, their secret tokens, finding the one a call is for, and their state machines."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..chat import ConversationState
-from ..config import MtrlConfig
 from ..errors import Conflict, Forbidden, RolloutNotFound, Unauthorized
-from ..store import TrajectoryStore, hash_token
-from ..types import PolicyEngine, Rollout, RolloutStatus, Task
+from ..store import hash_token
+from ..types import Rollout, RolloutEvent, RolloutHandle, Task, TrajectoryStore
 from ._errors import client_data
+from ._lifecycle import Ending, RolloutLife
 
 
 class VerifiedToken(str):
@@ -33,16 +33,6 @@ class VerifiedToken(str):
         return obj
 
 
-@dataclass(frozen=True)
-class RolloutHandle:
-    """What the creator of a rollout hands to the agent: its id and its secret token."""
-
-    id: str
-    token: str
-    group_id: str
-    task: Task
-
-
 @dataclass
 class LiveRollout:
     """A running rollout's in-memory state (dropped when the rollout ends)."""
@@ -55,44 +45,44 @@ class LiveRollout:
     max_turns: int
     conversation: ConversationState | None = None
     turns: int = 0
-    hit_turn_limit: bool = False
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one model call at a time; the end waits for it
     call_turns: dict[str, int] = field(default_factory=dict)  # tool-call id -> the turn that asked for it
-    requested_end: RolloutStatus | None = None  # SageMaker compat: an end asked for before the reward came
+    life: RolloutLife = field(default_factory=RolloutLife)
 
 
-class RolloutRegistry:
-    """The coordinator's part that creates rollouts and checks every caller's token against them.
+class LiveRollouts:
+    """Creates rollouts and checks every caller's token against them; feeds their state machines.
 
-    A rollout is in ``_live`` from its creation to its final status; after
-    that, lookups read the store.
+    A rollout is held here from its creation until an event ends it; after
+    that, lookups read the store. Thread-safe: rollouts are created from
+    worker threads while the server's loop serves them.
     """
 
-    engine: PolicyEngine
-    store: TrajectoryStore
-    config: MtrlConfig
-    counters: Counter[str]
-    _live: dict[str, LiveRollout]
-    _live_lock: threading.Lock
+    def __init__(self, store: TrajectoryStore, counters: Counter[str], default_max_turns: int) -> None:
+        self.store = store
+        self.counters = counters
+        self.default_max_turns = default_max_turns
+        self._live: dict[str, LiveRollout] = {}
+        self._lock = threading.Lock()
 
-    def create_rollout(
+    def create(
         self,
         task: Task,
-        group_id: str | None = None,
+        group_id: str | None,
+        policy_version: int,
         *,
         step: int | None = None,
         max_turns: int | None = None,
     ) -> RolloutHandle:
-        """Register a rollout (durably) and return its id and token. Thread-safe."""
+        """Register a rollout (durably) and return its id and token."""
         rollout_id = "r-" + secrets.token_hex(12)
         token = secrets.token_urlsafe(32)
         group_id = group_id or "g-" + secrets.token_hex(8)
-        version = self.engine.policy_version
         rollout = Rollout(
             id=rollout_id,
             task_id=task.id,
             group_id=group_id,
-            policy_version=version,
+            policy_version=policy_version,
             step=step,
             created_at=time.time(),
         )
@@ -104,23 +94,35 @@ class RolloutRegistry:
             task_id=task.id,
             group_id=group_id,
             token_hash=hash_token(token),
-            policy_version=version,
-            max_turns=max_turns or self.config.core.max_turns,
+            policy_version=policy_version,
+            max_turns=max_turns or self.default_max_turns,
         )
-        with self._live_lock:
+        with self._lock:
             self._live[rollout_id] = live
         self.counters["rollouts_created"] += 1
-        return RolloutHandle(id=rollout_id, token=token, group_id=group_id, task=task)
+        return RolloutHandle(rollout_id=rollout_id, token=token, group_id=group_id, task=task)
 
-    def live_rollout_ids(self) -> list[str]:
-        with self._live_lock:
+    def ids(self) -> list[str]:
+        with self._lock:
             return list(self._live)
 
-    def _live_or_none(self, rollout_id: str) -> LiveRollout | None:
-        with self._live_lock:
+    def get(self, rollout_id: str) -> LiveRollout | None:
+        with self._lock:
             return self._live.get(rollout_id)
 
-    def _check_token(self, rollout_id: str, expected_hash: str, token: str | None) -> None:
+    def decide(self, rollout_id: str, event: RolloutEvent) -> tuple[LiveRollout, Ending] | None:
+        """Feed ``event`` to the rollout's state machine; when it ends the rollout, the rollout leaves here."""
+        with self._lock:
+            live = self._live.get(rollout_id)
+            if live is None:
+                return None
+            ending = live.life.decide(event)
+            if ending is None:
+                return None
+            del self._live[rollout_id]
+        return live, ending
+
+    def check_token(self, rollout_id: str, expected_hash: str, token: str | None) -> None:
         if isinstance(token, VerifiedToken) and token.rollout_id == rollout_id:
             return
         if not token:
@@ -132,26 +134,26 @@ class RolloutRegistry:
             self.counters["auth_rejected"] += 1
             raise Forbidden(f"rollout {rollout_id!r}: the token does not belong to this rollout", param="authorization")
 
-    def _live_rollout(self, rollout_id: str, token: str | None) -> LiveRollout:
+    def running(self, rollout_id: str, token: str | None) -> LiveRollout:
         """The running rollout, after checking its token; final or unknown rollouts raise."""
-        live = self._live_or_none(rollout_id)
+        live = self.get(rollout_id)
         if live is None:
-            stored = self._ended_rollout(rollout_id, token)
+            stored = self.ended(rollout_id, token)
             raise Conflict(
                 f"rollout {rollout_id!r} has ended ({stored.status.value}); it takes no more calls", param="rollout_id"
             )
-        self._check_token(rollout_id, live.token_hash, token)
+        self.check_token(rollout_id, live.token_hash, token)
         return live
 
-    def _ended_rollout(self, rollout_id: str, token: str | None) -> Rollout:
+    def ended(self, rollout_id: str, token: str | None) -> Rollout:
         """A rollout no longer live, from the store, after checking its token; an unknown id raises."""
         stored_hash = self.store.token_hash(rollout_id)
         if stored_hash is None:
             raise RolloutNotFound(f"unknown rollout id {rollout_id!r}", param="rollout_id")
-        self._check_token(rollout_id, stored_hash, token)
+        self.check_token(rollout_id, stored_hash, token)
         rollout = self.store.get_rollout(rollout_id, with_turns=False)
         assert rollout is not None
         return rollout
 
 
-__all__ = ["LiveRollout", "RolloutHandle", "RolloutRegistry", "VerifiedToken"]
+__all__ = ["LiveRollout", "LiveRollouts", "VerifiedToken"]

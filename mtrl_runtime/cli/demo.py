@@ -15,7 +15,7 @@ import contextlib
 import logging
 from typing import Any, Iterator, Mapping
 
-from .cli import COMMANDS
+from ._command import Command
 
 # The small-CPU recipe (DESIGN.md's defaults scaled to 2 cores and a 135M model).
 DEMO_RECIPE: dict[str, Any] = {
@@ -123,9 +123,9 @@ def _demo(args: argparse.Namespace) -> int:
     from mtrl_examples.aircraft_inspection import FIELD_SETS, strict_score
     from mtrl_examples.aircraft_inspection.agent import run
 
-    from .config import MtrlConfig
-    from .evaluation import MultiTurnRLEvaluator
-    from .training import MultiTurnRLTrainer
+    from ..config import MtrlConfig
+    from ..evaluation import MultiTurnRLEvaluator
+    from ..training import MultiTurnRLTrainer
 
     console = Console()
     if args.fields not in FIELD_SETS:
@@ -167,4 +167,5 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS.register("demo")((_demo_args, _demo))
+DEMO = Command("demo", "train SmolLM2-135M on the aircraft inspection SOP on CPU, then compare it with the base",
+               _demo_args, _demo)

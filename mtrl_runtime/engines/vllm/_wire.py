@@ -13,8 +13,8 @@ from typing import Any, Mapping, Sequence
 
 import httpx
 
-from ..types import Generation, GenerationRequest
-from ._checks import check_request
+from ...types import Generation, GenerationRequest
+from .._checks import check_request
 
 
 class VLLMRequestError(RuntimeError):

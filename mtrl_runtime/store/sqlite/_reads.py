@@ -7,9 +7,10 @@ import sqlite3
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from ..types import Rollout, Task, ToolCall, Turn
-from ._codec import (
+from ...types import Rollout, Task, ToolCall, Turn
+from .._codec import (
     ROLLOUT_COLUMNS,
+    TurnRow,
     decode_rollout,
     decode_task,
     decode_tool_call,
@@ -73,7 +74,7 @@ def rollouts(
 
 def rollout_ids(conn: sqlite3.Connection, step: int | None) -> list[str]:
     where, params = _filters(step=step)
-    return [rid for (rid,) in conn.execute(f"SELECT id FROM rollouts{where} ORDER BY rowid", params)]
+    return [rollout_id for (rollout_id,) in conn.execute(f"SELECT id FROM rollouts{where} ORDER BY rowid", params)]
 
 
 def turns(conn: sqlite3.Connection, rollout_id: str) -> tuple[Turn, ...]:
@@ -86,7 +87,7 @@ def turns(conn: sqlite3.Connection, rollout_id: str) -> tuple[Turn, ...]:
             raise RuntimeError(f"turn {row[1]} of rollout {rollout_id!r} shares a prefix with a missing turn")
         prompt = context[:prefix_len]
         prompt.extend(ids_from_blob(suffix))
-        out.append(decode_turn(row, prompt))
+        out.append(decode_turn(TurnRow(*row[:4], prompt, *row[6:])))  # columns 4-5 (prefix, suffix) as one prompt
         context = prompt
         context.extend(ids_from_blob(completion))
     return tuple(out)

@@ -55,15 +55,16 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from ..types import Generation, GenerationRequest
+from ...torch_support import plain_kv_cache
+from ...types import Generation, GenerationRequest
+from .._checks import check_request
+from .._loading import resolve_model
+from .._stats import EngineClosedError, EngineStats
 from ._attention import use_short_query_attention
-from ._checks import check_request
-from ._decoding import plain_kv_cache
-from ._jobs import Call, EngineClosedError, EngineStats, Job
-from ._loading import auto_dtype, default_eos_ids, load_lora_adapter, load_pretrained, resolve_model
+from ._jobs import Call, Job
 from ._lora_fold import LoraFold
 from ._prefix_cache import PrefixCache
-from ._registry import ENGINES
+from ._pretrained import auto_dtype, default_eos_ids, load_lora_adapter, load_pretrained
 from ._worker import WorkerLoop
 
 T = TypeVar("T")
@@ -271,8 +272,7 @@ class HFEngine(WorkerLoop):
             self.policy_version = version  # clears the prefix cache
 
 
-@ENGINES.register("hf")
-def create_hf_engine(
+def create(
     model: str | None,
     *,
     device: str = "cpu",
@@ -293,4 +293,4 @@ def create_hf_engine(
                     prefix_cache_tokens=prefix_cache_tokens)
 
 
-__all__ = ["HFEngine", "create_hf_engine"]
+__all__ = ["HFEngine", "create"]

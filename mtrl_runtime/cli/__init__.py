@@ -1,0 +1,46 @@
+"""The ``mtrl`` command: ``serve``, ``train``, ``eval``, ``check``, ``demo`` and ``export``.
+
+Each subcommand lives in its own module as a ``Command`` (name, help,
+flags, run); ``COMMANDS`` below is the one place a command is added. The
+subcommand modules import nothing from this package's ``__init__``, so
+the parser is built without an import circle. Heavy imports (torch, the
+trainer, the server) stay inside each command's ``run``: ``mtrl --help``
+loads none of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from . import demo, eval, export, serve, train
+from ._agents import load_agent
+from ._command import Command
+
+# In the order ``mtrl --help`` lists them.
+COMMANDS: tuple[Command, ...] = (
+    eval.CHECK,
+    demo.DEMO,
+    eval.EVAL,
+    export.EXPORT,
+    serve.SERVE,
+    train.TRAIN,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``mtrl`` argument parser, one subparser per command in ``COMMANDS``."""
+    parser = argparse.ArgumentParser(prog="mtrl", description="Multi-turn RL for the agents you already have.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.add_args(sub.add_parser(command.name, help=command.help))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``mtrl`` command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    args = build_parser().parse_args(argv)
+    command = next(c for c in COMMANDS if c.name == args.command)
+    return command.run(args)
+
+
+__all__ = ["COMMANDS", "Command", "build_parser", "load_agent", "main"]

@@ -1,0 +1,7 @@
+"""``python -m mtrl_runtime.cli``: the ``mtrl`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,48 @@
+"""Ending rollouts: an event goes to the rollout's state machine; the Ending it returns is written here.
+
+This is the one place a rollout's final status, its default reward and its
+end-of-rollout flags reach the store.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..types import RolloutEvent, TrajectoryStore
+from ._live import LiveRollouts
+
+
+class RolloutEnds:
+    """Feeds end events to live rollouts and records the end the first decisive one produces."""
+
+    def __init__(self, store: TrajectoryStore, live: LiveRollouts, counters: Counter[str], default_reward: float) -> None:
+        self.store = store
+        self.live = live
+        self.counters = counters
+        self.default_reward = default_reward
+
+    async def observe(self, rollout_id: str, event: RolloutEvent) -> bool:
+        """Feed ``event``; True when it ended the rollout (then recorded), False when it did not (or had ended)."""
+        decided = self.live.decide(rollout_id, event)
+        if decided is None:
+            return False
+        live, ending = decided
+        async with live.lock:  # let a call in flight finish recording its turn first
+            pass
+        metrics = dict(ending.flags)
+        if ending.default_reward:
+            metrics["reward_defaulted"] = 1.0
+            await self.store.aset_reward(rollout_id, self.default_reward, None, metrics, defaulted=True)
+            self.counters["rewards_defaulted"] += 1
+        elif metrics:
+            stored = self.store.get_rollout(rollout_id, with_turns=False)
+            if stored is not None:
+                await self.store.aset_reward(
+                    rollout_id, stored.reward, stored.turn_rewards, {**stored.metrics, **metrics}, defaulted=False
+                )
+        await self.store.afinish_rollout(rollout_id, ending.status, ending.error)
+        self.counters[f"rollouts_{ending.status.value}"] += 1
+        return True
+
+
+__all__ = ["RolloutEnds"]

@@ -1,0 +1,34 @@
+"""What every engine reports: the counters it keeps, and the error of a request to a closed engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was closed before (or while) serving the request."""
+
+
+@dataclass
+class EngineStats:
+    """Counters the worker keeps (read them for benchmarks and tests)."""
+
+    generations: int = 0
+    tokens: int = 0
+    prefill_passes: int = 0
+    decode_passes: int = 0
+    rows_decoded: int = 0  # sum of batch sizes over decode passes
+    max_rows: int = 0
+    joins: int = 0  # prefills merged into an already running batch
+    adapter_mismatches: int = 0  # requests for a policy version other than the one served
+    prompt_tokens: int = 0  # prompt tokens of admitted requests
+    prefill_tokens: int = 0  # tokens computed by prefill passes (shared prefixes once, padding not counted)
+    prefix_hit_tokens: int = 0  # prompt tokens whose KV came from a stored or shared prefix
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Share of admitted prompt tokens that were not prefilled for their own row."""
+        return self.prefix_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+__all__ = ["EngineClosedError", "EngineStats"]

@@ -1,0 +1,9 @@
+"""The ``vllm`` engine: a vLLM OpenAI server subprocess (``_server``), token ids in and out (``_wire``).
+
+``_engine`` holds ``VLLMEngine``; its async state lives on one event loop
+thread of its own (``_loop``).
+"""
+
+from ._engine import VLLMEngine, VLLMRequestError, VLLMServerError, create
+
+__all__ = ["VLLMEngine", "VLLMRequestError", "VLLMServerError", "create"]

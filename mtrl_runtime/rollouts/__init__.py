@@ -1,0 +1,39 @@
+"""Collecting rollouts: everything training, evaluation, the checks and serving share.
+
+- ``RolloutStack`` / ``open_stack``: the one composition of engine, store,
+  coordinator, loopback server and executor;
+- ``executor_for``: which executor runs the agent, from what the user passed;
+- ``Dispatcher``: ``group_size`` rollouts per task under one concurrency
+  limit and one deadline per rollout, groups formed by a group policy
+  (``GROUP_POLICIES``);
+- ``load_tasks`` / ``TaskSchedule``: tasks from JSONL or rows, and the
+  seeded order training draws them in.
+
+Training and evaluation both sit above this floor; it imports neither.
+"""
+
+from ._dispatcher import ENVIRONMENT_PROBLEM_RATE, Dispatcher, GroupResult, StepBatch, group_id_for
+from ._executors import EXECUTOR_KINDS, ExecutorKind, executor_for
+from ._groups import GROUP_POLICIES, GroupDecision, GroupPolicy, GroupRound
+from ._stack import RolloutStack, open_stack
+from ._tasks import TaskSchedule, load_tasks, task_from_row
+
+__all__ = [
+    "ENVIRONMENT_PROBLEM_RATE",
+    "EXECUTOR_KINDS",
+    "GROUP_POLICIES",
+    "Dispatcher",
+    "ExecutorKind",
+    "GroupDecision",
+    "GroupPolicy",
+    "GroupResult",
+    "GroupRound",
+    "RolloutStack",
+    "StepBatch",
+    "TaskSchedule",
+    "executor_for",
+    "group_id_for",
+    "load_tasks",
+    "open_stack",
+    "task_from_row",
+]

@@ -1,0 +1,49 @@
+"""Which executor runs the agent, chosen from what the user passed as ``agent_env``.
+
+A small registry of kinds, tried in order: an object that already is a
+``RolloutExecutor``, an agent server URL (``HttpExecutor``), a function
+(``InProcessExecutor``, decorated with ``@rollout`` when it is not). A new
+kind is one ``ExecutorKind`` line in ``EXECUTOR_KINDS``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..executors import HttpExecutor, InProcessExecutor
+from ..types import RolloutExecutor
+
+
+@dataclass(frozen=True)
+class ExecutorKind:
+    """One kind of ``agent_env``: how to recognise it and how to build its executor."""
+
+    name: str
+    accepts: Callable[[Any], bool]
+    build: Callable[[Any, int], RolloutExecutor]  # (agent_env, max_concurrency) -> executor
+
+
+def _is_executor(agent_env: Any) -> bool:
+    return isinstance(agent_env, RolloutExecutor) and not callable(agent_env)
+
+
+EXECUTOR_KINDS: tuple[ExecutorKind, ...] = (
+    ExecutorKind("executor", _is_executor, lambda agent_env, _: agent_env),
+    ExecutorKind("url", lambda agent_env: isinstance(agent_env, str), lambda url, _: HttpExecutor(url)),
+    ExecutorKind("function", callable, lambda fn, threads: InProcessExecutor(fn, max_threads=threads)),
+)
+
+
+def executor_for(agent_env: Any, max_concurrency: int) -> RolloutExecutor:
+    """A RolloutExecutor from a ``@rollout`` function, an agent server URL, or an executor."""
+    for kind in EXECUTOR_KINDS:
+        if kind.accepts(agent_env):
+            return kind.build(agent_env, max_concurrency)
+    names = ", ".join(k.name for k in EXECUTOR_KINDS)
+    raise TypeError(
+        f"agent_env: expected a function, a RolloutExecutor or a URL ({names}), got {agent_env!r}"
+    )
+
+
+__all__ = ["EXECUTOR_KINDS", "ExecutorKind", "executor_for"]

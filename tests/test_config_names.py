@@ -1,0 +1,60 @@
+"""The config refuses an unknown algorithm, engine or group policy at load, naming the key, value and choices."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+
+from mtrl_runtime.algorithms import ADVANTAGES, LOSSES
+from mtrl_runtime.config import ConfigError, GroupPolicyConfig, MtrlConfig
+from mtrl_runtime.engines import ENGINES
+from mtrl_runtime.rollouts import GROUP_POLICIES
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "registry"),
+    [("advantage_method", "grpo", ADVANTAGES), ("loss_fn", "dpo", LOSSES), ("engine", "sglang", ENGINES)],
+)
+def test_an_unknown_name_fails_at_load_naming_key_value_and_the_known_names(key, value, registry):
+    with pytest.raises(ConfigError) as info:
+        MtrlConfig.from_dict({"core": {key: value}})
+    message = str(info.value)
+    assert f"core.{key}" in message and repr(value) in message
+    assert all(name in message for name in registry.names())
+
+
+def test_every_registered_name_is_accepted():
+    for name in ADVANTAGES.names():
+        assert MtrlConfig.from_dict({"core": {"advantage_method": name}}).core.advantage_method == name
+    for name in LOSSES.names():
+        assert MtrlConfig.from_dict({"core": {"loss_fn": name}}).core.loss_fn == name
+    for name in ENGINES.names():
+        assert MtrlConfig.from_dict({"core": {"engine": name}}).core.engine == name
+
+
+def test_an_unknown_name_set_on_a_loaded_config_fails_too():
+    config = MtrlConfig()
+    with pytest.raises(ValueError, match="unknown advantage method 'grpo'"):
+        config.core.advantage_method = "grpo"
+    assert config.core.advantage_method == "group_based"
+
+
+def test_the_group_policies_the_config_accepts_are_the_registered_ones():
+    accepted = typing.get_args(GroupPolicyConfig.model_fields["on_failure"].annotation)
+    assert sorted(accepted) == GROUP_POLICIES.names()
+    with pytest.raises(ConfigError, match="advanced.group_policy.on_failure.*'retry_forever'"):
+        MtrlConfig.from_dict({"advanced": {"group_policy": {"on_failure": "retry_forever"}}})
+
+
+def test_coerce_takes_a_config_a_mapping_or_a_yaml_path_and_refuses_anything_else(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("core:\n  max_steps: 3\n")
+    original = MtrlConfig()
+    copied = MtrlConfig.coerce(original)
+    assert copied == original and copied is not original
+    assert MtrlConfig.coerce({"core": {"max_steps": 4}}).core.max_steps == 4
+    assert MtrlConfig.coerce(path).core.max_steps == 3 and MtrlConfig.coerce(str(path)).core.max_steps == 3
+    assert MtrlConfig.coerce(None) == MtrlConfig()
+    with pytest.raises(ConfigError, match="config: expected an MtrlConfig, a mapping or a YAML path, got int"):
+        MtrlConfig.coerce(3)  # type: ignore[arg-type]
