@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 
 from ..config import MtrlConfig
-from ..rollouts import open_stack
+from ..rollouts import executor_kind, open_stack
 from ..types import Rollout, Task
 from ._base_model import base_policy
 from ._report import ReportPaths, report_data, write_report
@@ -119,6 +119,7 @@ class MultiTurnRLEvaluator:
             self.config = self.config.with_overrides({"core.model": str(model)})
         if agent_env is None:
             raise ValueError("agent_env: give the agent to evaluate (a @rollout function, a RolloutExecutor or a URL)")
+        executor_kind(agent_env)  # a wrong kind fails here, before any model loads
         if dataset is None:
             raise ValueError("dataset: give held-out tasks (a JSONL path or rows); never evaluate on training prompts")
         self.agent_env = agent_env

@@ -13,7 +13,7 @@ Training and evaluation both sit above this floor; it imports neither.
 """
 
 from ._dispatcher import ENVIRONMENT_PROBLEM_RATE, Dispatcher, GroupResult, StepBatch, group_id_for
-from ._executors import EXECUTOR_KINDS, ExecutorKind, executor_for
+from ._executors import EXECUTOR_KINDS, ExecutorKind, executor_for, executor_kind
 from ._groups import GROUP_POLICIES, GroupDecision, GroupPolicy, GroupRound
 from ._stack import RolloutStack, open_stack
 from ._tasks import TaskSchedule, load_tasks, task_from_row
@@ -32,6 +32,7 @@ __all__ = [
     "StepBatch",
     "TaskSchedule",
     "executor_for",
+    "executor_kind",
     "group_id_for",
     "load_tasks",
     "open_stack",

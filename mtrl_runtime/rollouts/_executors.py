@@ -35,15 +35,22 @@ EXECUTOR_KINDS: tuple[ExecutorKind, ...] = (
 )
 
 
-def executor_for(agent_env: Any, max_concurrency: int) -> RolloutExecutor:
-    """A RolloutExecutor from a ``@rollout`` function, an agent server URL, or an executor."""
+def executor_kind(agent_env: Any) -> ExecutorKind:
+    """The kind of ``agent_env``; anything else is a TypeError naming the value and the known kinds.
+
+    The trainer and the evaluator call this when they are constructed, so a
+    wrong ``agent_env`` fails before any model is loaded.
+    """
     for kind in EXECUTOR_KINDS:
         if kind.accepts(agent_env):
-            return kind.build(agent_env, max_concurrency)
+            return kind
     names = ", ".join(k.name for k in EXECUTOR_KINDS)
-    raise TypeError(
-        f"agent_env: expected a function, a RolloutExecutor or a URL ({names}), got {agent_env!r}"
-    )
+    raise TypeError(f"agent_env: expected a function, a RolloutExecutor or a URL ({names}), got {agent_env!r}")
 
 
-__all__ = ["EXECUTOR_KINDS", "ExecutorKind", "executor_for"]
+def executor_for(agent_env: Any, max_concurrency: int) -> RolloutExecutor:
+    """A RolloutExecutor from a ``@rollout`` function, an agent server URL, or an executor."""
+    return executor_kind(agent_env).build(agent_env, max_concurrency)
+
+
+__all__ = ["EXECUTOR_KINDS", "ExecutorKind", "executor_for", "executor_kind"]

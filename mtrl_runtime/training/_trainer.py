@@ -32,7 +32,7 @@ from ..config import CoreConfig, MtrlConfig
 from ..engines import resolve_model
 from ..evaluation import StrictScorer, as_strict_scorer
 from ..monitor import DiagnosticsMonitor, history_from_rows
-from ..rollouts import RolloutStack, TaskSchedule, load_tasks
+from ..rollouts import RolloutStack, TaskSchedule, executor_kind, load_tasks
 from ..tracking import Tracker
 from ..types import RolloutExecutor, Task
 from ._checkpoint import Checkpoints
@@ -82,6 +82,7 @@ class MultiTurnRLTrainer:
         if agent_env is None:
             raise ValueError("agent_env: give the agent to train (a @rollout function, a RolloutExecutor or an agent server URL)")
         self.agent_env = agent_env
+        executor_kind(agent_env)  # a wrong kind fails here, before any model loads
         self.training_dataset = training_dataset if training_dataset is not None else self.config.core.dataset
         if self.training_dataset is None:
             raise ValueError("training_dataset: give tasks (a JSONL path or rows), or set core.dataset in the config")
