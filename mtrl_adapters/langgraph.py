@@ -15,11 +15,12 @@ client, which the ``rollout`` decorator redirects to the coordinator with
 the rollout's id and token, so one compiled graph and one model object
 serve any number of concurrent rollouts.
 
-Tool errors: build the tool node with ``ToolNode(tools, handle_tool_errors=True)``
-(and pass it to ``create_react_agent``) so a tool's exception becomes a
-``ToolMessage`` the model sees, as Strands does; without it the exception
-ends the graph run and the rollout fails. Either way the call is recorded
-with its error.
+Tool errors: by default a tool's exception ends the graph run and the
+rollout fails. For the model to see it as a ``ToolMessage``, as Strands
+does, give ``langchain.agents.create_agent`` an async ``wrap_tool_call``
+middleware that returns one (docs/quickstart.md, 3b), or give the deprecated
+``create_react_agent`` a ``ToolNode(tools, handle_tool_errors=True)``.
+Either way the call is recorded with its error.
 
 Importing this module imports ``langchain_core``.
 """

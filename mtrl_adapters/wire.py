@@ -29,7 +29,13 @@ def rollout_base_url(endpoint: str, rollout_id: str) -> str:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Unknown fields are refused, and so are wrong types: no string read as a bool, no bool as a number."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+METRIC_LIMIT = 1e12
+"""The bound on a reward metric's magnitude: averaged over a step's rollouts it stays a finite number."""
 
 
 def _finite(name: str, value: float) -> float:
@@ -82,6 +88,8 @@ class RewardReport(_Strict):
     def _metrics_finite(cls, v: dict[str, float]) -> dict[str, float]:
         for k, m in v.items():
             _finite(f"metrics[{k!r}]", m)
+            if abs(m) > METRIC_LIMIT:
+                raise ValueError(f"metrics[{k!r}] is {m!r}; a metric's magnitude must be at most {METRIC_LIMIT:g}")
         return v
 
     @model_validator(mode="after")
@@ -159,7 +167,7 @@ class RolloutServerRequest(BaseModel):
 class SageMakerCompleteRollout(BaseModel):
     """``POST /complete-rollout`` as SageMaker AI MTRL's feedback client sends it."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     JobArn: str | None = None
     TrajectoryId: str
@@ -169,7 +177,7 @@ class SageMakerCompleteRollout(BaseModel):
 class SageMakerUpdateReward(BaseModel):
     """``POST /update-reward`` as SageMaker AI MTRL's feedback client sends it."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     JobArn: str | None = None
     TrajectoryId: str
@@ -181,6 +189,7 @@ __all__ = [
     "HEADER_SM_JOB_ARN",
     "HEADER_SM_TRAJECTORY_ID",
     "HEADER_TURN_HINT",
+    "METRIC_LIMIT",
     "ROLLOUT_PREFIX",
     "CompletionReport",
     "CreateRolloutRequest",

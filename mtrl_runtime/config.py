@@ -16,9 +16,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .algorithms import ADVANTAGES, LOSSES
+from .chat.formats import CHAT_FORMATS
 from .engines import ENGINES
 from .registry import Registry
 from .types import SamplingParams
+
+
+REWARD_LIMIT = 1e6
+"""The bound on any reward's magnitude, always on: a group's sums and squares stay finite in float32 and float64."""
 
 
 class ConfigError(ValueError):
@@ -120,10 +125,18 @@ class ServerConfig(_Section):
     api_key: str | None = None  # required when host is not a loopback address
     inference_mode: bool = False  # serve calls that name no rollout
     sagemaker_compat: bool = False  # accept SageMaker AI MTRL headers and routes
+    # the AWS credentials SageMaker-compat SigV4 bearer tokens must be signed with (unset: SigV4 tokens refused)
+    sagemaker_access_key_id: str | None = None
+    sagemaker_secret: str | None = None
+    training_mode: bool = False  # set by the trainer's RolloutStack: POST /v1/rollouts is refused (403) ...
+    allow_external_rollouts: bool = False  # ... unless this is set (rollouts then also need api_key when one is set)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_messages: int = Field(default=512, ge=1)
     max_tools: int = Field(default=128, ge=0)
     max_string_chars: int = Field(default=1_000_000, ge=1)
+    body_timeout_s: float = Field(default=30.0, gt=0.0)  # a request body not fully read by then: 408
+    max_pending_bodies: int = Field(default=512, ge=1)  # requests still sending their body at once; more: 503
+    rollout_ttl_s: float | None = Field(default=None, gt=0.0)  # mtrl serve: a rollout idle this long is abandoned
 
 
 class MlflowConfig(_Section):
@@ -153,12 +166,40 @@ class AdvancedConfig(_Section):
     rollout_timeout_s: float = Field(default=600.0, gt=0.0)
     max_concurrency: int = Field(default=64, ge=1)
     default_reward: float = 0.0  # given to a rollout that never reports, and flagged
+    # rewards (scalar and per turn) outside [low, high] are refused with a 400; bounds within +-REWARD_LIMIT
+    reward_range: tuple[float, float] = (-1.0, 1.0)
     checkpoint_every: int = Field(default=5, ge=0)
     keep_checkpoints: int = Field(default=2, ge=1)
     train_device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")  # auto: cuda when present  # newest complete checkpoints kept; older ones are removed
     engine_options: dict[str, Any] = Field(default_factory=dict)
+    chat_format: str | None = None  # a name in chat.formats.CHAT_FORMATS; None: detected from the tokenizer
+    # how earlier turns are trained where the template renders a reply unlike the generated text (dropped
+    # reasoning): "extend" (one sequence of the generated ids) or "deployed" (a new segment there, as deployed)
+    history_training: Literal["extend", "deployed"] = "extend"
     server: ServerConfig = Field(default_factory=ServerConfig)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+
+    @field_validator("chat_format")
+    @classmethod
+    def _known_chat_format(cls, value: str | None) -> str | None:
+        return None if value is None else _known(CHAT_FORMATS, value)
+
+    @field_validator("reward_range")
+    @classmethod
+    def _check_reward_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        low, high = value
+        if not (-REWARD_LIMIT <= low < high <= REWARD_LIMIT):
+            raise ValueError(
+                f"reward_range must be [low, high] with -{REWARD_LIMIT:g} <= low < high <= {REWARD_LIMIT:g}, got {list(value)}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _default_reward_in_range(self) -> "AdvancedConfig":
+        low, high = self.reward_range
+        if not low <= self.default_reward <= high:
+            raise ValueError(f"default_reward {self.default_reward} is outside reward_range [{low}, {high}]")
+        return self
 
 
 class MtrlConfig(_Section):
@@ -231,6 +272,7 @@ __all__ = [
     "AdvancedConfig",
     "AsyncConfig",
     "ConfigError",
+    "REWARD_LIMIT",
     "CoreConfig",
     "GroupPolicyConfig",
     "MlflowConfig",

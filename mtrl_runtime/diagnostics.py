@@ -4,7 +4,7 @@
 per-step metric dicts, under the names the training loop logs them
 (``rollout/reward/mean``, ``val/reward/mean``, ``analysis/zero_adv_frac``,
 ``rollout/truncated_frac``, ``failures/permanent_rate``,
-``val/reward/base_success``), and the run's configuration knobs
+``val/reward/base_success``, ``train/nonfinite_skipped``), and the run's configuration knobs
 (``knobs_from_config``). A rule is a small function returning a ``Diagnosis``
 or None; adding one is a function and a ``@RULES.register`` line.
 
@@ -43,6 +43,7 @@ ZERO_ADV = "analysis/zero_adv_frac"  # share of the step's groups whose advantag
 TRUNCATED = "rollout/truncated_frac"
 FAILED = "failures/permanent_rate"  # failures left after the group policy, per rollout slot
 BASE_SUCCESS = "val/reward/base_success"
+NONFINITE_SKIPPED = "train/nonfinite_skipped"  # 1.0 on a step whose update was skipped for a NaN or infinity
 
 
 class Severity(str, enum.Enum):
@@ -280,6 +281,21 @@ def base_zero_success(h: History, knobs: Mapping[str, Any]) -> Diagnosis | None:
     )
 
 
+@RULES.register("nonfinite_update_skipped")
+def nonfinite_update_skipped(h: History, knobs: Mapping[str, Any]) -> Diagnosis | None:
+    skipped = [step for step, value in h.series(NONFINITE_SKIPPED) if value > 0]
+    if not skipped:
+        return None
+    return Diagnosis(
+        "nonfinite_update_skipped", Severity.ERROR,
+        f"{len(skipped)} update(s) skipped because an advantage, the loss or a gradient was not a finite number "
+        f"(steps {', '.join(map(str, skipped[:10]))}); the weights were left unchanged",
+        "read the trainer's log line for the step: it names the rollouts responsible; check their rewards and "
+        "logprobs, and lower learning_rate or max_grad_norm if the loss itself overflowed",
+        {"skipped_steps": skipped},
+    )
+
+
 # -- helpers -------------------------------------------------------------------------------------
 
 
@@ -319,6 +335,7 @@ __all__ = [
     "FAILED_MAX",
     "FLAT_TOL",
     "MIN_FLAT_STEPS",
+    "NONFINITE_SKIPPED",
     "REWARD",
     "RULES",
     "SATURATION",

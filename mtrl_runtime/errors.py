@@ -44,6 +44,16 @@ class Conflict(MtrlError):
     code = "conflict"
 
 
+class RequestTimeout(MtrlError):
+    status = 408
+    code = "request_timeout"
+
+
+class ServerBusy(MtrlError):
+    status = 503
+    code = "server_busy"
+
+
 class PayloadTooLarge(MtrlError):
     status = 413
     code = "payload_too_large"
@@ -61,6 +71,8 @@ __all__ = [
     "Forbidden",
     "MtrlError",
     "PayloadTooLarge",
+    "RequestTimeout",
     "RolloutNotFound",
+    "ServerBusy",
     "Unauthorized",
 ]

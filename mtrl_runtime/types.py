@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence, TypeVar, Union, runtime_checkable
+from typing import Any, Awaitable, Callable, Literal, Mapping, Protocol, Sequence, TypeVar, Union, runtime_checkable
 
 JSON = Any  # a value that round-trips through json.dumps / json.loads
 R = TypeVar("R")  # what a function handed to an engine returns
@@ -42,6 +42,8 @@ class RolloutStatus(str, enum.Enum):
     COMPLETED = "completed"
     FAILED = "failed"
     TIMED_OUT = "timed_out"
+    INTERRUPTED = "interrupted"  # the run stopped (Ctrl-C, SIGTERM, a crash) before the rollout ended
+    ABANDONED = "abandoned"  # mtrl serve: nothing came for the rollout within advanced.server.rollout_ttl_s
 
     @property
     def is_final(self) -> bool:
@@ -59,6 +61,8 @@ class BreakReason(str, enum.Enum):
     TOOLS_CHANGED = "tools_changed"  # the tool list changed between calls
     TEMPLATE_NOT_PREFIX = "template_not_prefix"  # the chat template re-rendered the past differently
     REPLY_MISSING = "reply_missing"  # the request does not contain the previous reply
+    # history: deployed, and the template renders the previous reply unlike the ids generated (dropped reasoning, ...)
+    REPLY_RENDERED_DIFFERENTLY = "reply_rendered_differently"
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,23 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     top_logprobs: int = 0
+    max_tokens_requested: bool = False  # the client named max_tokens: over the context it is a 400, never shortened
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """A chat call's settings beyond sampling: template variables and which tool call, if any, is required.
+
+    ``template_kwargs`` is the request's ``chat_template_kwargs`` (e.g.
+    ``{"enable_thinking": False}``). ``tool_choice`` is ``"auto"``,
+    ``"required"`` (some tool must be called) or ``"function"`` (the tool
+    ``tool_name`` must be called); ``"none"`` never reaches the coordinator
+    (the endpoint drops the tools).
+    """
+
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    tool_choice: Literal["auto", "required", "function"] = "auto"
+    tool_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -300,12 +321,19 @@ class DeadlinePassed:
 
 @dataclass(frozen=True)
 class RunStopped:
-    """The run stopped (was cancelled) while the rollout was running."""
+    """The run stopped (was cancelled) while the rollout was running: it ends ``interrupted``."""
 
     reason: str = "cancelled: the trainer stopped before the rollout ended"
 
 
-RolloutEvent = Union[RewardReported, TurnLimitHit, AgentEnded, ExecutorEnded, DeadlinePassed, RunStopped]
+@dataclass(frozen=True)
+class Abandoned:
+    """Nothing came for the rollout (no call, no report) for ``ttl_s`` seconds (``mtrl serve``'s TTL sweeper)."""
+
+    ttl_s: float
+
+
+RolloutEvent = Union[RewardReported, TurnLimitHit, AgentEnded, ExecutorEnded, DeadlinePassed, RunStopped, Abandoned]
 
 
 @runtime_checkable
@@ -320,6 +348,7 @@ class PolicyEngine(Protocol):
     name: str
     tokenizer: Any
     policy_version: int
+    context_length: int | None  # tokens of prompt + completion the model takes (None: unbounded or not known yet)
 
     async def generate(self, request: GenerationRequest) -> Generation: ...
 
@@ -353,6 +382,13 @@ class SharedModelEngine(PolicyEngine, Protocol):
 
     def on_worker_sync(self, fn: Callable[[], R]) -> R:
         """``on_worker`` for a caller outside an event loop: blocks until ``fn`` ran."""
+
+
+@runtime_checkable
+class NamesServedModel(Protocol):
+    """An engine that serves something other than ``core.model`` (the scripted double) and says what, for /health."""
+
+    served_model: str
 
 
 @runtime_checkable
@@ -390,6 +426,7 @@ class RolloutCoordinator(Protocol):
         messages: list[Mapping[str, JSON]],
         tools: list[Mapping[str, JSON]] | None,
         sampling: SamplingParams,
+        options: ChatOptions | None = None,
     ) -> Any: ...
 
     async def end(self, rollout_id: str, event: RolloutEvent) -> bool: ...
@@ -497,14 +534,17 @@ AgentFn = Callable[..., Any | Awaitable[Any]]
 
 
 __all__ = [
+    "Abandoned",
     "AgentEnded",
     "AgentFn",
     "BreakReason",
+    "ChatOptions",
     "DeadlinePassed",
     "ExecutorEnded",
     "Generation",
     "GenerationRequest",
     "Group",
+    "NamesServedModel",
     "PolicyEngine",
     "RewardReported",
     "Rollout",

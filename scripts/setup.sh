@@ -11,6 +11,12 @@ python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
+if [ "${1:-}" = "dev" ] && ! command -v chromium >/dev/null && command -v apt-get >/dev/null \
+    && [ "$(id -u)" = "0" ]; then
+  # headless Chromium for tests/test_mlflow_view.py (skipped without it); pip browser downloads are not used
+  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+    || echo "setup: chromium could not be installed; tests/test_mlflow_view.py will be skipped" >&2
+fi
 stamp=".venv/.mtrl-installed"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then

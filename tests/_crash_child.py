@@ -1,6 +1,6 @@
 """A training run that kills itself (SIGKILL) at a chosen point; started by tests/test_crash_resume.py.
 
-    python tests/_crash_child.py RUN_DIR ANSWERED_LOG [--kill generation|update|checkpoint|commit] [--resume]
+    python tests/_crash_child.py RUN_DIR ANSWERED_LOG [--kill generation|update|checkpoint|commit] [--resume] [--poison]
 
 It trains on the lookup tasks of ``_lookup_task`` (tiny model, shared-weights
 hf engine) with a plain ``openai`` agent that appends every reply it
@@ -12,6 +12,11 @@ done, at the chosen point:
 - ``update``: inside the policy update, after the gradients, before the optimizer step;
 - ``checkpoint``: inside a checkpoint write, after the weights, before the state and the rename;
 - ``commit``: after a checkpoint was renamed into place, before the store learned of it.
+
+With ``--poison`` every rollout first reports a finite but huge reward
+(1.7e308, which once overflowed the group mean and wrote NaN into every
+weight) and appends how the coordinator answered to ``<ANSWERED_LOG>.poison``;
+and step 1's update gets a planted NaN gradient (the step must be skipped).
 
 The kill points wrap the trainer's methods in this process only: the code
 runs unchanged up to the kill.
@@ -52,7 +57,11 @@ def armed() -> bool:
     return Progress.steps_done >= KILL_AFTER_STEPS
 
 
-def make_agent(log_path: Path, kill: str | None) -> Any:
+POISON_REWARD = 1.7e308
+POISONED_STEP = 1  # its update sees a NaN gradient; checkpoint step-2 (after it) must still be finite
+
+
+def make_agent(log_path: Path, kill: str | None, poison: bool = False) -> Any:
     from mtrl_adapters import aupdate_reward, current_rollout, record_tool_call, rollout
 
     clients: dict[int, Any] = {}
@@ -90,11 +99,37 @@ def make_agent(log_path: Path, kill: str | None) -> Any:
                 result = " ".join([lookup.TABLE.get(called, "none")] * lookup.VALUE_REPEAT)
                 record_tool_call("lookup", {"key": called}, result=result, call_id=call.id)
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+        if poison:
+            try:
+                await aupdate_reward(POISON_REWARD)
+                answer = "accepted"
+            except Exception as exc:  # the coordinator's 400, raised by the adapter
+                answer = f"{type(exc).__name__}: {exc}"
+            with open(str(log_path) + ".poison", "a", encoding="utf-8") as out:
+                out.write(json.dumps({"rollout_id": current_rollout().rollout_id, "answer": answer}) + "\n")
         # a reward that differs between the rollouts of a group (32 random bits of the id), so every
         # step's update runs and moves the policy version: step 3's rollouts are then never reusable
         await aupdate_reward(int(current_rollout().rollout_id[-8:], 16) / 0xFFFFFFFF)
 
     return agent
+
+
+def plant_nan_gradient() -> None:
+    """Step ``POISONED_STEP``'s gradients get a NaN (after the backward pass, before the clip and the step)."""
+    import math
+
+    from mtrl_runtime.training import _update
+
+    backward = _update.PolicyUpdate.backward
+
+    def poisoned_backward(self: Any, samples: Any) -> Any:
+        metrics = backward(self, samples)
+        if Progress.steps_done == POISONED_STEP:
+            param = next(p for p in self.policy.trainable_parameters() if p.grad is not None)
+            param.grad.view(-1)[0] = math.nan
+        return metrics
+
+    _update.PolicyUpdate.backward = poisoned_backward
 
 
 def arm_kill_points(kill: str | None) -> None:
@@ -137,6 +172,7 @@ def main() -> int:
     parser.add_argument("answered_log", type=Path)
     parser.add_argument("--kill", choices=["generation", "update", "checkpoint", "commit"])
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--poison", action="store_true")
     args = parser.parse_args()
 
     import torch
@@ -146,11 +182,13 @@ def main() -> int:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    if args.poison:
+        plant_nan_gradient()
     arm_kill_points(args.kill)
     config = lookup.config(args.run_dir, group_size=2, train_batch_size=2, max_steps=MAX_STEPS,
                            advanced={"checkpoint_every": 2})
     trainer = MultiTurnRLTrainer(
-        agent_env=make_agent(args.answered_log, args.kill),
+        agent_env=make_agent(args.answered_log, args.kill, args.poison),
         training_dataset=lookup.tasks(),
         config=MtrlConfig.from_dict(config),
         engine=lookup.build_engine(seed=0),

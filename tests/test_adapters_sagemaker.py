@@ -47,7 +47,10 @@ def aws(monkeypatch):
 
 
 def _compat(**server):
-    return MtrlConfig.from_dict({"advanced": {"server": {"sagemaker_compat": True, **server}}})
+    """Compat mode, verifying SigV4 tokens against the dummy credentials the agents sign with."""
+    credentials = {"sagemaker_access_key_id": DUMMY_AWS["AWS_ACCESS_KEY_ID"],
+                   "sagemaker_secret": DUMMY_AWS["AWS_SECRET_ACCESS_KEY"]}
+    return MtrlConfig.from_dict({"advanced": {"server": {"sagemaker_compat": True, **credentials, **server}}})
 
 
 def _metadata(handle, spec):

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.training._resume import INTERRUPTED, RESUMES_KEY
@@ -57,8 +58,36 @@ def _checkpoints(run_dir: Path) -> list[Path]:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("kill, resume_from", [("generation", 2), ("update", 2), ("checkpoint", 2), ("commit", 4)])
 def test_a_run_killed_anywhere_resumes_without_losing_or_repeating_anything(tmp_path, kill, resume_from):
+    _kill_and_resume(tmp_path, kill, resume_from)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_poisoned_run_never_writes_non_finite_weights_and_resumes(tmp_path):
+    """Every rollout reports a reward of 1.7e308 first and step 1 gets a NaN gradient; then it is killed and resumed."""
+    from safetensors.torch import load_file
+
+    from mtrl_runtime.diagnostics import NONFINITE_SKIPPED
+
+    run_dir, log = _kill_and_resume(tmp_path, "update", 2, "--poison")
+    answers = [json.loads(line) for line in Path(str(log) + ".poison").read_text().splitlines()]
+    assert answers and all(a["answer"].startswith("RolloutError") and "1.7e+308 is outside this run's reward range"
+                           in a["answer"] for a in answers), answers[:3]  # the coordinator's 400, as the agent saw it
+    with SQLiteStore(run_dir / "trajectories.db") as store:
+        rewards = [r.reward for r in store.rollouts(with_turns=False) if r.reward is not None]
+        assert rewards and all(0.0 <= r <= 1.0 for r in rewards)  # the huge one was never stored
+        skipped = [(step, value) for step, _, value in store.metric_history(NONFINITE_SKIPPED)]
+        assert skipped == [(1, 1.0)], skipped  # the poisoned step was skipped, once, and committed with step-2
+        versions = {step: v for step, _, v in store.metric_history("train/policy_version")}
+        assert versions[1] == versions[0]  # no optimizer step at the poisoned step
+    for folder in _checkpoints(run_dir):
+        for weights in (folder / "policy" / "weights").glob("*.safetensors"):
+            assert all(bool(torch.isfinite(t).all()) for t in load_file(weights).values()), weights
+
+
+def _kill_and_resume(tmp_path: Path, kill: str, resume_from: int, *extra: str) -> tuple[Path, Path]:
     run_dir, log = tmp_path / "run", tmp_path / "answered.jsonl"
-    crashed = _run(run_dir, log, "--kill", kill)
+    crashed = _run(run_dir, log, "--kill", kill, *extra)
     assert crashed.returncode == -9, crashed.stdout[-2000:] + crashed.stderr[-3000:]
 
     # what the killed process left: answered turns stored, checkpoints complete or absent
@@ -100,7 +129,7 @@ def test_a_run_killed_anywhere_resumes_without_losing_or_repeating_anything(tmp_
             assert trained[rid] is None, rid
         for rid in record["interrupted"]:
             stored = store.get_rollout(rid, with_turns=False)
-            assert stored.status.value == "failed" and stored.error == INTERRUPTED
+            assert stored.status.value == "interrupted" and stored.error == INTERRUPTED
         assert not set(record["reused"]) & set(record["discarded"])
         if kill in ("generation", "update"):  # step 3 was under way: its rollouts were set aside
             assert record["discarded"] or record["interrupted"]
@@ -112,3 +141,4 @@ def test_a_run_killed_anywhere_resumes_without_losing_or_repeating_anything(tmp_
                  for rid in record["rollout_ids"]]
     assert committed and len(committed) == len(set(committed))
     assert all(trained[rid] is not None for rid in committed)
+    return run_dir, log

@@ -46,7 +46,7 @@ def test_a_reported_reward_means_no_default_and_the_turn_limit_is_flagged():
     ("event", "status", "error_part"),
     [
         (DeadlinePassed(0.5), TIMED_OUT, "rollout_timeout_s=0.5"),
-        (RunStopped(), FAILED, "cancelled"),
+        (RunStopped(), RolloutStatus.INTERRUPTED, "cancelled"),  # a stopped run is not the agent's failure
         (ExecutorEnded(RolloutStatus.RUNNING, None), FAILED, None),  # an executor cannot leave it running
         (AgentEnded(TIMED_OUT, "the agent did not finish within timeout_s=2"), TIMED_OUT, "timeout_s=2"),
     ],

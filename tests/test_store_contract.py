@@ -158,6 +158,18 @@ async def test_a_final_status_is_given_once(store: TrajectoryStore) -> None:
         store.finish_rollout("nope", "failed")
 
 
+async def test_interrupted_is_a_final_status_that_takes_no_more_turns(store: TrajectoryStore) -> None:
+    start(store, "r1")
+    assert await store.afinish_rollout("r1", "interrupted", "cancelled: the run stopped")
+    assert not store.finish_rollout("r1", RolloutStatus.COMPLETED)
+    got = store.get_rollout("r1")
+    assert (got.status, got.error) == (RolloutStatus.INTERRUPTED, "cancelled: the run stopped")
+    assert [r.id for r in store.rollouts(status="interrupted", with_turns=False)] == ["r1"]
+    assert store.rollouts(status=RolloutStatus.RUNNING, with_turns=False) == []
+    with pytest.raises(ValueError, match="is interrupted"):
+        await store.aadd_turn(turn("r1", 0, (1,)))
+
+
 async def test_rollouts_filter_in_creation_order(store: TrajectoryStore) -> None:
     start(store, "b", step=1, group_id="g1")
     start(store, "a", step=1, group_id="g2")

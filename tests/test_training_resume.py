@@ -117,7 +117,7 @@ def test_sigkill_then_resume_loses_nothing_and_trains_nothing_twice(tmp_path):
         assert lost and lost <= set(record["discarded"])
         by_id = {r.id: r for r in rollouts}
         assert all(trained_at[i] is None for i in record["discarded"])
-        assert all(by_id[i].status is RolloutStatus.FAILED for i in record["interrupted"])
+        assert all(by_id[i].status is RolloutStatus.INTERRUPTED for i in record["interrupted"])
         # steps continue: every step's metrics once, every trained rollout trained in its own step, once
         assert [s for s, _, _ in store.metric_history("time/step")] == list(range(MAX_STEPS))
         trained = [r for r in rollouts if trained_at[r.id] is not None]

@@ -37,6 +37,7 @@ class ConversationState:
     segment: int
     turn_index: int
     glue: str
+    generated: str = ""  # the reply's text as generated + glue (kept when history is trained as deployed)
 
 
 @dataclass(frozen=True)
@@ -49,26 +50,45 @@ class PromptPlan:
     new_token_count: int  # ids tokenized for this turn (all of them after a break)
 
 
-class PromptBuilder:
-    """Builds each turn's prompt ids from the rollout's ``ConversationState`` and the new request."""
+HISTORY_MODES = ("extend", "deployed")
 
-    def __init__(self, renderer: ChatRenderer) -> None:
+
+class PromptBuilder:
+    """Builds each turn's prompt ids from the rollout's ``ConversationState`` and the new request.
+
+    ``history`` says how earlier turns are trained when the template renders
+    a reply unlike what the model generated (Qwen3 and gpt-oss drop earlier
+    reasoning): ``"extend"`` keeps one sequence of the generated ids (fewest
+    tokens; trains contexts deployment never shows), ``"deployed"`` starts a
+    new segment there (``BreakReason.REPLY_RENDERED_DIFFERENTLY``), so each
+    turn is trained in the context deployment renders (more prompt tokens).
+    """
+
+    def __init__(self, renderer: ChatRenderer, history: str = "extend") -> None:
+        if history not in HISTORY_MODES:
+            raise ValueError(f"history must be one of {', '.join(HISTORY_MODES)}, got {history!r}")
         self.renderer = renderer
+        self.history = history
 
     def build(
         self,
         state: ConversationState | None,
         messages: Iterable[Mapping[str, Any]],
         tools: Iterable[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> PromptPlan:
-        """The prompt for ``messages``: an extension of ``state`` when possible, else a full render."""
+        """The prompt for ``messages``: an extension of ``state`` when possible, else a full render.
+
+        ``template_kwargs`` (a request's ``chat_template_kwargs``) reach every render of the turn.
+        """
         msgs = normalize_messages(messages)
         tool_list = normalize_tools(tools)
+        kw = dict(template_kwargs) if template_kwargs else None
         if state is None:
-            return self._full_render(msgs, tool_list, segment=0, reason=None)
-        reason, suffix = self._extension_suffix(state, msgs, tool_list)
+            return self._full_render(msgs, tool_list, segment=0, reason=None, kw=kw)
+        reason, suffix = self._extension_suffix(state, msgs, tool_list, kw)
         if reason is not None:
-            return self._full_render(msgs, tool_list, segment=state.segment + 1, reason=reason)
+            return self._full_render(msgs, tool_list, segment=state.segment + 1, reason=reason, kw=kw)
         new_ids = self.renderer.encode(state.glue + suffix)
         return PromptPlan(
             prompt_ids=state.context_ids + tuple(new_ids),
@@ -91,6 +111,8 @@ class PromptBuilder:
         (reply,) = normalize_messages([reply_message])
         if reply["role"] != "assistant":
             raise ValueError(f"reply_message.role must be 'assistant', got {reply['role']!r}")
+        glue = self.renderer.close_glue(completion_ids)
+        generated = self.renderer.decode(completion_ids) + glue if self.history == "deployed" else ""
         return ConversationState(
             messages=tuple(normalize_messages(messages)),
             reply=reply,
@@ -99,27 +121,39 @@ class PromptBuilder:
             finish_reason=finish_reason,
             segment=plan.segment,
             turn_index=0 if state is None else state.turn_index + 1,
-            glue=self.renderer.close_glue(completion_ids),
+            glue=glue,
+            generated=generated,
         )
 
     def _full_render(
-        self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]], segment: int, reason: BreakReason | None
+        self,
+        msgs: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        segment: int,
+        reason: BreakReason | None,
+        kw: Mapping[str, Any] | None = None,
     ) -> PromptPlan:
-        ids = tuple(self.renderer.encode(self.renderer.render(msgs, tools, add_generation_prompt=True)))
+        ids = tuple(self.renderer.encode(self.renderer.render(msgs, tools, True, kw)))
         return PromptPlan(prompt_ids=ids, segment=segment, break_reason=reason, new_token_count=len(ids))
 
     def _extension_suffix(
-        self, state: ConversationState, msgs: list[dict[str, Any]], tools: list[dict[str, Any]]
+        self,
+        state: ConversationState,
+        msgs: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        kw: Mapping[str, Any] | None = None,
     ) -> tuple[BreakReason | None, str]:
         """(None, text after the previous reply) when ``msgs`` extends ``state``, else (the reason, "")."""
         reason, msgs = _align(state, msgs, tools)
         if reason is not None:
             return reason, ""
         n = len(state.messages) + 1  # previous request + its reply
-        prefix = self.renderer.render(msgs[:n], tools, add_generation_prompt=False)
-        full = self.renderer.render(msgs, tools, add_generation_prompt=True)
+        prefix = self.renderer.render(msgs[:n], tools, False, kw)
+        full = self.renderer.render(msgs, tools, True, kw)
         if not full.startswith(prefix) or not prefix.endswith(self.renderer.assistant_close):
             return BreakReason.TEMPLATE_NOT_PREFIX, ""
+        if self.history == "deployed" and not prefix.endswith(state.generated):
+            return BreakReason.REPLY_RENDERED_DIFFERENTLY, ""
         return None, full[len(prefix) :]
 
 
@@ -147,4 +181,4 @@ def _align(
     return None, msgs
 
 
-__all__ = ["ConversationState", "PromptBuilder", "PromptPlan"]
+__all__ = ["HISTORY_MODES", "ConversationState", "PromptBuilder", "PromptPlan"]

@@ -9,8 +9,8 @@ form makes those equal, so requests can be compared turn to turn and
 rendered by any chat template:
 
 - ``{"role": "system" | "user", "content": str}`` ("developer" becomes "system");
-- ``{"role": "assistant", "content": str, "tool_calls": [...]}`` (``tool_calls``
-  only when there are some; each ``{"id"?, "type": "function", "function":
+- ``{"role": "assistant", "content": str, "tool_calls": [...], "reasoning_content": str}``
+  (``tool_calls`` and ``reasoning_content`` only when there are some; each ``{"id"?, "type": "function", "function":
   {"name": str, "arguments": dict | str}}``, arguments parsed from JSON when
   they hold an object, else kept as the string sent);
 - ``{"role": "tool", "content": str, "tool_call_id"?: str, "name"?: str}``.
@@ -77,6 +77,9 @@ def _normalize_message(index: int, message: Any) -> dict[str, Any]:
         calls = [_normalize_tool_call(f"{where}.tool_calls[{j}]", tc) for j, tc in enumerate(message.get("tool_calls") or ())]
         if calls:
             out["tool_calls"] = calls
+        reasoning = message.get("reasoning_content")
+        if isinstance(reasoning, str) and reasoning:  # rendered by templates that keep it; not part of message_key
+            out["reasoning_content"] = reasoning
     elif role == "tool":
         for key in ("tool_call_id", "name"):
             if isinstance(message.get(key), str):

@@ -73,9 +73,17 @@ class ChatRenderer:
     tokenizer's eos and the close's first token when that is a special token).
     """
 
-    def __init__(self, tokenizer: Any, template: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        template: str | None = None,
+        fallback: str = CHATML_TOOLS_TEMPLATE,
+        stop_tokens: Sequence[str] = (),
+    ) -> None:
         self.tokenizer = tokenizer
-        self.template = template if template is not None else _tokenizer_tool_template(tokenizer) or CHATML_TOOLS_TEMPLATE
+        # ``fallback``: the chat format's own template, for tokenizers whose template renders no tools
+        self.template = template if template is not None else _tokenizer_tool_template(tokenizer) or fallback
+        self._stop_tokens = tuple(stop_tokens)  # the format's tokens that end a reply besides eos
         self._compiled = _compile(self.template)
         # the variables apply_chat_template passes: bos_token, eos_token, ...
         self._template_vars = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
@@ -89,8 +97,20 @@ class ChatRenderer:
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
-        """The prompt text of canonical ``messages`` and ``tools`` (empty tools render as none)."""
+        """The prompt text of canonical ``messages`` and ``tools`` (empty tools render as none).
+
+        ``template_kwargs`` are a request's ``chat_template_kwargs`` (e.g. ``enable_thinking``).
+        """
+        if template_kwargs:
+            return self._compiled.render(
+                {**self._template_vars, **template_kwargs},
+                messages=messages,
+                tools=list(tools) if tools else None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+            )
         return self._compiled.render(
             messages=messages,
             tools=list(tools) if tools else None,
@@ -148,6 +168,8 @@ class ChatRenderer:
         close_ids = self.encode(self.assistant_close)
         if close_ids and close_ids[0] in set(self.tokenizer.all_special_ids):
             ids.add(close_ids[0])
+        vocab = self.tokenizer.get_vocab() if self._stop_tokens else {}
+        ids.update(vocab[t] for t in self._stop_tokens if t in vocab)
         return ids
 
 

@@ -31,10 +31,13 @@ class ParsedReply:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     malformed: int = 0
     unknown_tools: int = 0
+    reasoning: str | None = None  # the model's reasoning text (``reasoning_content``), when its format has one
 
     def to_message(self) -> dict[str, Any]:
-        """The OpenAI assistant message (``tool_calls`` only when there are some)."""
+        """The OpenAI assistant message (``tool_calls`` and ``reasoning_content`` only when there are some)."""
         message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
         if self.tool_calls:
             message["tool_calls"] = self.tool_calls
         return message

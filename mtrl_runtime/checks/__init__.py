@@ -9,6 +9,7 @@ Both return a ``Checklist`` whose failed items name the first fix.
 from ._checklist import CheckItem, Checklist, Status
 from ._env import acheck_env, check_env
 from ._reward import DEFAULT_MAX_SAMPLES, DEFAULT_MAX_TASKS, acheck_reward, check_reward, reward_checklist
+from ._template import TemplateReport, check_template
 
 __all__ = [
     "DEFAULT_MAX_SAMPLES",
@@ -16,9 +17,11 @@ __all__ = [
     "CheckItem",
     "Checklist",
     "Status",
+    "TemplateReport",
     "acheck_env",
     "acheck_reward",
     "check_env",
     "check_reward",
+    "check_template",
     "reward_checklist",
 ]

@@ -23,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..config import MtrlConfig
+from ..config import REWARD_LIMIT, MtrlConfig
 from ..diagnostics import ZERO_ADV_MAX
 from ..evaluation import (
     EvalPlan,
@@ -212,6 +212,8 @@ async def acheck_reward(
 ) -> Checklist:
     """Run ``max_tasks`` x ``samples`` baseline rollouts (training sampling) and check the reward."""
     cfg = MtrlConfig.coerce(config)
+    # the coordinator takes any reward within the hard bound here, so the checklist can name the ones out of range
+    cfg.advanced.reward_range = (-REWARD_LIMIT, REWARD_LIMIT)
     tasks = select_tasks(dataset, split, max_tasks)
     k = samples if samples is not None else min(cfg.core.group_size, DEFAULT_MAX_SAMPLES)
     plan = EvalPlan.from_config(cfg, tasks, samples=k, sampling=cfg.core.sampling_params)

@@ -1,4 +1,4 @@
-"""The ``mtrl`` command: ``serve``, ``train``, ``eval``, ``check``, ``demo`` and ``export``.
+"""The ``mtrl`` command: ``serve``, ``train``, ``eval``, ``check``, ``collect``, ``demo`` and ``export``.
 
 Each subcommand lives in its own module as a ``Command`` (name, help,
 flags, run); ``COMMANDS`` below is the one place a command is added. The
@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 
-from . import demo, eval, export, serve, train
+from . import collect, demo, eval, export, serve, train
 from ._agents import load_agent
 from ._command import Command
 
 # In the order ``mtrl --help`` lists them.
 COMMANDS: tuple[Command, ...] = (
     eval.CHECK,
+    collect.COLLECT,
     demo.DEMO,
     eval.EVAL,
     export.EXPORT,

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
+from . import check_template
 from ._agents import load_agent
 from ._command import Command
+from ._stopping import stop_on_sigterm
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -48,6 +51,8 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, help="cap on samples per task (k = max(pass_k_values) by default)")
     p.add_argument("--max-tasks", type=int, help="evaluate only the first N tasks")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    p.add_argument("--heartbeat", type=float, default=30.0, metavar="SECONDS",
+                   help="off a terminal, print the rollouts done/total at least this often (default 30)")
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -62,7 +67,16 @@ def _eval(args: argparse.Namespace) -> int:
         adapter=adapter, evaluate_base_model=args.base, strict_scorer=_scorer(args.strict), split=args.split,
         max_tasks=args.max_tasks, max_samples=args.samples, tracking=not args.no_mlflow,
     )
-    result = evaluator.evaluate()
+    if args.heartbeat <= 0:
+        raise SystemExit(f"mtrl eval: --heartbeat must be > 0 seconds, got {args.heartbeat}")
+    try:
+        with stop_on_sigterm():
+            result = evaluator.evaluate(progress=True, heartbeat_s=args.heartbeat)
+    except KeyboardInterrupt:
+        print(f"mtrl: evaluation stopped; its rollouts in flight were marked interrupted in "
+              f"{evaluator.output_path / 'trajectories.db'}; run the same command again to evaluate anew",
+              file=sys.stderr, flush=True)
+        return 130
     print(_summary(result))
     print(f"mtrl: report: {result.report.markdown} (also .json, .png)")
     if result.tracking_uri and result.tracking_uri.startswith("sqlite:///"):
@@ -108,11 +122,14 @@ def _check_args(p: argparse.ArgumentParser) -> None:
     env.add_argument("--task", action="append", dest="task_ids", help="a task id to use (twice for two tasks)")
     for q in (reward, env):
         q.add_argument("--json", action="store_true", help="print the checklist as JSON")
+    check_template.add_args(sub)
 
 
 def _check(args: argparse.Namespace) -> int:
     from ..checks import check_env, check_reward
 
+    if args.check == "template":
+        return check_template.run(args)
     config = _config(args)
     agent = load_agent(args.agent)
     if args.check == "reward":
@@ -126,4 +143,4 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if checklist.ok else 1
 
 
-CHECK = Command("check", "check a reward or an environment before training", _check_args, _check)
+CHECK = Command("check", "check a reward, an environment or the chat template before training", _check_args, _check)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="a YAML config; flags below override it")
     p.add_argument("--engine", help="engine name (hf, vllm, scripted)")
+    p.add_argument("--script", help="with --engine scripted: a JSON/YAML script of per-task replies and tool calls")
     p.add_argument("--model", help="local folder, hub id, or smollm2-135m (default: the adapter's base model)")
     p.add_argument("--adapter", help="a peft adapter folder, or a run folder (its trained adapter), to serve")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
@@ -45,9 +46,19 @@ def _serve(args: argparse.Namespace) -> int:
         "advanced.server.api_key": args.api_key or os.environ.get("MTRL_API_KEY"),
         "advanced.server.inference_mode": True if args.inference else None,
     }
+    if args.script is not None:
+        overrides["advanced.engine_options.script_file"] = str(Path(args.script).resolve())
     config = config.with_overrides({k: v for k, v in overrides.items() if v is not None})
+    if args.script is not None and config.core.engine != "scripted":
+        raise SystemExit(f"mtrl serve: --script {args.script!r}: only the scripted engine takes a script "
+                         f"(the engine is {config.core.engine!r}; add --engine scripted)")
     check_bind(config.advanced.server.host, config.advanced.server.api_key)
+    if config.advanced.server.rollout_ttl_s is None:  # serve mode: a rollout nobody uses is abandoned after an hour
+        config = config.with_overrides({"advanced.server.rollout_ttl_s": SERVE_ROLLOUT_TTL_S})
     return _run_server(config, adapter)
+
+
+SERVE_ROLLOUT_TTL_S = 3600.0  # mtrl serve's advanced.server.rollout_ttl_s unless the config sets one
 
 
 def _run_server(config: MtrlConfig, adapter: Path | None) -> int:
@@ -66,7 +77,7 @@ def _run_server(config: MtrlConfig, adapter: Path | None) -> int:
             asyncio.run(stack.engine.load_adapter(str(adapter), 1))
         app = create_app(stack.coordinator)
         port = server_cfg.port or 8731
-        print(f"mtrl: serving {config.core.model} ({config.core.engine}) on http://{server_cfg.host}:{port}/v1",
+        print(f"mtrl: serving {stack.coordinator.served_model} ({config.core.engine}) on http://{server_cfg.host}:{port}/v1",
               flush=True)
         uvicorn.run(app, host=server_cfg.host, port=port, log_level="warning", access_log=False,
                     timeout_keep_alive=KEEP_ALIVE_S)

@@ -12,8 +12,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import sys
+import time
+
 from ._agents import load_agent
 from ._command import Command
+from ._stopping import resume_command, stop_on_sigterm, stopped_message
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
@@ -27,6 +31,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", help="a strict scorer module:function for the validation passes")
     p.add_argument("--resume", action="store_true", help="continue the run folder's run from its latest checkpoint")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    p.add_argument("--heartbeat", type=float, default=30.0, metavar="SECONDS",
+                   help="off a terminal, print a progress line at least this often during a step (default 30)")
 
 
 def _validation_tasks(args: argparse.Namespace) -> Any:
@@ -50,7 +56,15 @@ def _train(args: argparse.Namespace) -> int:
     trainer = MultiTurnRLTrainer(agent_env=load_agent(args.agent), config=config, resume=args.resume,
                                  tracking=not args.no_mlflow, validation_dataset=_validation_tasks(args),
                                  strict_scorer=load_agent(args.strict, "--strict") if args.strict else None)
-    result = trainer.train(progress=True)
+    if args.heartbeat <= 0:
+        raise SystemExit(f"mtrl train: --heartbeat must be > 0 seconds, got {args.heartbeat}")
+    started = time.time()
+    try:
+        with stop_on_sigterm():
+            result = trainer.train(progress=True, heartbeat_s=args.heartbeat)
+    except KeyboardInterrupt:
+        print(stopped_message(config, started, resume_command(args)), file=sys.stderr, flush=True)
+        return 130
     print(f"mtrl: trained steps {result.start_step}..{result.final_step - 1}; adapter: {result.output_adapter_path}")
     if result.tracking_uri and result.tracking_uri.startswith("sqlite:///"):
         print(f"mtrl: open the run with: mlflow ui --backend-store-uri {result.tracking_uri}")

@@ -19,15 +19,21 @@ rollouts a run makes; later lookups read the store.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any, Mapping
 
 from mtrl_adapters.wire import CompletionReport, RewardReport, RolloutState, ToolCallReport
 
+from ..chat import ChatRenderer
+from ..chat.formats import resolve_format
 from ..config import MtrlConfig, ServerConfig
 from ..store import hash_token
 from ..types import (
+    Abandoned,
+    ChatOptions,
     ExecutorEnded,
+    NamesServedModel,
     PolicyEngine,
     Rollout,
     RolloutEvent,
@@ -56,14 +62,22 @@ class Coordinator:
         self.default_sampling = core.sampling_params.to_params()
         self.max_tokens_cap = max(core.sampling_params.max_tokens, core.val_sampling_params.max_tokens)
         self._live = LiveRollouts(store, self.counters, core.max_turns)
-        self._capture = CallCapture(engine, store, self._live, self.counters)
+        chat_format = resolve_format(engine.tokenizer, self.config.advanced.chat_format, core.model)
+        self._capture = CallCapture(
+            engine, store, self._live, self.counters, chat_format, self.config.advanced.history_training
+        )
         self._ends = RolloutEnds(store, self._live, self.counters, self.config.advanced.default_reward)
-        self._reports = ReportIntake(store, self._live, self._ends, self.counters)
+        self._reports = ReportIntake(store, self._live, self._ends, self.counters, self.config.advanced.reward_range)
 
     # ------------------------------------------------------------------ what the server shows
     @property
     def model_name(self) -> str:
         return self.config.core.model
+
+    @property
+    def served_model(self) -> str:
+        """What the engine actually serves (the scripted double names its script), for /health."""
+        return self.engine.served_model if isinstance(self.engine, NamesServedModel) else self.config.core.model
 
     @property
     def engine_name(self) -> str:
@@ -73,6 +87,11 @@ class Coordinator:
     def tokenizer(self) -> Any:
         """The tokenizer replies are decoded with (for OpenAI ``logprobs`` token strings)."""
         return self.engine.tokenizer
+
+    @property
+    def renderer(self) -> ChatRenderer:
+        """The chat renderer (with the run's chat format) that turns messages into the ids the engine sees."""
+        return self._capture.renderer
 
     @property
     def policy_version(self) -> int:
@@ -89,6 +108,10 @@ class Coordinator:
         """Register a rollout (durably) and return its id and token. Thread-safe."""
         return self._live.create(task, group_id, self.engine.policy_version, step=step, max_turns=max_turns)
 
+    def check_access(self, rollout_id: str, token: str | None) -> None:
+        """401/403/404 unless ``token`` is ``rollout_id``'s own (checked before a route reads its body)."""
+        self._live.check_access(rollout_id, token)
+
     def live_rollout_ids(self) -> list[str]:
         return self._live.ids()
 
@@ -104,9 +127,10 @@ class Coordinator:
         messages: list[Mapping[str, Any]],
         tools: list[Mapping[str, Any]] | None,
         sampling: SamplingParams,
+        options: ChatOptions | None = None,
     ) -> ChatResult:
         """Serve one chat completion; attributed calls are recorded before this returns."""
-        return await self._capture.chat(rollout_id, token, messages, tools, sampling)
+        return await self._capture.chat(rollout_id, token, messages, tools, sampling, options)
 
     # ------------------------------------------------------------------ reports
     async def record_tool_call(self, rollout_id: str, token: str | None, report: ToolCallReport) -> None:
@@ -141,6 +165,14 @@ class Coordinator:
     async def end(self, rollout_id: str, event: RolloutEvent) -> bool:
         """Feed an end event (the dispatcher, the executor, a deadline); True if it ended the rollout now."""
         return await self._ends.observe(rollout_id, event)
+
+    async def abandon_idle(self, ttl_s: float) -> list[str]:
+        """End ``abandoned`` every live rollout with no call or report for ``ttl_s`` seconds (kept in the store)."""
+        ended = []
+        for rollout_id in self._live.idle_since(time.monotonic() - ttl_s):
+            if await self.end(rollout_id, Abandoned(ttl_s)):
+                ended.append(rollout_id)
+        return ended
 
     async def finish(self, rollout_id: str, status: RolloutStatus, error: str | None = None) -> bool:
         """End a rollout with what its executor saw (``ExecutorEnded``); False if it had ended."""

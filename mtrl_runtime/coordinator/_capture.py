@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from ..chat import ChatRenderer, PromptBuilder, normalize_messages, parse_tool_calls
+from ..chat import ChatRenderer, PromptBuilder, PromptPlan, normalize_messages
+from ..chat.formats import ChatFormat, resolve_format
 from ..errors import BadRequest, Conflict, EngineFailure
-from ..types import Generation, GenerationRequest, PolicyEngine, SamplingParams, TrajectoryStore, Turn, TurnLimitHit
+from ..types import ChatOptions, Generation, GenerationRequest, PolicyEngine, SamplingParams, TrajectoryStore, Turn, TurnLimitHit
 from ._live import LiveRollout, LiveRollouts
 
 
@@ -34,13 +35,17 @@ class CallCapture:
         store: TrajectoryStore,
         live: LiveRollouts,
         counters: Counter[str],
+        chat_format: ChatFormat | None = None,
+        history_training: str = "extend",
     ) -> None:
         self.engine = engine
         self.store = store
         self.live = live
         self.counters = counters
-        self.renderer = ChatRenderer(engine.tokenizer)
-        self.builder = PromptBuilder(self.renderer)
+        # the model family's format: how prompts render and completions parse (detected when not given)
+        self.format = chat_format or resolve_format(engine.tokenizer, None)
+        self.renderer = ChatRenderer(engine.tokenizer, fallback=self.format.template, stop_tokens=self.format.stop_tokens)
+        self.builder = PromptBuilder(self.renderer, history_training)
 
     async def chat(
         self,
@@ -49,6 +54,7 @@ class CallCapture:
         messages: list[Mapping[str, Any]],
         tools: list[Mapping[str, Any]] | None,
         sampling: SamplingParams,
+        options: ChatOptions | None = None,
     ) -> ChatResult:
         """Serve one chat completion; attributed calls are recorded before this returns."""
         try:
@@ -56,8 +62,10 @@ class CallCapture:
         except ValueError as exc:
             raise BadRequest(str(exc), param="messages") from None
         tools = list(tools or [])
+        options = options or _AUTO
+        _check_tool_choice(options, tools)
         if rollout_id is None:
-            return await self._inference(normalized, tools, sampling)
+            return await self._inference(normalized, tools, sampling, options)
         live = self.live.running(rollout_id, token)
         async with live.lock:
             if self.live.get(rollout_id) is None:
@@ -69,20 +77,38 @@ class CallCapture:
                     f"rollout {rollout_id!r} reached max_turns={live.max_turns}; end the episode",
                     param="max_turns",
                 )
-            return await self._attributed_turn(live, normalized, tools, sampling)
+            return await self._attributed_turn(live, normalized, tools, sampling, options)
 
-    async def _inference(self, messages: list[dict], tools: list, sampling: SamplingParams) -> ChatResult:
-        plan = self.builder.build(None, messages, tools)
+    def _plan(self, state: Any, messages: list[dict], tools: list, options: ChatOptions) -> tuple[PromptPlan, str]:
+        """The turn's prompt, and the forced prefix it ends with when a tool call is required ("" otherwise).
+
+        The prefix (the format's call opener, with the tool's name when one is
+        named) is prompt, not completion: the model did not choose it, so it
+        is not trained; the reply is parsed from prefix + completion.
+        """
+        plan = self.builder.build(state, messages, tools, options.template_kwargs)
+        if options.tool_choice == "auto" or not tools:
+            return plan, ""
+        prefix = self.format.forced_prefix(options.tool_name if options.tool_choice == "function" else None)
+        self.counters["forced_tool_calls"] += 1
+        return replace(plan, prompt_ids=plan.prompt_ids + tuple(self.renderer.encode(prefix))), prefix
+
+    async def _inference(
+        self, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions
+    ) -> ChatResult:
+        plan, prefix = self._plan(None, messages, tools, options)
+        sampling = self._fit_context(len(plan.prompt_ids), sampling)
         gen = await self._generate(GenerationRequest(prompt_ids=plan.prompt_ids, sampling=sampling))
-        text, message, finish, _ = self._reply(gen, tools, sampling)
+        text, message, finish, _ = self._reply(gen, tools, sampling, prefix)
         self.counters["inference_calls"] += 1
         return ChatResult(message, finish, plan.prompt_ids, gen, text)
 
     async def _attributed_turn(
-        self, live: LiveRollout, messages: list[dict], tools: list, sampling: SamplingParams
+        self, live: LiveRollout, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions
     ) -> ChatResult:
         started = time.time()
-        plan = self.builder.build(live.conversation, messages, tools)
+        plan, prefix = self._plan(live.conversation, messages, tools, options)
+        sampling = self._fit_context(len(plan.prompt_ids), sampling)
         request = GenerationRequest(
             prompt_ids=plan.prompt_ids,
             sampling=sampling,
@@ -91,7 +117,7 @@ class CallCapture:
             turn_index=live.turns,
         )
         gen = await self._generate(request)
-        text, message, finish, malformed = self._reply(gen, tools, sampling)
+        text, message, finish, malformed = self._reply(gen, tools, sampling, prefix)
         if plan.break_reason is not None:
             self.counters[f"prefix_break/{plan.break_reason.value}"] += 1
         turn = Turn(
@@ -122,6 +148,22 @@ class CallCapture:
         self.counters["turns"] += 1
         return ChatResult(message, finish, plan.prompt_ids, gen, text)
 
+    def _fit_context(self, prompt_tokens: int, sampling: SamplingParams) -> SamplingParams:
+        """``sampling`` within the engine's context: a 400 (the caller's error, not retried) naming both numbers
+        when the prompt leaves no room or the client's own ``max_tokens`` does not fit; a default is shortened."""
+        context = self.engine.context_length
+        if context is None or prompt_tokens + sampling.max_tokens <= context:
+            return sampling
+        if prompt_tokens >= context or sampling.max_tokens_requested:
+            self.counters["context_exceeded"] += 1
+            asked = f" + max_tokens {sampling.max_tokens}" if sampling.max_tokens_requested else ""
+            raise BadRequest(
+                f"the rendered prompt is {prompt_tokens} tokens{asked}; the model's context is {context} tokens: "
+                "shorten the conversation" + (" or lower max_tokens" if asked else ""),
+                param="max_tokens" if asked and prompt_tokens < context else "messages",
+            )
+        return replace(sampling, max_tokens=context - prompt_tokens)
+
     async def _generate(self, request: GenerationRequest) -> Generation:
         try:
             return await self.engine.generate(request)
@@ -132,30 +174,48 @@ class CallCapture:
             raise EngineFailure(f"the policy engine failed: {type(exc).__name__}: {exc}") from exc
 
     def _reply(
-        self, gen: Generation, tools: list, sampling: SamplingParams
+        self, gen: Generation, tools: list, sampling: SamplingParams, prefix: str = ""
     ) -> tuple[str, dict[str, Any], str, int]:
         """Decode the completion into an OpenAI assistant message; also count malformed tool calls."""
         ids = list(gen.completion_ids)
         eos = self.renderer.eos_token_ids
         while ids and ids[-1] in eos:
             ids.pop()
-        text = self.renderer.decode(ids)
+        text = prefix + self.renderer.decode(ids)
         for stop in sampling.stop:
             cut = text.find(stop)
             if cut >= 0:
                 text = text[:cut]
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        finish = gen.finish_reason
-        malformed = 0
+        parsed = self.format.parse(text, calls=bool(tools))  # never raises: malformed calls stay text
+        message = parsed.to_message()
+        finish = "tool_calls" if parsed.tool_calls else gen.finish_reason
+        malformed = parsed.malformed
+        if parsed.reasoning:  # counted in the endpoint's metrics (tokens as the tokenizer splits the text)
+            self.counters["reasoning_replies"] += 1
+            self.counters["reasoning_tokens"] += len(self.renderer.encode(parsed.reasoning))
         if tools:
-            parsed = parse_tool_calls(text)
-            message["content"] = parsed.content
-            if parsed.tool_calls:
-                message["tool_calls"] = parsed.tool_calls
-                finish = "tool_calls"
-            malformed = parsed.malformed
             self.counters["malformed_tool_calls"] += malformed
+            self.counters[f"malformed_tool_calls/{self.format.name}"] += malformed
         return text, message, finish, malformed
+
+
+_AUTO = ChatOptions()
+
+
+def _check_tool_choice(options: ChatOptions, tools: list) -> None:
+    """A required or named tool call needs tools, and a named one must be among them (400 otherwise)."""
+    if options.tool_choice == "auto":
+        return
+    if not tools:
+        raise BadRequest(f"tool_choice {options.tool_choice!r} needs tools, and the request has none", param="tool_choice")
+    if options.tool_choice == "function":
+        names = [t.get("function", {}).get("name") for t in tools]
+        if options.tool_name not in names:
+            raise BadRequest(
+                f"tool_choice names the function {options.tool_name!r}, which is not in tools "
+                f"(tools: {', '.join(map(str, names))})",
+                param="tool_choice",
+            )
 
 
 __all__ = ["CallCapture", "ChatResult"]

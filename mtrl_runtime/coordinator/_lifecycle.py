@@ -14,7 +14,10 @@ only :class:`RolloutLife` turns events into the end:
   an end the agent asked for that still waits for its reward takes precedence.
 - ``DeadlinePassed``: the rollout outlived its deadline (the dispatcher owns
   the one deadline, ``advanced.rollout_timeout_s``).
-- ``RunStopped``: the run stopped with the rollout still running.
+- ``RunStopped``: the run stopped with the rollout still running: it ends
+  ``interrupted`` (neither the agent's failure nor a timeout).
+- ``Abandoned``: in ``mtrl serve`` nothing came for the rollout within
+  ``advanced.server.rollout_ttl_s``: it ends ``abandoned`` (kept in the store).
 
 The first event that ends the rollout wins; later ones change nothing
 (``decide`` returns None). The :class:`Ending` says the status, the error,
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..types import (
+    Abandoned,
     AgentEnded,
     DeadlinePassed,
     ExecutorEnded,
@@ -48,6 +52,10 @@ class Ending:
     error: str | None
     default_reward: bool
     flags: Mapping[str, float] = field(default_factory=dict)
+
+
+def abandoned_error(ttl_s: float) -> str:
+    return f"abandoned: no call or report came for advanced.server.rollout_ttl_s={ttl_s:g} s"
 
 
 def deadline_error(limit_s: float) -> str:
@@ -87,7 +95,9 @@ class RolloutLife:
         if isinstance(event, DeadlinePassed):
             return self._end(RolloutStatus.TIMED_OUT, deadline_error(event.limit_s))
         if isinstance(event, RunStopped):
-            return self._end(RolloutStatus.FAILED, event.reason)
+            return self._end(RolloutStatus.INTERRUPTED, event.reason)
+        if isinstance(event, Abandoned):
+            return self._end(RolloutStatus.ABANDONED, abandoned_error(event.ttl_s))
         raise TypeError(f"event: expected a rollout event, got {event!r}")
 
     @property
@@ -103,4 +113,4 @@ class RolloutLife:
         return self.ended
 
 
-__all__ = ["Ending", "RolloutLife", "deadline_error"]
+__all__ = ["Ending", "RolloutLife", "abandoned_error", "deadline_error"]

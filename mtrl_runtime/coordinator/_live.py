@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import secrets
 import threading
 import time
@@ -48,6 +49,7 @@ class LiveRollout:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one model call at a time; the end waits for it
     call_turns: dict[str, int] = field(default_factory=dict)  # tool-call id -> the turn that asked for it
     life: RolloutLife = field(default_factory=RolloutLife)
+    last_seen: float = field(default_factory=time.monotonic)  # the last call or report (the serve-mode TTL reads it)
 
 
 class LiveRollouts:
@@ -64,6 +66,22 @@ class LiveRollouts:
         self.default_max_turns = default_max_turns
         self._live: dict[str, LiveRollout] = {}
         self._lock = threading.Lock()
+        self._task_lock = threading.Lock()
+
+    def _put_task_once(self, task: Task) -> None:
+        """Store ``task`` unless stored; a stored task is immutable: other content under its id is a 409."""
+        stored = self.store.get_task(task.id)
+        if stored is None:
+            with client_data("task"):
+                self.store.put_task(task)
+            return
+        if _task_content(stored) != _task_content(task):
+            self.counters["task_conflicts"] += 1
+            raise Conflict(
+                f"task_id {task.id!r} is already stored with other content (prompt, messages, ground_truth, split "
+                "or data); a stored task never changes: use a new task_id",
+                param="task_id",
+            )
 
     def create(
         self,
@@ -86,8 +104,8 @@ class LiveRollouts:
             step=step,
             created_at=time.time(),
         )
-        with client_data("task"):
-            self.store.put_task(task)
+        with self._task_lock:  # one check-then-put at a time: two creators of a new id cannot both write it
+            self._put_task_once(task)
         self.store.create_rollout(rollout, hash_token(token))
         live = LiveRollout(
             rollout_id=rollout_id,
@@ -134,6 +152,21 @@ class LiveRollouts:
             self.counters["auth_rejected"] += 1
             raise Forbidden(f"rollout {rollout_id!r}: the token does not belong to this rollout", param="authorization")
 
+    def check_access(self, rollout_id: str, token: str | None) -> None:
+        """Refuse a caller without this rollout's token (live or ended) before anything is read; unknown ids raise."""
+        live = self.get(rollout_id)
+        expected = live.token_hash if live is not None else self.store.token_hash(rollout_id)
+        if expected is None:
+            raise RolloutNotFound(f"unknown rollout id {rollout_id!r}", param="rollout_id")
+        self.check_token(rollout_id, expected, token)
+        if live is not None:
+            live.last_seen = time.monotonic()
+
+    def idle_since(self, before: float) -> list[str]:
+        """Live rollouts with no call or report since ``before`` (monotonic) and no call in flight."""
+        with self._lock:
+            return [r.rollout_id for r in self._live.values() if r.last_seen < before and not r.lock.locked()]
+
     def running(self, rollout_id: str, token: str | None) -> LiveRollout:
         """The running rollout, after checking its token; final or unknown rollouts raise."""
         live = self.get(rollout_id)
@@ -143,6 +176,7 @@ class LiveRollouts:
                 f"rollout {rollout_id!r} has ended ({stored.status.value}); it takes no more calls", param="rollout_id"
             )
         self.check_token(rollout_id, live.token_hash, token)
+        live.last_seen = time.monotonic()
         return live
 
     def ended(self, rollout_id: str, token: str | None) -> Rollout:
@@ -154,6 +188,12 @@ class LiveRollouts:
         rollout = self.store.get_rollout(rollout_id, with_turns=False)
         assert rollout is not None
         return rollout
+
+
+def _task_content(task: Task) -> str:
+    """A task's content as canonical JSON (tuples and lists alike, keys sorted), to compare a stored one."""
+    fields = [task.prompt, task.messages, task.ground_truth, task.split, dict(task.data)]
+    return json.dumps(fields, sort_keys=True, default=repr)
 
 
 __all__ = ["LiveRollout", "LiveRollouts", "VerifiedToken"]

@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 
 from ..config import MtrlConfig
-from ..rollouts import executor_kind, open_stack
+from ..rollouts import HEARTBEAT_S, executor_kind, open_stack
 from ..types import Rollout, Task
 from ._base_model import base_policy
+from ._progress import EvalProgress
 from ._report import ReportPaths, report_data, write_report
 from ._run import EvalPlan, EvalSide, run_side, run_tag, select_tasks
 from ._strict import StrictScorer, as_strict_scorer
@@ -138,33 +139,61 @@ class MultiTurnRLEvaluator:
         """The evaluation tasks: the dataset, filtered to ``split`` and cut to ``max_tasks``, in file order."""
         return select_tasks(self.dataset, self.split, self.max_tasks)
 
-    def evaluate(self) -> EvaluationResult:
-        """Run the evaluation (blocking) and write the report."""
-        return asyncio.run(self.aevaluate())
+    def evaluate(self, progress: bool = False, heartbeat_s: float = HEARTBEAT_S) -> EvaluationResult:
+        """Run the evaluation (blocking) and write the report.
 
-    async def aevaluate(self) -> EvaluationResult:
-        """``evaluate()`` for callers already inside an event loop."""
+        ``progress``: print a start line and, every ``heartbeat_s`` seconds, the rollouts done/total
+        (a live status line on a terminal).
+        """
+        if not progress:
+            return asyncio.run(self.aevaluate())
+        with EvalProgress(heartbeat_s) as display:
+            return asyncio.run(self.aevaluate(display))
+
+    async def aevaluate(self, display: EvalProgress | None = None) -> EvaluationResult:
+        """``evaluate()`` for callers already inside an event loop (``display``: an EvalProgress to feed)."""
         plan = EvalPlan.from_config(self.config, self.tasks(), max_samples=self.max_samples)
         tag = run_tag()
         # the coordinator's defaults are the plan's too, for agents that do not pass the rollout's sampling on
         config = plan.dispatch_config(self.config)
         async with open_stack(config, self.agent_env, self.output_path / "trajectories.db", self.engine) as stack:
             sides: dict[str, EvalSide] = {}
+            dispatcher = stack.dispatcher()  # one tally for the progress lines
+            if display is not None:
+                display.attach(self._describe(stack, plan), dispatcher.tally, stack.coordinator.counters)
             if self.adapter is not None:
                 await stack.engine.load_adapter(str(self.adapter), int(stack.engine.policy_version) + 1)
             if self.adapter is not None or stack.engine.policy_version > 0:
-                sides[FINE_TUNED] = await run_side(stack.dispatcher(), plan, label=FINE_TUNED, group_prefix=f"eval-{tag}-ft",
+                sides[FINE_TUNED] = await run_side(dispatcher, plan, label=FINE_TUNED, group_prefix=f"eval-{tag}-ft",
                                                    scorer=self.strict_scorer)
             if self.evaluate_base_model or not sides:
                 async with base_policy(stack.engine):
-                    sides[BASE] = await run_side(stack.dispatcher(), plan, label=BASE, group_prefix=f"eval-{tag}-base",
+                    sides[BASE] = await run_side(dispatcher, plan, label=BASE, group_prefix=f"eval-{tag}-base",
                                                  scorer=self.strict_scorer)
+            if display is not None:
+                display.detach()
         data = report_data(list(sides.values()), plan)
         paths = await asyncio.to_thread(write_report, data, self.output_path / "report")
         result = EvaluationResult(sides, plan, self.output_path, paths, data=data)
         if self.tracking:
             result = await asyncio.to_thread(self._log, result)
         return result
+
+    def _describe(self, stack: Any, plan: EvalPlan) -> dict[str, Any]:
+        """The start line's facts: model, engine, where results go, MLflow URI, the work planned."""
+        from ..tracking import default_tracking_uri
+
+        mlflow = (self.config.advanced.mlflow.tracking_uri or default_tracking_uri(self.config.run_dir)
+                  if self.tracking else "off")
+        sides = 2 if self.evaluate_base_model and self.adapter is not None else 1
+        return {
+            "evaluating": stack.coordinator.served_model,
+            "adapter": self.adapter or "none",
+            "engine": stack.coordinator.engine_name,
+            "output": self.output_path,
+            "MLflow": mlflow,
+            "rollouts": f"{len(plan.tasks)} tasks x {plan.samples} samples x {sides} side(s)",
+        }
 
     def _log(self, result: EvaluationResult) -> EvaluationResult:
         from ..tracking import Tracker

@@ -6,35 +6,45 @@
 - ``Dispatcher``: ``group_size`` rollouts per task under one concurrency
   limit and one deadline per rollout, groups formed by a group policy
   (``GROUP_POLICIES``);
+- ``collect_rollouts``: an agent over N tasks without training (``mtrl collect``);
 - ``load_tasks`` / ``TaskSchedule``: tasks from JSONL or rows, and the
   seeded order training draws them in.
 
 Training and evaluation both sit above this floor; it imports neither.
 """
 
+from ._collect import COLLECT_RUNS_KEY, Collected, collect_rollouts, rollout_line
 from ._dispatcher import ENVIRONMENT_PROBLEM_RATE, Dispatcher, GroupResult, StepBatch, group_id_for
 from ._executors import EXECUTOR_KINDS, ExecutorKind, executor_for, executor_kind
 from ._groups import GROUP_POLICIES, GroupDecision, GroupPolicy, GroupRound
+from ._heartbeat import HEARTBEAT_S, Heartbeat, RolloutTally
 from ._stack import RolloutStack, open_stack
 from ._tasks import TaskSchedule, load_tasks, task_from_row
 
 __all__ = [
+    "COLLECT_RUNS_KEY",
+    "Collected",
     "ENVIRONMENT_PROBLEM_RATE",
     "EXECUTOR_KINDS",
     "GROUP_POLICIES",
+    "HEARTBEAT_S",
     "Dispatcher",
     "ExecutorKind",
     "GroupDecision",
     "GroupPolicy",
     "GroupResult",
     "GroupRound",
+    "Heartbeat",
     "RolloutStack",
+    "RolloutTally",
     "StepBatch",
     "TaskSchedule",
+    "collect_rollouts",
     "executor_for",
     "executor_kind",
     "group_id_for",
     "load_tasks",
     "open_stack",
+    "rollout_line",
     "task_from_row",
 ]

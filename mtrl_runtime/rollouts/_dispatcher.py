@@ -37,6 +37,7 @@ from ..types import (
     Task,
 )
 from ._groups import GROUP_POLICIES, GroupRound
+from ._heartbeat import RolloutTally
 
 log = logging.getLogger("mtrl.train")
 
@@ -88,6 +89,7 @@ class StepBatch:
         return {
             "failures/rollouts_failed": float(statuses[RolloutStatus.FAILED]),
             "failures/rollouts_timed_out": float(statuses[RolloutStatus.TIMED_OUT]),
+            "failures/rollouts_interrupted": float(statuses[RolloutStatus.INTERRUPTED]),
             "failures/retries": float(sum(g.retries for g in self.groups)),
             "failures/groups_dropped": float(sum(g.dropped for g in self.groups)),
             "failures/permanent": float(permanent),
@@ -119,10 +121,13 @@ class Dispatcher:
         self.server_loop = server_loop
         self.policy = GROUP_POLICIES.get(config.advanced.group_policy.on_failure)
         self._slots: asyncio.Semaphore | None = None
+        self.tally = RolloutTally()  # rollouts planned / ended per step, for progress lines
 
     def with_plan(self, config: MtrlConfig, executor: RolloutExecutor) -> "Dispatcher":
-        """A dispatcher over the same coordinator and endpoint with another config and executor."""
-        return Dispatcher(self.coordinator, executor, config, self.endpoint, self.server_loop)
+        """A dispatcher over the same coordinator and endpoint (and tally) with another config and executor."""
+        planned = Dispatcher(self.coordinator, executor, config, self.endpoint, self.server_loop)
+        planned.tally = self.tally
+        return planned
 
     @property
     def slots(self) -> asyncio.Semaphore:
@@ -157,6 +162,7 @@ class Dispatcher:
         need, rounds, retried, failed = size - n_reused, 0, 0, 0
         while True:
             if need > 0:
+                self.tally.plan(step, need)
                 new = await asyncio.gather(*(self._rollout(step, group_id, task) for _ in range(need)))
                 ok = [r for r in new if r.status is RolloutStatus.COMPLETED]
                 finished.extend(new)
@@ -213,6 +219,7 @@ class Dispatcher:
         rollout = await asyncio.to_thread(self.coordinator.recorded, handle.rollout_id)
         if rollout is None:  # pragma: no cover - the store lost a rollout it committed
             raise RuntimeError(f"rollout {handle.rollout_id!r} is missing from the store")
+        self.tally.record(step, rollout.status)
         return rollout
 
     async def _on_server(self, coro: Coroutine[Any, Any, Any]) -> Any:

@@ -15,12 +15,15 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..coordinator import Coordinator
 from ..errors import BadRequest, MtrlError
 from ._chat_route import ChatCompletionsRoute, openapi_paths
 from ._compat_routes import build_compat_router
-from ._http import error_response
+from ._guard import BodyGuard
+from ._sweeper import sweep_abandoned
+from ._http import error_response, route_error_response
 from ._openai_routes import build_openai_router
 from ._openapi import install_openapi
 from ._rollout_routes import build_rollout_router
@@ -44,10 +47,18 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     if coordinator.server_config.sagemaker_compat:
         app.include_router(build_compat_router(coordinator))
     install_openapi(app, openapi_paths())
+    server_cfg = coordinator.server_config
+    app.add_middleware(BodyGuard, body_timeout_s=server_cfg.body_timeout_s,
+                       max_pending_bodies=server_cfg.max_pending_bodies)
 
     @app.exception_handler(MtrlError)
     async def _mtrl_error(_: Request, exc: MtrlError) -> Response:
         return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """Unknown paths (404) and methods (405) answer in OpenAI's error shape too, not ``{"detail": ...}``."""
+        return route_error_response(request.method, request.url.path, exc.status_code, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
@@ -58,7 +69,19 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
 
 @contextlib.asynccontextmanager
-async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """The startup heap frozen (``_frozen_heap``) and, with ``rollout_ttl_s`` set, the TTL sweeper running."""
+    coordinator: Coordinator = app.state.coordinator
+    ttl_s = coordinator.server_config.rollout_ttl_s
+    async with _frozen_heap(), contextlib.AsyncExitStack() as stack:
+        if ttl_s is not None:
+            sweeper = asyncio.create_task(sweep_abandoned(coordinator, ttl_s), name="mtrl-rollout-ttl")
+            stack.callback(sweeper.cancel)  # stops with the server
+        yield
+
+
+@contextlib.asynccontextmanager
+async def _frozen_heap() -> AsyncIterator[None]:
     """At startup, move what the process holds so far (modules, the model) out of the garbage collector's sight.
 
     Those objects live as long as the process, yet every full collection

@@ -35,7 +35,7 @@ def completion_json(cid: str, model: str, tokenizer: Any, body: ChatCompletionRe
 
 
 def completion_events(cid: str, model: str, tokenizer: Any, body: ChatCompletionRequest, result: ChatResult) -> bytes:
-    """The completion as ``chat.completion.chunk`` events: role, content, tool calls, finish, usage, [DONE].
+    """The completion as ``chat.completion.chunk`` events: role, reasoning, content, tool calls, finish, usage, [DONE].
 
     The engine answers whole completions, so every event is ready at once and
     they go out in one write; clients read them as a stream all the same.
@@ -47,6 +47,9 @@ def completion_events(cid: str, model: str, tokenizer: Any, body: ChatCompletion
         return b"data: " + orjson.dumps(payload) + b"\n\n"
 
     events = [chunk({"role": "assistant", "content": ""})]
+    reasoning = result.message.get("reasoning_content")
+    if reasoning:  # before the answer, as the model wrote it (the field reasoning servers stream)
+        events.append(chunk({"reasoning_content": reasoning}))
     content = result.message.get("content")
     if content:
         extra = {"logprobs": _logprobs(tokenizer, result)} if body.wants_logprobs else {}

@@ -27,7 +27,7 @@ from ..errors import BadRequest, MtrlError, Unauthorized
 from ._asgi import ClientGone, Receive, Send, read_body, request_headers, send_body
 from ._chat_payloads import completion_events, completion_json
 from ._compat_routes import compat_credential
-from ._http import decode_json, error_body, openapi_body, parse_bearer, validate
+from ._http import api_key_matches, decode_json, error_body, openapi_body, parse_bearer, validate
 from ._schemas import ChatCompletionRequest
 
 CHAT_PATH = "/v1/chat/completions"
@@ -95,11 +95,13 @@ class ChatCompletionsRoute(BaseRoute):
         """The completion (JSON or events) for one request; a refused request raises ``MtrlError``."""
         cfg, coordinator = self.cfg, self.coordinator
         headers = request_headers(scope)
+        rollout_id, token = self._credentials(scope, headers)  # before the body: a stranger learns no schema
+        if rollout_id is not None:
+            coordinator.check_access(rollout_id, token)
         raw = await read_body(receive, headers.get(b"content-length"), cfg.max_body_bytes)
         data = decode_json(raw, cfg.max_string_chars)
         body = validate(data, ChatCompletionRequest)
         _check_limits(body, cfg)
-        rollout_id, token = self._credentials(scope, headers)
         sampling = body.sampling(coordinator.default_sampling, coordinator.max_tokens_cap)
         # the request's own message dicts (validated): the coordinator normalizes them, and stores them so
         messages = data["messages"]
@@ -107,7 +109,7 @@ class ChatCompletionsRoute(BaseRoute):
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
         if body.tool_choice == "none":
             tools = None
-        result = await coordinator.chat(rollout_id, token, messages, tools, sampling)
+        result = await coordinator.chat(rollout_id, token, messages, tools, sampling, body.options())
         cid = f"{self._id_prefix}{next(self._ids):012x}"
         model = body.model or coordinator.model_name
         tokenizer = coordinator.tokenizer
@@ -132,7 +134,7 @@ class ChatCompletionsRoute(BaseRoute):
                     "calls that name no rollout are served only in inference mode",
                     param=HEADER_ROLLOUT_ID,
                 )
-            if cfg.api_key and token != cfg.api_key:
+            if cfg.api_key and not api_key_matches(token, cfg.api_key):
                 raise Unauthorized("inference calls need 'Authorization: Bearer <api key>'", param="authorization")
         return rollout_id, token
 

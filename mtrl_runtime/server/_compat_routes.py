@@ -9,11 +9,15 @@ between the two (``Coordinator.request_end``), so it never ends without its
 reward.
 
 SageMaker's bearer token is a SigV4-presigned URL computed from the
-agent's AWS credentials. mtrl cannot check its signature without AWS, so
-it accepts such a token (well formed, not expired) only in compatibility
-mode (``advanced.server.sagemaker_compat``) and only from a loopback peer
-to a loopback-bound server; everywhere else the rollout's own token is
-required, as on every other route.
+agent's AWS credentials. mtrl accepts such a token only in compatibility
+mode (``advanced.server.sagemaker_compat``), only from a loopback peer to a
+loopback-bound server, and only when its signature verifies (``_sigv4``)
+against the credentials the run is configured with
+(``advanced.server.sagemaker_access_key_id`` / ``sagemaker_secret``): a
+made-up key or signature is a 401. A verified token stands for the run's
+agents (whoever holds that AWS secret), so it may act for any rollout of
+the run it names; everywhere else the rollout's own token is required, as
+on every other route.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from ..coordinator import Coordinator, VerifiedToken
 from ..errors import BadRequest, Unauthorized
 from ..types import RolloutStatus
 from ._http import bearer_token, describe_validation, json_response, openapi_body, parse_body
+from ._sigv4 import signature_problem
 
 SIGV4_PREFIX = "sagemaker-api-key-"
 _MAX_EXPIRES_S = 43200  # SageMaker's token lifetime cap (12 hours)
@@ -87,21 +92,39 @@ def compat_credential(peer: str, coordinator: Coordinator, rollout_id: str, toke
 
     ``peer`` is the client's address: a SigV4 token counts only from loopback.
     """
+    return VerifiedToken(rollout_id) if sigv4_verified(peer, coordinator, token) else token
+
+
+def sigv4_verified(peer: str, coordinator: Coordinator, token: str | None) -> bool:
+    """True for a SigV4 token signed with the run's SageMaker credentials; False for any other kind of token.
+
+    A SigV4-shaped token that fails a check raises 401 (nothing read or written).
+    """
     cfg = coordinator.server_config
     if not (cfg.sagemaker_compat and token and token.startswith(SIGV4_PREFIX)):
-        return token
+        return False
     if not (_loopback(cfg.host) and _loopback(peer)):
         raise Unauthorized(
             f"SageMaker SigV4 tokens are accepted only on loopback (server {cfg.host!r}, peer {peer!r}); "
             "send the rollout's own token",
             param="authorization",
         )
+    if not (cfg.sagemaker_access_key_id and cfg.sagemaker_secret):
+        coordinator.counters["auth_rejected"] += 1
+        raise Unauthorized(
+            "SageMaker SigV4 tokens are verified against advanced.server.sagemaker_access_key_id and "
+            "sagemaker_secret, and this run sets none; set them or send the rollout's own token",
+            param="authorization",
+        )
     problem = sigv4_problem(token)
+    if problem is None:
+        url = base64.b64decode(token[len(SIGV4_PREFIX):]).decode()
+        problem = signature_problem(url, cfg.sagemaker_access_key_id, cfg.sagemaker_secret)
     if problem is not None:
         coordinator.counters["auth_rejected"] += 1
         raise Unauthorized(f"the SageMaker bearer token is not valid: {problem}", param="authorization")
     coordinator.counters["compat_sigv4_accepted"] += 1
-    return VerifiedToken(rollout_id)
+    return True
 
 
 def build_compat_router(coordinator: Coordinator) -> APIRouter:
@@ -115,9 +138,10 @@ def build_compat_router(coordinator: Coordinator) -> APIRouter:
         summary="SageMaker compat: end a trajectory (waits for its reward if none came yet)",
     )
     async def complete_rollout(request: Request) -> Response:
+        verified = sigv4_verified(_peer(request), coordinator, bearer_token(request))  # before the body
         body = await parse_body(request, SageMakerCompleteRollout, max_bytes, max_chars)
         rollout_id = body.TrajectoryId
-        token = compat_credential(_peer(request), coordinator, rollout_id, bearer_token(request))
+        token = VerifiedToken(rollout_id) if verified else bearer_token(request)
         status = _status(body.Status)
         if rollout_id in coordinator.live_rollout_ids() and await coordinator.request_end(rollout_id, token, status):
             return json_response({"TrajectoryId": rollout_id, "Status": status.value, "Pending": "reward"})
@@ -130,9 +154,10 @@ def build_compat_router(coordinator: Coordinator) -> APIRouter:
         summary="SageMaker compat: a trajectory's reward (one value) or per-turn rewards (a list)",
     )
     async def update_reward(request: Request) -> Response:
+        verified = sigv4_verified(_peer(request), coordinator, bearer_token(request))  # before the body
         body = await parse_body(request, SageMakerUpdateReward, max_bytes, max_chars)
         rollout_id = body.TrajectoryId
-        token = compat_credential(_peer(request), coordinator, rollout_id, bearer_token(request))
+        token = VerifiedToken(rollout_id) if verified else bearer_token(request)
         await coordinator.report_reward(rollout_id, token, _reward_report(body.Rewards))  # ends one that waited
         return json_response({"TrajectoryId": rollout_id, "Status": coordinator.state(rollout_id).status})
 
@@ -173,4 +198,4 @@ def _loopback(host: str) -> bool:
         return False
 
 
-__all__ = ["SIGV4_PREFIX", "build_compat_router", "compat_credential", "sigv4_problem"]
+__all__ = ["SIGV4_PREFIX", "build_compat_router", "compat_credential", "sigv4_problem", "sigv4_verified"]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import hmac
+from typing import Any, Mapping, TypeVar
 
 import orjson
 from fastapi import Request
@@ -32,6 +33,20 @@ def error_body(exc: MtrlError) -> tuple[bytes, dict[str, str]]:
 def error_response(exc: MtrlError) -> Response:
     body, headers = error_body(exc)
     return Response(body, status_code=exc.status, media_type="application/json", headers=headers)
+
+
+def route_error_response(method: str, path: str, status: int, headers: Mapping[str, str] | None = None) -> Response:
+    """A routing refusal (unknown path, method not allowed, ...) in OpenAI's error shape."""
+    if status == 404:
+        message, code, param = f"{method} {path}: no such route", "not_found", "path"
+    elif status == 405:
+        message, code, param = f"{method} {path}: method not allowed", "method_not_allowed", "method"
+    else:
+        message, code, param = f"{method} {path}: HTTP {status}", "http_error", None
+    payload = {"error": {"message": message, "type": code, "param": param, "code": status}}
+    extra = {"x-should-retry": "false"} if status < 500 else {}
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json",
+                    headers={**dict(headers or {}), **extra})
 
 
 def describe_validation(exc: ValidationError) -> tuple[str, str | None]:
@@ -130,6 +145,11 @@ def check_string_lengths(data: Any, limit: int) -> None:
             stack.extend((f"{path}[{i}]", value) for i, value in enumerate(node))
 
 
+def api_key_matches(token: str | None, api_key: str) -> bool:
+    """Whether ``token`` is the run's API key, compared in constant time (no timing hint about the key)."""
+    return token is not None and hmac.compare_digest(token.encode(), api_key.encode())
+
+
 def bearer_token(request: Request) -> str | None:
     return parse_bearer(request.headers.get("authorization"))
 
@@ -172,6 +192,7 @@ def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
 
 
 __all__ = [
+    "api_key_matches",
     "bearer_token",
     "check_declared_size",
     "check_read_size",
@@ -186,5 +207,6 @@ __all__ = [
     "parse_bearer",
     "parse_body",
     "read_limited",
+    "route_error_response",
     "validate",
 ]

@@ -28,7 +28,7 @@ def build_openai_router(coordinator: Coordinator) -> APIRouter:
         return json_response(
             {
                 "status": "ok",
-                "model": coordinator.model_name,
+                "model": coordinator.served_model,
                 "engine": coordinator.engine_name,
                 "policy_version": coordinator.policy_version,
                 "live_rollouts": len(coordinator.live_rollout_ids()),

@@ -6,6 +6,8 @@ so one rollout can never write another's record.
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -20,9 +22,11 @@ from mtrl_adapters.wire import (
 )
 
 from ..coordinator import Coordinator
-from ..errors import Unauthorized
+from ..errors import Forbidden, Unauthorized
 from ..types import Task
-from ._http import bearer_token, json_response, openapi_body, parse_body
+from ._http import api_key_matches, bearer_token, decode_body, json_response, openapi_body, parse_body, read_limited
+
+OFF_LOOP_BYTES = 64 * 1024  # a tool-call batch body larger than this is validated on a worker thread
 
 
 def build_rollout_router(coordinator: Coordinator) -> APIRouter:
@@ -37,8 +41,13 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         summary="Open a rollout; returns its id, token and base URL",
     )
     async def create(request: Request) -> Response:
-        if server_cfg.api_key and bearer_token(request) != server_cfg.api_key:
+        if server_cfg.api_key and not api_key_matches(bearer_token(request), server_cfg.api_key):
             raise Unauthorized("creating rollouts needs 'Authorization: Bearer <api key>'", param="authorization")
+        if server_cfg.training_mode and not server_cfg.allow_external_rollouts:
+            raise Forbidden(
+                "this coordinator serves a training run: its rollouts are opened by the trainer; set "
+                "advanced.server.allow_external_rollouts to open rollouts over HTTP", param="authorization",
+            )
         body = await parse_body(request, CreateRolloutRequest, max_bytes, max_chars)
         task = Task(id=body.task_id, prompt=body.prompt, ground_truth=body.ground_truth, data=body.data)
         handle = coordinator.create_rollout(task, body.group_id, max_turns=body.max_turns)
@@ -55,6 +64,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         summary="Record one tool call of a rollout",
     )
     async def tool_call(rollout_id: str, request: Request) -> Response:
+        coordinator.check_access(rollout_id, bearer_token(request))  # the token before the body
         report = await parse_body(request, ToolCallReport, max_bytes, max_chars)
         await coordinator.record_tool_call(rollout_id, bearer_token(request), report)
         return json_response({"ok": True})
@@ -65,7 +75,12 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         summary="Record several tool calls of a rollout (an adapter's buffer)",
     )
     async def tool_call_batch(rollout_id: str, request: Request) -> Response:
-        batch = await parse_body(request, ToolCallBatch, max_bytes, max_chars)
+        coordinator.check_access(rollout_id, bearer_token(request))
+        raw = await read_limited(request, max_bytes)
+        if len(raw) > OFF_LOOP_BYTES:  # validating thousands of calls takes ~0.1 s: off the event loop
+            batch = await asyncio.to_thread(decode_body, raw, ToolCallBatch, max_chars)
+        else:
+            batch = decode_body(raw, ToolCallBatch, max_chars)
         await coordinator.record_tool_calls(rollout_id, bearer_token(request), batch.calls)
         return json_response({"ok": True, "recorded": len(batch.calls)})
 
@@ -75,6 +90,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         summary="update_reward: a scalar or per-turn rewards, and metrics",
     )
     async def reward(rollout_id: str, request: Request) -> Response:
+        coordinator.check_access(rollout_id, bearer_token(request))
         report = await parse_body(request, RewardReport, max_bytes, max_chars)
         await coordinator.report_reward(rollout_id, bearer_token(request), report)
         return json_response({"ok": True})
@@ -85,6 +101,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         summary="End a rollout: completed, failed or timed out",
     )
     async def complete(rollout_id: str, request: Request) -> Response:
+        coordinator.check_access(rollout_id, bearer_token(request))
         report = await parse_body(request, CompletionReport, max_bytes, max_chars)
         state = await coordinator.complete(rollout_id, bearer_token(request), report)
         return json_response(state.model_dump())

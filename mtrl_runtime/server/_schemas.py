@@ -1,8 +1,9 @@
 """Request bodies of the OpenAI-compatible routes.
 
 Known fields are validated (a bad value is a 400 naming the field and the
-value); fields that OpenAI clients send and mtrl does not use are accepted
-and ignored, since clients add them over time.
+value; a wrong JSON type is refused, never coerced); fields that OpenAI
+clients send and mtrl does not use are accepted and ignored, since clients
+add them over time.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from ..types import SamplingParams
+from ..types import ChatOptions, SamplingParams
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -50,7 +51,7 @@ ToolChoice = Annotated[
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)  # no "yes" read as true, no true as 1
 
     role: Role
     content: Content = None
@@ -58,9 +59,15 @@ class ChatMessage(BaseModel):
     tool_calls: ToolCalls = None
     tool_call_id: str | None = None
 
+    @model_validator(mode="after")
+    def _content_given(self) -> "ChatMessage":
+        if self.content is None and self.role != "assistant":  # only an assistant's tool-call turn may omit it
+            raise ValueError(f"content: a {self.role} message needs content (a string or text parts), got null")
+        return self
+
 
 class FunctionSpec(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)  # no "yes" read as true, no true as 1
 
     name: str = Field(min_length=1, max_length=256)
     description: str | None = None
@@ -68,20 +75,20 @@ class FunctionSpec(BaseModel):
 
 
 class ToolSpec(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)  # no "yes" read as true, no true as 1
 
     type: Literal["function"] = "function"
     function: FunctionSpec
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)  # no "yes" read as true, no true as 1
 
     include_usage: bool = False
 
 
 class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)  # no "yes" read as true, no true as 1
 
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
@@ -99,6 +106,7 @@ class ChatCompletionRequest(BaseModel):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     return_token_ids: bool | None = None  # mtrl / vLLM extension: token ids in the response
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM / SGLang extension: e.g. {"enable_thinking": false}
 
     @field_validator("stop")
     @classmethod
@@ -119,6 +127,23 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError(f"tool_choice must be 'auto', 'none', 'required' or an object, got {choice!r}")
         return self
 
+    def options(self) -> ChatOptions:
+        """Template variables and the tool choice (``"none"`` is applied by dropping the tools)."""
+        choice, name = self.tool_choice, None
+        if isinstance(choice, dict):
+            fn = choice.get("function")
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if choice.get("type", "function") != "function" or not isinstance(name, str) or not name:
+                from ..errors import BadRequest
+
+                raise BadRequest(
+                    f"tool_choice must be {{'type': 'function', 'function': {{'name': ...}}}}, got {choice!r}",
+                    param="tool_choice",
+                )
+            choice = "function"
+        kind = choice if choice in ("required", "function") else "auto"
+        return ChatOptions(template_kwargs=self.chat_template_kwargs or {}, tool_choice=kind, tool_name=name)
+
     def sampling(self, default: SamplingParams, max_tokens_cap: int) -> SamplingParams:
         """The request's sampling settings over the run's defaults; max_tokens is capped."""
         max_tokens = self.max_completion_tokens or self.max_tokens or default.max_tokens
@@ -136,6 +161,7 @@ class ChatCompletionRequest(BaseModel):
             stop=tuple(self.stop or default.stop),
             seed=default.seed if self.seed is None else self.seed,
             top_logprobs=self.top_logprobs or 0,
+            max_tokens_requested=bool(self.max_completion_tokens or self.max_tokens),
         )
 
     @property

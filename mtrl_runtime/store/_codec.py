@@ -79,10 +79,11 @@ def status_of(field: str, value: Any) -> RolloutStatus:
 
 
 def final_status(field: str, value: Any) -> RolloutStatus:
-    """A final status (completed, failed, timed_out), or a ValueError naming the field."""
+    """A final status (every status but running), or a ValueError naming the field."""
     final = status_of(field, value)
     if not final.is_final:
-        raise ValueError(f"{field} must be a final status (completed, failed, timed_out), got {value!r}")
+        known = ", ".join(s.value for s in RolloutStatus if s.is_final)
+        raise ValueError(f"{field} must be a final status ({known}), got {value!r}")
     return final
 
 

@@ -2,7 +2,7 @@
 
 Each line is an object with these keys (times are Unix seconds)::
 
-    id, task_id, group_id, status           str ("completed" | "failed" | "timed_out" | "running")
+    id, task_id, group_id, status           str ("completed" | "failed" | "timed_out" | "interrupted" | "abandoned" | "running")
     reward                                  float | null   (a scalar reward)
     turn_rewards                            [float] | null (per-turn rewards; exactly one of the two once reported)
     total_reward                            float          (sum of turn_rewards, else reward, else 0)

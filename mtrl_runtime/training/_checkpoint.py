@@ -22,9 +22,11 @@ the process, and resume trains on their rollouts again (see ``plan_resume``).
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 import shutil
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -33,6 +35,8 @@ import torch
 
 from ..types import TrajectoryStore
 from ._policy import atomic_folder
+
+log = logging.getLogger("mtrl.train")
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "state.json"
@@ -115,8 +119,12 @@ class Checkpoints:
         return found[-1][1] if found else None
 
     def restore(self, update: Any, folder: Path | None = None) -> CheckpointState:
-        """Load weights, optimizer and RNG of a checkpoint (default: the latest) and re-commit its steps."""
-        folder = folder or self.latest()
+        """Load weights, optimizer and RNG of a checkpoint (default: the latest finite one) and re-commit its steps.
+
+        A checkpoint holding a NaN or infinite weight (written before mtrl refused to write one) is moved
+        aside to ``.step-<N>.nonfinite-<ns>`` (kept, never deleted) and the one before it is tried.
+        """
+        folder = folder or self._latest_finite(update)
         if folder is None:
             raise FileNotFoundError(f"no checkpoint under {self.folder}; nothing to resume from")
         state = CheckpointState.from_json(json.loads((folder / STATE_FILE).read_text(encoding="utf-8")))
@@ -127,6 +135,18 @@ class Checkpoints:
         self.commit(state)
         self.remove_leftovers()
         return state
+
+    def _latest_finite(self, update: Any) -> Path | None:
+        """The newest checkpoint whose weights are all finite, loaded into ``update`` to check them."""
+        while (folder := self.latest()) is not None:
+            update.load_checkpoint(folder / POLICY_FOLDER)
+            if update.weights_finite():
+                return folder
+            aside = folder.with_name(f".{folder.name}.nonfinite-{time.time_ns()}")
+            log.warning("mtrl: checkpoint %s holds non-finite weights; moved to %s, resuming from the one before",
+                        folder, aside.name)
+            folder.rename(aside)
+        return None
 
     def _prune(self) -> None:
         """Keep the newest ``keep`` checkpoints; remove the temporaries a killed write left behind."""

@@ -129,7 +129,8 @@ class TrainingLoop:
                         pending[ahead] = asyncio.create_task(self._collect(ahead), name=f"mtrl-collect-{ahead}")
                 validated = await self._validate(step) if self.validates_at(step) else None  # while step collects
                 waited = time.perf_counter()
-                batch = await pending.pop(step)
+                batch = await pending[step]  # left in `pending` until done: a stop cancels and awaits it below
+                del pending[step]
                 waited = time.perf_counter() - waited
                 report = await self._train(batch, bound, waited, last_end, validated)
                 last_end = time.perf_counter()

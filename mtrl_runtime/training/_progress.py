@@ -1,31 +1,79 @@
-"""The progress display of ``mtrl train``: step, reward and seconds per step (rich).
+"""The progress display of ``mtrl train``: a start line, heartbeats during a step, a line per step (rich).
 
-On a terminal it is a live bar; elsewhere (logs, CI) one line per step.
+On a terminal it is a live bar whose status field shows the current step's
+rollouts done/total, turns, tool calls and errors; elsewhere (logs, CI):
+
+- at start, one line: model, engine, run folder, MLflow URI;
+- during a step, a heartbeat line at most every ``heartbeat_s`` seconds
+  (30 by default): rollouts done/total, turns, tool calls, errors;
+- per step, one line: reward, strict success when a validation pass with a
+  strict scorer ran, and the time split between rollouts and the update.
+
 Warnings of a step (an environment problem, a diagnosis with its first fix)
 and the results of a validation pass are printed as they come.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Any, Mapping
 
 from ..diagnostics import VAL_REWARD
 from ..evaluation import PASS_K_PREFIX
+from ..rollouts import HEARTBEAT_S, Heartbeat, RolloutTally
 from ._loop import StepReport
 
 STRICT_SUCCESS = "val/strict/success_rate"
+TTY_REFRESH_S = 1.0  # a live bar's status field refreshes this often
 
 
 class ProgressDisplay:
     """A context manager; call it with each StepReport."""
 
-    def __init__(self, max_steps: int, console: Any = None) -> None:
+    def __init__(self, max_steps: int, console: Any = None, heartbeat_s: float = HEARTBEAT_S) -> None:
         from rich.console import Console
 
+        if heartbeat_s <= 0:
+            raise ValueError(f"heartbeat_s: must be > 0, got {heartbeat_s}")
         self.max_steps = max_steps
         self.console = console or Console(stderr=True)
+        self.heartbeat_s = heartbeat_s
         self._progress: Any = None
         self._task: Any = None
+        self._beat: Heartbeat | None = None
+        self._beating: asyncio.Task[None] | None = None
+
+    def attach(
+        self, info: Mapping[str, Any], tally: RolloutTally, counters: Mapping[str, int], start_step: int
+    ) -> None:
+        """Print the start line (``info``: model, engine, run folder, MLflow URI) and start the heartbeat.
+
+        Call from the run's event loop; ``detach`` stops the heartbeat.
+        """
+        self._say("mtrl: " + ", ".join(f"{k} {v}" for k, v in info.items()))
+        live = self._progress is not None
+        self._beat = Heartbeat(tally, counters, self._heartbeat, TTY_REFRESH_S if live else self.heartbeat_s)
+        self._mark(start_step)
+        self._beating = asyncio.create_task(self._beat.run(), name="mtrl-heartbeat")
+
+    def detach(self) -> None:
+        if self._beating is not None:
+            self._beating.cancel()
+            self._beating = None
+
+    def _mark(self, step: int) -> None:
+        if self._beat is not None:
+            self._beat.mark(f"step {step + 1}/{self.max_steps}", key=step)
+
+    def _say(self, line: str) -> None:
+        """One plain line, never wrapped (logs are read by tools as well as people)."""
+        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def _heartbeat(self, line: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, status=line)
+        else:
+            self._say(line)
 
     def __enter__(self) -> "ProgressDisplay":
         if self.console.is_terminal:
@@ -37,10 +85,11 @@ class ProgressDisplay:
                 TextColumn("reward {task.fields[reward]}"),
                 TextColumn("{task.fields[pace]} s/step"),
                 TimeElapsedColumn(),
+                TextColumn("{task.fields[status]}"),
                 console=self.console,
             )
             self._progress.start()
-            self._task = self._progress.add_task("train", total=self.max_steps, reward="-", pace="-")
+            self._task = self._progress.add_task("train", total=self.max_steps, reward="-", pace="-", status="")
         return self
 
     def __call__(self, report: StepReport) -> None:
@@ -55,13 +104,26 @@ class ProgressDisplay:
         if self._progress is not None:
             self._progress.update(self._task, completed=report.step + 1, reward=f"{reward:.3f}", pace=f"{pace:.2f}")
         else:
-            self.console.print(f"step {report.step + 1}/{report.max_steps}  reward {reward:.3f}  {pace:.2f} s/step")
+            self._say(step_line(report))
         if report.checkpoint:
             self.console.print(f"checkpoint: {report.checkpoint}", style="dim")
+        self._mark(report.step + 1)
 
     def __exit__(self, *exc: object) -> None:
+        self.detach()
         if self._progress is not None:
             self._progress.stop()
+
+
+def step_line(report: StepReport) -> str:
+    """``step 3/10  reward 0.412  strict 0.250  rollouts 12.3 s  update 4.5 s  step 17.0 s``."""
+    m = report.metrics
+    parts = [f"step {report.step + 1}/{report.max_steps}", f"reward {m.get('rollout/reward/mean', 0.0):.3f}"]
+    if STRICT_SUCCESS in m:
+        parts.append(f"strict {m[STRICT_SUCCESS]:.3f}")
+    parts += [f"rollouts {m.get('time/rollout', 0.0):.1f} s", f"update {m.get('time/update', 0.0):.1f} s",
+              f"step {m.get('time/step', 0.0):.1f} s"]
+    return "  ".join(parts)
 
 
 def validation_line(metrics: dict[str, float]) -> str:
@@ -75,4 +137,4 @@ def validation_line(metrics: dict[str, float]) -> str:
     return "validation: " + "  ".join(parts)
 
 
-__all__ = ["ProgressDisplay", "validation_line"]
+__all__ = ["ProgressDisplay", "step_line", "validation_line"]

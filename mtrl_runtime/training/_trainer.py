@@ -32,7 +32,7 @@ from ..config import CoreConfig, MtrlConfig
 from ..engines import resolve_model
 from ..evaluation import StrictScorer, as_strict_scorer
 from ..monitor import DiagnosticsMonitor, history_from_rows
-from ..rollouts import RolloutStack, TaskSchedule, executor_kind, load_tasks
+from ..rollouts import HEARTBEAT_S, RolloutStack, TaskSchedule, executor_kind, load_tasks
 from ..tracking import Tracker
 from ..types import RolloutExecutor, Task
 from ._checkpoint import Checkpoints
@@ -99,27 +99,42 @@ class MultiTurnRLTrainer:
         """The core settings (validated on assignment): ``trainer.hyperparameters.max_steps = 20``."""
         return self.config.core
 
-    def train(self, progress: bool = True, on_step: Callable[[StepReport], bool | None] | None = None) -> TrainingResult:
-        """Train to ``core.max_steps`` (blocking); ``progress`` shows step, reward and time per step.
+    def train(
+        self,
+        progress: bool = True,
+        on_step: Callable[[StepReport], bool | None] | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
+    ) -> TrainingResult:
+        """Train to ``core.max_steps`` (blocking); ``progress`` shows a start line, heartbeats and a line per step.
 
         ``on_step`` is called after every step; returning True ends the run there (with a checkpoint).
+        ``heartbeat_s``: off a terminal, the longest silence during a step.
         """
         if not progress:
             return asyncio.run(self.atrain(on_step))
-        with ProgressDisplay(self.config.core.max_steps) as display:
+        with ProgressDisplay(self.config.core.max_steps, heartbeat_s=heartbeat_s) as display:
             def both(report: StepReport) -> bool | None:
                 display(report)
                 return on_step(report) if on_step is not None else None
 
-            return asyncio.run(self.atrain(both))
+            return asyncio.run(self.atrain(both, display))
 
-    async def atrain(self, on_step: Callable[[StepReport], bool | None] | None = None) -> TrainingResult:
-        """``train()`` for callers already inside an event loop."""
+    async def atrain(
+        self, on_step: Callable[[StepReport], bool | None] | None = None, display: ProgressDisplay | None = None
+    ) -> TrainingResult:
+        """``train()`` for callers already inside an event loop (``display``: a ProgressDisplay to feed)."""
         run = await asyncio.to_thread(_Run.open, self)
         try:
             if run.start_step > 0:  # resumed: the engine serves the restored version
                 await run.weights.publish()
-            reports = await run.loop(on_step).run(run.start_step)
+            loop = run.loop(on_step)
+            if display is not None:
+                display.attach(run.describe(), loop.dispatcher.tally, run.counters, run.start_step)
+            try:
+                reports = await loop.run(run.start_step)
+            finally:
+                if display is not None:
+                    display.detach()
             adapter = await asyncio.to_thread(run.finish)
         except BaseException:
             await asyncio.to_thread(run.abort)
@@ -162,6 +177,7 @@ class _Run:
         self.schedule = TaskSchedule.of(load_tasks(trainer.training_dataset), config.core.train_batch_size, config.core.seed)
         self.validation_tasks = _validation_tasks(trainer.validation_dataset, self.schedule.tasks)
         self.strict_scorer = trainer.strict_scorer
+        config.advanced.server.training_mode = True  # the trainer opens the rollouts; POST /v1/rollouts is refused
         self.stack = RolloutStack.build(config, store_path=config.run_dir / "trajectories.db", engine=trainer.engine,
                                         agent_env=trainer.agent_env)
         engine, self.store = self.stack.engine, self.stack.store
@@ -217,6 +233,22 @@ class _Run:
             strict_scorer=self.strict_scorer,
             monitor=self.monitor,
         )
+
+    @property
+    def counters(self) -> Any:
+        assert self.stack is not None
+        return self.stack.coordinator.counters
+
+    def describe(self) -> dict[str, Any]:
+        """The start line's facts: model, engine, run folder, MLflow URI, first step."""
+        assert self.stack is not None
+        return {
+            "training": self.stack.coordinator.served_model,
+            "engine": self.stack.coordinator.engine_name,
+            "run folder": self.config.run_dir,
+            "MLflow": self.tracker.tracking_uri if self.tracker is not None else "off",
+            "from step": f"{self.start_step + 1} of {self.config.core.max_steps}",
+        }
 
     def finish(self) -> Path:
         """Save the final adapter (or model), log it to MLflow, end the MLflow run."""

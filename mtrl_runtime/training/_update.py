@@ -17,6 +17,8 @@ half-updated weights; the model is in train() only inside that window.
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,11 +28,14 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from ..algorithms.losses import LOSSES, LossParams
+from ..diagnostics import NONFINITE_SKIPPED
 from ..torch_support import cpu_has_native_bf16
 from ..types import Sample
 from . import _memory
 from ._packing import batch_cost, can_share_prefix, pack_micro_batches, shared_prefix_logits
 from ._policy import Policy, atomic_folder
+
+log = logging.getLogger("mtrl.train")
 
 TRAINER_STATE = "trainer_state.pt"
 WEIGHTS_FOLDER = "weights"
@@ -114,16 +119,24 @@ class PolicyUpdate:
         self.autocast_dtype = resolve_autocast(self.settings.precision, policy.device)
         self._share_prefix = self.settings.share_prefix and can_share_prefix(policy.model)
         self.version = 0  # optimizer steps taken
+        self.skipped_nonfinite = 0  # steps skipped for a non-finite advantage, loss or gradient
 
     def step(self, samples: Sequence[Sample]) -> dict[str, float]:
         """Train on ``samples`` once: gradients of the whole batch, clip, AdamW step."""
         start = time.perf_counter()
+        poisoned = nonfinite_rollouts(samples)
+        if poisoned:  # a non-finite advantage would reach every weight through the loss: no forward at all
+            return self._skipped(samples, "advantages", poisoned, start, {"train/tokens_trained": 0.0})
         with self.weights_lock, self._training_mode():
             self.optimizer.zero_grad(set_to_none=True)
             metrics = self.backward(samples)
             if metrics["train/tokens_trained"] > 0:
                 params = self.policy.trainable_parameters()
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm)
+                bad = nonfinite_cause(metrics["train/loss"], float(grad_norm))
+                if bad is not None:  # the step is skipped: the weights and the optimizer state stay as they were
+                    self.optimizer.zero_grad(set_to_none=True)
+                    return self._skipped(samples, bad, sorted({s.rollout_id for s in samples}), start, metrics)
                 metrics["train/grad_norm"] = float(grad_norm)
                 self.optimizer.step()
                 self.version += 1
@@ -132,6 +145,28 @@ class PolicyUpdate:
         metrics["train/policy_version"] = float(self.version)
         metrics["train/step_seconds"] = time.perf_counter() - start
         return metrics
+
+    def _skipped(
+        self, samples: Sequence[Sample], cause: str, rollout_ids: Sequence[str], start: float, metrics: dict[str, float]
+    ) -> dict[str, float]:
+        """Metrics of a step skipped for non-finite ``cause`` (only finite values kept: the commit refuses others)."""
+        self.skipped_nonfinite += 1
+        shown = ", ".join(rollout_ids[:10]) + (f" and {len(rollout_ids) - 10} more" if len(rollout_ids) > 10 else "")
+        log.warning("mtrl: update skipped: non-finite %s (policy version stays %d); rollouts: %s",
+                    cause, self.version, shown)
+        out = {k: v for k, v in metrics.items() if math.isfinite(v)}
+        out.update({
+            NONFINITE_SKIPPED: 1.0,
+            "train/skipped": 1.0,
+            "train/samples": float(len(samples)),
+            "train/policy_version": float(self.version),
+            "train/step_seconds": time.perf_counter() - start,
+        })
+        return out
+
+    def weights_finite(self) -> bool:
+        """Whether every trainable weight is a finite number."""
+        return all(bool(torch.isfinite(p).all()) for p in self.policy.trainable_parameters())
 
     def backward(self, samples: Sequence[Sample]) -> dict[str, float]:
         """Accumulate the step's gradients into ``.grad`` (no optimizer step); return metrics.
@@ -237,7 +272,10 @@ class PolicyUpdate:
     # -- checkpoints -------------------------------------------------------------
 
     def save_checkpoint(self, folder: str | Path) -> Path:
-        """Write weights (adapter or model) and optimizer state into ``folder``, atomically."""
+        """Write weights (adapter or model) and optimizer state into ``folder``, atomically; never non-finite ones."""
+        with self.weights_lock:
+            if not self.weights_finite():
+                raise NonFiniteWeights(f"refusing to write checkpoint {folder}: the policy holds non-finite weights")
         with self.weights_lock, atomic_folder(folder) as tmp:
             self.policy.model.save_pretrained(tmp / WEIGHTS_FOLDER)
             state = {"optimizer": self.optimizer.state_dict(), "version": self.version}
@@ -254,10 +292,32 @@ class PolicyUpdate:
             self.version = int(state["version"])
 
 
+class NonFiniteWeights(RuntimeError):
+    """The policy holds a NaN or infinite weight: no checkpoint is written from it, none is resumed from it."""
+
+
+def nonfinite_rollouts(samples: Sequence[Sample]) -> list[str]:
+    """The rollouts whose samples carry a non-finite advantage or behaviour logprob."""
+    return sorted({
+        s.rollout_id for s in samples
+        if not all(math.isfinite(a) for a in s.advantages_T) or not all(math.isfinite(x) for x in s.behaviour_logprobs_T)
+    })
+
+
+def nonfinite_cause(loss: float, grad_norm: float) -> str | None:
+    """``"loss"`` or ``"gradients"`` when that value is not finite, else None."""
+    if not math.isfinite(loss):
+        return "loss"
+    if not math.isfinite(grad_norm):
+        return "gradients"
+    return None
+
+
 def _untrained_head(sample: Sample) -> tuple[int, ...]:
     """The tokens before the first logit the loss reads (a prefix shared up to there is computed once)."""
     first = next(i for i, trained in enumerate(sample.loss_mask_T) if trained and i > 0)
     return tuple(sample.token_ids_T[: first - 1])
 
 
-__all__ = ["PolicyUpdate", "UpdateSettings", "resolve_autocast"]
+__all__ = ["NONFINITE_SKIPPED", "NonFiniteWeights", "PolicyUpdate", "UpdateSettings", "nonfinite_cause",
+           "nonfinite_rollouts", "resolve_autocast"]

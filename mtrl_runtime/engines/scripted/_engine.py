@@ -82,6 +82,7 @@ class ScriptedEngine:
 
     ``fail_turns`` makes the listed turns (0-based, per rollout) raise;
     ``delay_s`` delays every reply. ``calls`` counts generate calls.
+    ``served_model`` is what the server names as the model it serves.
     """
 
     name = "scripted"
@@ -93,6 +94,8 @@ class ScriptedEngine:
         *,
         fail_turns: Sequence[int] = (),
         delay_s: float = 0.0,
+        served_model: str = "scripted",
+        context_length: int | None = None,
     ) -> None:
         if not callable(script) and isinstance(script, (str, bytes)):
             raise TypeError("script: expected a list of replies or a callable, got a string")
@@ -100,6 +103,8 @@ class ScriptedEngine:
             raise ValueError("tokenizer: the scripted engine needs a tokenizer with an eos_token_id")
         self.tokenizer = tokenizer
         self.script = script
+        self.served_model = served_model  # what /health names: no model runs here
+        self.context_length = context_length  # None: no limit (a test may set one, as a real model has)
         self.policy_version = 0
         self.fail_turns = frozenset(fail_turns)
         self.delay_s = delay_s
@@ -191,6 +196,7 @@ def create(
     tokenizer: Any = None,
     fail_turns: Sequence[int] = (),
     delay_s: float = 0.0,
+    context_length: int | None = None,
 ) -> ScriptedEngine:
     """The ``scripted`` factory. Tokenizer: given, else ``model``'s, else the tiny test tokenizer.
 
@@ -207,7 +213,7 @@ def create(
 
         tokenizer = tiny_tokenizer()
     return ScriptedEngine(tokenizer, script if script is not None else (lambda request, prompt: "DONE"),
-                          fail_turns=fail_turns, delay_s=delay_s)
+                          fail_turns=fail_turns, delay_s=delay_s, context_length=context_length)
 
 
 __all__ = [

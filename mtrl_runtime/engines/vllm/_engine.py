@@ -141,6 +141,11 @@ class VLLMEngine:
         self._check_open()
         await self._runner.run(self._start())
 
+    @property
+    def context_length(self) -> int | None:
+        """The served model's ``max_model_len`` (None until the server has been asked)."""
+        return self.max_model_len
+
     async def generate(self, request: GenerationRequest) -> Generation:
         check_request(request)
         self._check_open()

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from .._codec import ROLLOUT_COLUMNS, TurnRow, empty_ids, ids_from_blob, to_blob
 
-_FINAL = ("completed", "failed", "timed_out")
+_FINAL = ("completed", "failed", "timed_out", "interrupted", "abandoned")
 
 
 def upsert_tasks(conn: sqlite3.Connection, rows: Sequence[tuple]) -> None:

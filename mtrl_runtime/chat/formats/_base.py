@@ -1,0 +1,134 @@
+"""What every chat format shares: the ``ChatFormat`` protocol and the small pieces its parsers reuse.
+
+The protocol lives here, in the chat package, rather than in ``types.py``:
+its signatures speak of ``ParsedReply`` and tokenizers, which only the chat
+package and the capture path above it use; engines stay token-in-token-out
+and never see a format.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from enum import Enum
+from typing import Any, Collection, Mapping, Protocol, runtime_checkable
+
+from .._toolparse import ParsedReply
+
+
+class ReasoningHistory(str, Enum):
+    """How a family's template renders the reasoning of earlier assistant turns."""
+
+    KEPT = "kept"  # rendered again in history, as generated
+    DROPPED = "dropped"  # left out of earlier turns (Qwen3 before the last user turn, gpt-oss, DeepSeek R1)
+    NONE = "none"  # the family has no reasoning text
+
+
+@runtime_checkable
+class ChatFormat(Protocol):
+    """One model family's chat format: its template, how it writes tool calls and reasoning, how to read them.
+
+    ``template`` is the project's template of the family, written from the
+    format's public documentation; the tokenizer's own template is used
+    instead wherever it renders tools. ``tool_call_opener`` is the text that
+    starts a call (forced as a generation prefix when a tool call is
+    required); ``stop_tokens`` end a reply besides the tokenizer's eos.
+    """
+
+    name: str
+    template: str
+    reasoning_history: ReasoningHistory
+    tool_call_opener: str
+    stop_tokens: tuple[str, ...]
+
+    def detect(self, tokenizer: Any) -> bool:
+        """Whether ``tokenizer`` (its special tokens or its template) belongs to this family."""
+        ...
+
+    def forced_prefix(self, tool_name: str | None) -> str:
+        """The text that makes the reply a tool call (of ``tool_name`` when given), put at the end of the prompt."""
+        ...
+
+    def parse(self, text: str, tool_names: Collection[str] | None = None, *, calls: bool = True) -> ParsedReply:
+        """``text`` (a completion, special tokens kept) as content, reasoning and, when ``calls``, tool calls.
+
+        Never raises: a malformed call stays in the content as written and is counted.
+        """
+        ...
+
+
+def tool_call(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """An OpenAI tool call with a fresh id; arguments serialized as JSON (unicode kept)."""
+    return {
+        "id": "call_" + secrets.token_hex(12),
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+    }
+
+
+def call_from_json(data: Any, args_key: str = "arguments") -> dict[str, Any] | None:
+    """The tool call a decoded JSON object describes (``name`` + an object of arguments), else None."""
+    if not isinstance(data, dict):
+        return None
+    name = data.get("name")
+    arguments = data.get(args_key, data.get("arguments", {}) if args_key != "arguments" else {})
+    if isinstance(arguments, str):  # some families double-encode arguments
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(name, str) or not name or not isinstance(arguments, dict):
+        return None
+    return tool_call(name, arguments)
+
+
+def split_reasoning(text: str, open_tag: str = "<think>", close_tag: str = "</think>") -> tuple[str | None, str]:
+    """(reasoning, the rest) of a completion that thinks in ``open_tag``...``close_tag``.
+
+    The open tag may be in the prompt (a template that opens thinking for the
+    model), so a close tag alone marks reasoning too. A completion cut while
+    still thinking (open tag, no close) is all reasoning.
+    """
+    end = text.find(close_tag)
+    if end >= 0:
+        head = text[:end]
+        start = head.find(open_tag)
+        if start >= 0 and not head[:start].strip():
+            head = head[start + len(open_tag) :]
+        return head.strip(), text[end + len(close_tag) :].lstrip("\n")
+    stripped = text.lstrip()
+    if stripped.startswith(open_tag):
+        return stripped[len(open_tag) :].strip(), ""
+    return None, text
+
+
+def reply(
+    content: str,
+    calls: list[dict[str, Any]],
+    malformed: int,
+    reasoning: str | None,
+    tool_names: Collection[str] | None,
+) -> ParsedReply:
+    """A ``ParsedReply`` with stripped content (None when empty) and unknown tools counted."""
+    text = content.strip()
+    unknown = 0 if tool_names is None else sum(c["function"]["name"] not in tool_names for c in calls)
+    return ParsedReply(
+        content=text or None, tool_calls=calls, malformed=malformed, unknown_tools=unknown, reasoning=reasoning or None
+    )
+
+
+def vocab_has(tokenizer: Any, *tokens: str) -> bool:
+    """Whether any of ``tokens`` is one token of ``tokenizer`` (special or added)."""
+    vocab = tokenizer.get_vocab()
+    return any(t in vocab for t in tokens)
+
+
+def template_text(tokenizer: Any) -> str:
+    """The tokenizer's chat template(s) as one string ("" when it has none)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, Mapping):
+        return "\n".join(str(v) for v in template.values())
+    return template if isinstance(template, str) else ""
+
+
+__all__ = ["ChatFormat", "ReasoningHistory", "call_from_json", "reply", "split_reasoning", "template_text", "tool_call", "vocab_has"]

@@ -1,0 +1,108 @@
+"""``mistral``: Mistral's ``[TOOL_CALLS]`` — a JSON list of calls (v3 tokenizers) or ``NAME[ARGS]{json}`` (v11+).
+
+Tools are listed in ``[AVAILABLE_TOOLS]`` before the last user message;
+results come back in ``[TOOL_RESULTS]``. Text before ``[TOOL_CALLS]`` is the
+content. Reasoning, in Magistral, is a ``[THINK]`` block.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Collection
+
+from .._toolparse import ParsedReply
+from ._base import ReasoningHistory, call_from_json, reply, split_reasoning, template_text, vocab_has
+
+TEMPLATE = """{{- bos_token -}}
+{%- if messages and messages[0]['role'] == 'system' -%}
+  {%- set system_text = messages[0]['content'] -%}{%- set rest = messages[1:] -%}
+{%- else -%}
+  {%- set system_text = '' -%}{%- set rest = messages -%}
+{%- endif -%}
+{%- for message in rest -%}
+  {%- if message['role'] == 'user' -%}
+    {%- set last_user = not (rest[loop.index0 + 1:] | selectattr('role', 'equalto', 'user') | first) -%}
+    {%- if tools and last_user -%}
+      {{- '[AVAILABLE_TOOLS]' + (tools | tojson) + '[/AVAILABLE_TOOLS]' -}}
+    {%- endif -%}
+    {{- '[INST]' -}}
+    {%- if system_text and last_user -%}{{- system_text + '\\n\\n' -}}{%- endif -%}
+    {{- message['content'] + '[/INST]' -}}
+  {%- elif message['role'] == 'tool' -%}
+    {{- '[TOOL_RESULTS]' + ({'content': message['content'], 'call_id': message['tool_call_id'] or ''} | tojson) + '[/TOOL_RESULTS]' -}}
+  {%- elif message['role'] == 'assistant' -%}
+    {{- message['content'] or '' -}}
+    {%- if message['tool_calls'] -%}
+      {{- '[TOOL_CALLS][' -}}
+      {%- for call in message['tool_calls'] -%}
+        {%- set fn = call['function'] -%}
+        {%- if not loop.first -%}{{- ', ' -}}{%- endif -%}
+        {{- '{"name": ' + (fn['name'] | tojson) + ', "arguments": ' -}}
+        {{- (fn['arguments'] if fn['arguments'] is string else (fn['arguments'] | tojson)) -}}
+        {%- if call['id'] -%}{{- ', "id": ' + (call['id'] | tojson) -}}{%- endif -%}
+        {{- '}' -}}
+      {%- endfor -%}
+      {{- ']' -}}
+    {%- endif -%}
+    {{- eos_token -}}
+  {%- endif -%}
+{%- endfor -%}"""
+
+TOOL_CALLS = "[TOOL_CALLS]"
+ARGS = "[ARGS]"
+
+
+class MistralFormat:
+    name = "mistral"
+    template = TEMPLATE
+    reasoning_history = ReasoningHistory.DROPPED
+    tool_call_opener = TOOL_CALLS
+    stop_tokens: tuple[str, ...] = ()
+
+    def detect(self, tokenizer: Any) -> bool:
+        return vocab_has(tokenizer, TOOL_CALLS) or "[TOOL_CALLS]" in template_text(tokenizer)
+
+    def forced_prefix(self, tool_name: str | None) -> str:
+        if tool_name is None:
+            return self.tool_call_opener
+        return TOOL_CALLS + '[{"name": ' + json.dumps(tool_name, ensure_ascii=False) + ', "arguments": '
+
+    def parse(self, text: str, tool_names: Collection[str] | None = None, *, calls: bool = True) -> ParsedReply:
+        reasoning, rest = split_reasoning(text, "[THINK]", "[/THINK]")
+        at = rest.find(TOOL_CALLS)
+        if not calls or at < 0:
+            return reply(rest, [], 0, reasoning, None if not calls else tool_names)
+        found = _calls(rest[at:])
+        if found is None:
+            return reply(rest, [], 1, reasoning, tool_names)
+        return reply(rest[:at], found, 0, reasoning, tool_names)
+
+
+def _calls(text: str) -> list[dict[str, Any]] | None:
+    """Every call after each ``[TOOL_CALLS]`` (None if any part does not read as calls)."""
+    found: list[dict[str, Any]] = []
+    for part in text.split(TOOL_CALLS)[1:]:
+        part = part.strip()
+        if ARGS in part:  # v11+: NAME[ARGS]{json}
+            name, _, args = part.partition(ARGS)
+            try:
+                call = call_from_json({"name": name.strip(), "arguments": json.loads(args)})
+            except ValueError:
+                return None
+            calls = [call]
+        else:  # v3: a JSON list of {"name", "arguments"}
+            try:
+                data = json.loads(part)
+            except ValueError:
+                return None
+            data = data if isinstance(data, list) else [data]
+            calls = [call_from_json(item) for item in data]
+        if not calls or any(c is None for c in calls):
+            return None
+        found.extend(calls)  # type: ignore[arg-type]
+    return found or None
+
+
+MISTRAL = MistralFormat()
+
+__all__ = ["MISTRAL", "MistralFormat"]

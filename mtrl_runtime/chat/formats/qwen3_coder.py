@@ -1,0 +1,117 @@
+"""``qwen3_coder``: Qwen3-Coder's XML calls — ``<tool_call><function=NAME><parameter=KEY>value</parameter></function></tool_call>``.
+
+Each parameter's value is the text between its tags (one newline trimmed
+each side); a value that reads as JSON other than a bare string (numbers,
+booleans, objects, lists) is decoded, anything else is kept as a string, as
+Qwen3-Coder's documented parser does. Reasoning, when present, is a
+``<think>`` block. The template is ChatML with the calls in XML.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Collection
+
+from .._toolparse import ParsedReply
+from ._base import ReasoningHistory, reply, split_reasoning, template_text, tool_call
+
+TEMPLATE = """{%- if messages and messages[0]['role'] == 'system' -%}
+  {%- set system_text = messages[0]['content'] -%}{%- set rest = messages[1:] -%}
+{%- else -%}
+  {%- set system_text = 'You are Qwen, a helpful assistant.' -%}{%- set rest = messages -%}
+{%- endif -%}
+{{- '<|im_start|>system\\n' + system_text -}}
+{%- if tools -%}
+  {{- '\\n\\n# Tools\\n\\nYou have access to the following functions:\\n\\n<tools>' -}}
+  {%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}
+  {{- '\\n</tools>\\n\\nIf you choose to call a function ONLY reply in the following format with NO suffix:\\n\\n' -}}
+  {{- '<tool_call>\\n<function=example_function_name>\\n<parameter=example_parameter_1>\\nvalue_1\\n</parameter>\\n</function>\\n</tool_call>' -}}
+{%- endif -%}
+{{- '<|im_end|>\\n' -}}
+{%- for message in rest -%}
+  {%- if message['role'] == 'tool' -%}
+    {%- if loop.first or loop.previtem['role'] != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
+    {{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' -}}
+    {%- if loop.last or loop.nextitem['role'] != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}
+  {%- elif message['role'] == 'assistant' -%}
+    {{- '<|im_start|>assistant\\n' + (message['content'] or '') -}}
+    {%- for call in message['tool_calls'] or [] -%}
+      {%- set fn = call['function'] -%}
+      {%- if message['content'] or not loop.first -%}{{- '\\n' -}}{%- endif -%}
+      {{- '<tool_call>\\n<function=' + fn['name'] + '>\\n' -}}
+      {%- if fn['arguments'] is mapping -%}
+        {%- for key, value in fn['arguments'].items() -%}
+          {{- '<parameter=' + key + '>\\n' + (value if value is string else (value | tojson)) + '\\n</parameter>\\n' -}}
+        {%- endfor -%}
+      {%- endif -%}
+      {{- '</function>\\n</tool_call>' -}}
+    {%- endfor -%}
+    {{- '<|im_end|>\\n' -}}
+  {%- else -%}
+    {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"""
+
+_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+_FUNCTION = re.compile(r"\A\s*<function=([^>\n]+)>(.*)</function>\s*\Z", re.S)
+_PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+
+
+class Qwen3CoderFormat:
+    name = "qwen3_coder"
+    template = TEMPLATE
+    reasoning_history = ReasoningHistory.DROPPED
+    tool_call_opener = "<tool_call>\n<function="
+    stop_tokens: tuple[str, ...] = ()
+
+    def detect(self, tokenizer: Any) -> bool:
+        return "<function=" in template_text(tokenizer)
+
+    def forced_prefix(self, tool_name: str | None) -> str:
+        return self.tool_call_opener if tool_name is None else f"{self.tool_call_opener}{tool_name}>\n"
+
+    def parse(self, text: str, tool_names: Collection[str] | None = None, *, calls: bool = True) -> ParsedReply:
+        reasoning, rest = split_reasoning(text)
+        if not calls:
+            return reply(rest, [], 0, reasoning, None)
+        kept, found, malformed, pos, seen = [], [], 0, 0, 0
+        for block in _BLOCK.finditer(rest):
+            seen = block.end()
+            call = _parse_function(block.group(1))
+            if call is None:  # stays in the content as written
+                malformed += 1
+                continue
+            kept.append(rest[pos : block.start()])
+            found.append(call)
+            pos = block.end()
+        if "<tool_call>" in rest[seen:]:  # an unclosed (truncated) call stays as text
+            malformed += 1
+        kept.append(rest[pos:])
+        return reply("".join(kept), found, malformed, reasoning, tool_names)
+
+
+def _parse_function(body: str) -> dict[str, Any] | None:
+    match = _FUNCTION.match(body)
+    if match is None:
+        return None
+    name, inner = match.group(1).strip(), match.group(2)
+    if not name or _PARAM.sub("", inner).strip():  # stray text between parameters: not a call we can read
+        return None
+    return tool_call(name, {key.strip(): _value(raw) for key, raw in _PARAM.findall(inner)})
+
+
+def _value(raw: str) -> Any:
+    raw = raw[1:] if raw.startswith("\n") else raw
+    raw = raw[:-1] if raw.endswith("\n") else raw
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return raw
+    return raw if isinstance(value, str) else value
+
+
+QWEN3_CODER = Qwen3CoderFormat()
+
+__all__ = ["QWEN3_CODER", "Qwen3CoderFormat"]

@@ -1,0 +1,82 @@
+"""What a person watching a run sees between step lines: rollouts done/total, turns, tool calls, errors.
+
+The ``Dispatcher`` keeps a ``RolloutTally`` per step (rollouts planned,
+ended, ended other than completed); turns and tool calls come from the
+coordinator's ``counters``. A ``Heartbeat`` turns both into one line,
+counted from its last ``mark`` (a step's start), and ``run`` emits that
+line every ``every_s`` seconds until cancelled (training, evaluation)::
+
+    beat = Heartbeat(dispatcher.tally, coordinator.counters, print, every_s=30)
+    beat.mark("step 1/10", key=0)
+    task = asyncio.create_task(beat.run())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Mapping
+
+from ..types import RolloutStatus
+
+HEARTBEAT_S = 30.0  # the longest a non-terminal run stays silent during a step
+
+
+@dataclass
+class RolloutTally:
+    """Rollouts planned, ended and ended badly, per key (a training step; None outside steps)."""
+
+    planned: Counter = field(default_factory=Counter)
+    done: Counter = field(default_factory=Counter)
+    errors: Counter = field(default_factory=Counter)
+
+    def plan(self, key: Hashable, n: int) -> None:
+        self.planned[key] += n
+
+    def record(self, key: Hashable, status: RolloutStatus) -> None:
+        self.done[key] += 1
+        if status is not RolloutStatus.COMPLETED:
+            self.errors[key] += 1
+
+
+class Heartbeat:
+    """A progress line for the phase begun at the last ``mark``, emitted every ``every_s`` seconds by ``run``."""
+
+    def __init__(
+        self,
+        tally: RolloutTally,
+        counters: Mapping[str, int],
+        emit: Callable[[str], None],
+        every_s: float = HEARTBEAT_S,
+    ) -> None:
+        if every_s <= 0:
+            raise ValueError(f"every_s: must be > 0, got {every_s}")
+        self.tally, self.counters, self.emit, self.every_s = tally, counters, emit, every_s
+        self.label: str = "rollouts"
+        self.key: Hashable = None
+        self._since: dict[str, int] = {}
+        self._started = time.monotonic()
+
+    def mark(self, label: str, key: Hashable = None) -> None:
+        """A new phase (a step): lines now count from here and count the tally under ``key``."""
+        self.label, self.key = label, key
+        self._since = {k: int(self.counters.get(k, 0)) for k in ("turns", "tool_calls")}
+        self._started = time.monotonic()
+
+    def line(self) -> str:
+        turns = int(self.counters.get("turns", 0)) - self._since.get("turns", 0)
+        calls = int(self.counters.get("tool_calls", 0)) - self._since.get("tool_calls", 0)
+        key = self.key
+        return (f"{self.label}: rollouts {self.tally.done[key]}/{self.tally.planned[key]} done, turns {turns}, "
+                f"tool calls {calls}, errors {self.tally.errors[key]} ({time.monotonic() - self._started:.0f} s)")
+
+    async def run(self) -> None:
+        """Emit ``line()`` every ``every_s`` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(self.every_s)
+            self.emit(self.line())
+
+
+__all__ = ["HEARTBEAT_S", "Heartbeat", "RolloutTally"]

@@ -1,0 +1,115 @@
+"""Builders for tests and benchmarks of chat formats: a tiny tokenizer per model family, and what its model writes.
+
+``family_tokenizer(name)`` is ``testing.tiny_tokenizer``'s byte-level BPE
+trained with the family's special tokens, its bos/eos set as the family sets
+them, and the format's template (written by the project from the family's
+public documentation) as its own chat template. ``call_text`` and
+``reasoning_text`` write what a model of the family generates, for the
+``scripted`` engine to emit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+# per format: (special tokens, bos, eos, pad); the first token is also unk
+FAMILY_TOKENS: dict[str, tuple[list[str], str, str]] = {
+    "hermes": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_start|>", "<|im_end|>"),
+    "qwen3_coder": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_start|>", "<|im_end|>"),
+    "llama3_json": (
+        ["<|end_of_text|>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+         "<|eom_id|>", "<|python_tag|>"],
+        "<|begin_of_text|>", "<|eot_id|>",
+    ),
+    "mistral": (
+        ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+         "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[THINK]", "[/THINK]", "[ARGS]"],
+        "<s>", "</s>",
+    ),
+    "harmony": (
+        ["<|endoftext|>", "<|startoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
+         "<|return|>", "<|call|>"],
+        "<|startoftext|>", "<|return|>",
+    ),
+    "deepseek_v3": (
+        ["<｜end▁of▁sentence｜>", "<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>",
+         "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>",
+         "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>"],
+        "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
+    ),
+}
+
+
+def family_tokenizer(name: str, vocab_size: int = 512) -> Any:
+    """A tiny tokenizer of format ``name``'s family, with that format's template as its chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from .chat.formats import CHAT_FORMATS, QWEN3_TEMPLATE
+    from .testing import _CORPUS
+
+    fmt = CHAT_FORMATS.get(name)
+    specials, bos, eos = FAMILY_TOKENS[name]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=specials[0], unk_token=specials[0]
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": [t for t in specials if t not in (bos, eos, specials[0])]})
+    tokenizer.chat_template = QWEN3_TEMPLATE if name == "hermes" else fmt.template
+    return tokenizer
+
+
+def call_text(name: str, calls: list[tuple[str, Mapping[str, Any]]], content: str = "") -> str:
+    """What a model of format ``name``'s family writes to make ``calls`` (name, arguments), after ``content``."""
+    dumps = lambda value: json.dumps(value, ensure_ascii=False)  # noqa: E731
+    if name == "hermes":
+        return content + "".join(
+            ("\n" if content or i else "") + f'<tool_call>\n{{"name": {dumps(n)}, "arguments": {dumps(a)}}}\n</tool_call>'
+            for i, (n, a) in enumerate(calls)
+        )
+    if name == "qwen3_coder":
+        blocks = []
+        for n, a in calls:
+            params = "".join(f"<parameter={k}>\n{v if isinstance(v, str) else dumps(v)}\n</parameter>\n" for k, v in a.items())
+            blocks.append(f"<tool_call>\n<function={n}>\n{params}</function>\n</tool_call>")
+        return content + ("\n" if content else "") + "\n".join(blocks)
+    if name == "llama3_json":
+        return "<|python_tag|>" + "; ".join(f'{{"name": {dumps(n)}, "parameters": {dumps(a)}}}' for n, a in calls)
+    if name == "mistral":
+        return content + "[TOOL_CALLS]" + dumps([{"name": n, "arguments": a} for n, a in calls])
+    if name == "harmony":
+        preamble = f"<|channel|>commentary<|message|>{content}<|end|><|start|>assistant" if content else ""
+        return preamble + "<|end|><|start|>assistant".join(
+            f"<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>{dumps(a)}" for n, a in calls
+        ) + "<|call|>"
+    if name == "deepseek_v3":
+        inner = "".join(
+            f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{n}\n```json\n{dumps(a)}\n```<｜tool▁call▁end｜>" for n, a in calls
+        )
+        return content + "<｜tool▁calls▁begin｜>" + inner + "<｜tool▁calls▁end｜>"
+    raise KeyError(f"unknown chat format {name!r}; known: {', '.join(sorted(FAMILY_TOKENS))}")
+
+
+def answer_text(name: str, content: str, reasoning: str | None = None) -> str:
+    """What a model of format ``name``'s family writes to answer ``content`` after ``reasoning``."""
+    if name == "harmony":
+        thought = f"<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant" if reasoning else ""
+        return f"{thought}<|channel|>final<|message|>{content}"
+    if reasoning is None or name == "llama3_json":
+        return content
+    if name == "mistral":
+        return f"[THINK]{reasoning}[/THINK]{content}"
+    return f"<think>\n{reasoning}\n</think>\n\n{content}"
+
+
+__all__ = ["FAMILY_TOKENS", "answer_text", "call_text", "family_tokenizer"]

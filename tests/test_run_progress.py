@@ -1,0 +1,187 @@
+"""Progress a person can follow, and stopping by hand: ``mtrl train`` as a real subprocess on the scripted engine.
+
+The run is not on a terminal, so it prints plain lines: a start line, a
+heartbeat during each step (here every 0.2 s instead of 30 s), a line per
+step. SIGINT (Ctrl-C) or SIGTERM in the middle of a step ends the rollouts
+in flight as ``interrupted`` in the store (the coordinator's state machine
+decides it from ``RunStopped``), the run says how to resume, and
+``--resume`` trains the interrupted step again from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mtrl_runtime.types import RolloutStatus
+
+AGENT = Path(__file__).resolve().parent / "_collect_agent.py"
+SCRIPT = """\
+tasks:
+  - replies:
+      - {tool_call: {name: lookup, arguments: {key: A1}}, delay_s: 0.8}
+      - {text: "ANSWER 42", delay_s: 0.8}
+"""
+
+
+def _inputs(tmp_path: Path, model_dir: Path) -> list[str]:
+    (tmp_path / "script.yaml").write_text(SCRIPT)
+    cfg = {"core": {"engine": "scripted", "model": str(model_dir), "run_dir": str(tmp_path / "run"),
+                    "group_size": 2, "train_batch_size": 2, "max_turns": 4, "max_steps": 2, "lora_rank": 4,
+                    "lora_alpha": 8},
+           "advanced": {"rollout_timeout_s": 60, "checkpoint_every": 1,
+                        "engine_options": {"script_file": str(tmp_path / "script.yaml")}}}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    rows = [{"id": f"t{i}", "prompt": f"What is the value under A1? ({i})"} for i in range(4)]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return ["train", str(tmp_path / "cfg.yaml"), "--agent", f"{AGENT}:agent",
+            "--dataset", str(tmp_path / "tasks.jsonl"), "--no-mlflow", "--heartbeat", "0.2"]
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "mtrl_runtime.cli", *args], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"})
+
+
+def _read_until(proc: subprocess.Popen, marker: str, seen: list[str], timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line.rstrip("\n"))
+        if marker in line:
+            return
+    proc.kill()
+    raise AssertionError(f"no line with {marker!r}; output:\n" + "\n".join(seen[-60:]))
+
+
+def _stop_in_step(proc: subprocess.Popen, step: int, max_steps: int, stop: int) -> tuple[list[str], str]:
+    """Wait for step ``step`` (1-based) to be trained and the next one's rollouts to be in flight, then ``stop``."""
+    seen: list[str] = []
+    _read_until(proc, f"step {step}/{max_steps}  reward 1.000", seen)  # trained and checkpointed
+    _read_until(proc, f"step {step + 1}/{max_steps}: rollouts 0/4 done", seen)  # in flight: 0.8 s per turn
+    proc.send_signal(stop)
+    rest, _ = proc.communicate(timeout=120)
+    return seen, rest
+
+
+def _by_status(run_dir: Path) -> dict[RolloutStatus, list]:
+    from mtrl_runtime.store import open_store
+
+    store = open_store(run_dir / "trajectories.db")
+    try:
+        return {s: store.rollouts(status=s, with_turns=False) for s in RolloutStatus} | {
+            "resumes": store.get_meta("resumes", [])}
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(420)
+def test_a_stopped_run_marks_its_rollouts_interrupted_says_how_to_resume_and_resumes(tmp_path, tiny_model_dir):
+    args = _inputs(tmp_path, tiny_model_dir)
+    # Ctrl-C while step 2 of 3 collects
+    proc = _start([*args, "--max-steps", "3"], tmp_path)
+    seen, rest = _stop_in_step(proc, 1, 3, signal.SIGINT)
+    out = "\n".join(seen) + "\n" + rest
+    assert proc.returncode == 130, out
+
+    start = next(line for line in seen if line.startswith("mtrl: training "))
+    assert "engine scripted" in start and f"run folder {tmp_path / 'run'}" in start and "MLflow off" in start, start
+    assert "from step 1 of 3" in start and "script.yaml" in start, start
+    beats = [line for line in seen if line.startswith("step 1/3: rollouts ")]
+    assert beats and "turns" in beats[-1] and "tool calls" in beats[-1] and "errors 0" in beats[-1], out
+    done = [int(line.split("rollouts ")[1].split("/")[0]) for line in beats]
+    assert done == sorted(done) and done[-1] <= 4 and all("/4 done, turns " in line for line in beats), out
+    step = next(line for line in seen if line.startswith("step 1/3  reward"))
+    assert " rollouts " in step and " update " in step, step
+    assert "mtrl: stopped; 4 rollouts in flight were marked interrupted" in rest, out
+    resume = next(line for line in rest.splitlines() if "resume from" in line)
+    assert "checkpoints/step-000001 with: mtrl train " in resume and resume.endswith(" --resume"), resume
+    assert "--max-steps 3" in resume, resume
+
+    stored = _by_status(tmp_path / "run")
+    assert stored[RolloutStatus.RUNNING] == []
+    interrupted = stored[RolloutStatus.INTERRUPTED]
+    assert len(interrupted) == 4 and {r.step for r in interrupted} == {1}, out
+    assert all("cancelled" in r.error for r in interrupted)
+    assert len(stored[RolloutStatus.COMPLETED]) == 4  # step 0's
+
+    # --resume: step 2 is trained again from the checkpoint (the interrupted rollouts are not reused);
+    # SIGTERM while step 3 collects does what Ctrl-C does
+    proc = _start([*args, "--max-steps", "3", "--resume"], tmp_path)
+    seen, rest = _stop_in_step(proc, 2, 3, signal.SIGTERM)
+    out = "\n".join(seen) + "\n" + rest
+    assert proc.returncode == 130, out
+    assert any("from step 2 of 3" in line for line in seen), out
+    assert "mtrl: stopped; 4 rollouts in flight were marked interrupted" in rest, out
+    assert "checkpoints/step-000002 with: mtrl train " in rest, out
+
+    stored = _by_status(tmp_path / "run")
+    assert stored[RolloutStatus.RUNNING] == []
+    assert sorted(r.step for r in stored[RolloutStatus.INTERRUPTED]) == [1] * 4 + [2] * 4
+    assert sorted(r.step for r in stored[RolloutStatus.COMPLETED]) == [0] * 4 + [1] * 4
+    [record] = stored["resumes"]
+    assert record["start_step"] == 1 and record["interrupted"] == [] and record["reused"] == []  # none left running
+
+
+def test_mtrl_eval_prints_a_start_line_and_heartbeats(tmp_path, tiny_model_dir, capsys):
+    from mtrl_runtime.cli import main
+
+    args = _inputs(tmp_path, tiny_model_dir)
+    cfg, data = args[1], args[5]
+    assert main(["eval", cfg, "--agent", f"{AGENT}:agent", "--dataset", data, "--max-tasks", "2", "--samples", "2",
+                 "--no-mlflow", "--heartbeat", "0.2"]) == 0
+    err = capsys.readouterr().err
+    start = next(line for line in err.splitlines() if line.startswith("mtrl: evaluating "))
+    assert "script.yaml" in start and "engine scripted" in start and "MLflow off" in start, err
+    assert "rollouts 2 tasks x 2 samples x 1 side(s)" in start, start
+    beats = [line for line in err.splitlines() if line.startswith("evaluation: rollouts ")]
+    assert beats and all("/4 done, turns " in line and ", tool calls " in line for line in beats), err
+    counts = [int(line.split("rollouts ")[1].split("/")[0]) for line in beats]
+    assert counts == sorted(counts) and max(counts) <= 4, err
+
+
+def test_on_a_terminal_the_heartbeat_is_the_live_bars_status(monkeypatch):
+    import asyncio
+    import io
+
+    from rich.console import Console
+
+    from mtrl_runtime.rollouts import RolloutTally
+    from mtrl_runtime.training import _progress
+    from mtrl_runtime.training._loop import StepReport
+
+    monkeypatch.setattr(_progress, "TTY_REFRESH_S", 0.05)
+    screen = io.StringIO()
+    tally, counters = RolloutTally(), {"turns": 3, "tool_calls": 1}
+
+    async def run() -> list[str]:
+        statuses = []
+        with _progress.ProgressDisplay(3, console=Console(file=screen, force_terminal=True, width=200)) as display:
+            display.attach({"training": "m", "engine": "scripted"}, tally, counters, 0)
+            tally.plan(0, 4)
+            tally.record(0, RolloutStatus.COMPLETED)
+            tally.record(0, RolloutStatus.FAILED)
+            counters["turns"] += 5
+            await asyncio.sleep(0.3)
+            statuses.append(display._progress.tasks[0].fields["status"])
+            display(StepReport(0, 3, {"rollout/reward/mean": 0.5, "time/step": 1.0}))
+            tally.plan(1, 4)
+            await asyncio.sleep(0.3)
+            statuses.append(display._progress.tasks[0].fields["status"])
+        return statuses
+
+    first, second = asyncio.run(run())
+    assert first.startswith("step 1/3: rollouts 2/4 done, turns 5, tool calls 0, errors 1"), first
+    assert second.startswith("step 2/3: rollouts 0/4 done, turns 0"), second
+    assert "mtrl: training m, engine scripted" in screen.getvalue()
