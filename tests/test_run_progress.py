@@ -27,8 +27,8 @@ AGENT = Path(__file__).resolve().parent / "_collect_agent.py"
 SCRIPT = """\
 tasks:
   - replies:
-      - {tool_call: {name: lookup, arguments: {key: A1}}, delay_s: 0.8}
-      - {text: "ANSWER 42", delay_s: 0.8}
+      - {tool_call: {name: lookup, arguments: {key: A1}}, delay_s: 2.5}
+      - {text: "ANSWER 42", delay_s: 2.5}
 """
 
 
@@ -69,7 +69,7 @@ def _stop_in_step(proc: subprocess.Popen, step: int, max_steps: int, stop: int) 
     """Wait for step ``step`` (1-based) to be trained and the next one's rollouts to be in flight, then ``stop``."""
     seen: list[str] = []
     _read_until(proc, f"step {step}/{max_steps}  reward 1.000", seen)  # trained and checkpointed
-    _read_until(proc, f"step {step + 1}/{max_steps}: rollouts 0/4 done", seen)  # in flight: 0.8 s per turn
+    _read_until(proc, f"step {step + 1}/{max_steps}: rollouts 0/4 done", seen)  # in flight: 2.5 s per turn
     proc.send_signal(stop)
     rest, _ = proc.communicate(timeout=120)
     return seen, rest
