@@ -69,7 +69,8 @@ def _stop_in_step(proc: subprocess.Popen, step: int, max_steps: int, stop: int) 
     """Wait for step ``step`` (1-based) to be trained and the next one's rollouts to be in flight, then ``stop``."""
     seen: list[str] = []
     _read_until(proc, f"step {step}/{max_steps}  reward 1.000", seen)  # trained and checkpointed
-    _read_until(proc, f"step {step + 1}/{max_steps}: rollouts 0/4 done", seen)  # in flight: 2.5 s per turn
+    # a second into the next step: its rollouts are created and in their first turn (2.5 s per turn)
+    _read_until(proc, f"step {step + 1}/{max_steps}: rollouts 0/4 done, turns 0, tool calls 0, errors 0 (1 s)", seen)
     proc.send_signal(stop)
     rest, _ = proc.communicate(timeout=120)
     return seen, rest

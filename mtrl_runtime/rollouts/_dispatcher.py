@@ -211,7 +211,8 @@ class Dispatcher:
             except asyncio.TimeoutError:
                 event = DeadlinePassed(spec.timeout_s)
             except asyncio.CancelledError:  # the run is stopping: end the rollout before leaving
-                await self._on_server(self.coordinator.end(handle.rollout_id, RunStopped()))
+                # shielded: a second cancel (the loop tearing down its steps) must not drop the event
+                await asyncio.shield(self._on_server(self.coordinator.end(handle.rollout_id, RunStopped())))
                 raise
             except Exception as exc:  # the executor itself broke: the rollout failed, the run goes on
                 event = ExecutorEnded(RolloutStatus.FAILED, f"executor error: {type(exc).__name__}: {exc}")

@@ -27,7 +27,7 @@ from ..coordinator import Coordinator
 from ..engines import create_engine
 from ..server import ServerHandle, create_app, start_server
 from ..store import open_store
-from ..types import PolicyEngine, RolloutExecutor, TrajectoryStore
+from ..types import PolicyEngine, RolloutExecutor, RunStopped, TrajectoryStore
 from ._dispatcher import Dispatcher
 from ._executors import executor_for
 
@@ -101,8 +101,27 @@ class RolloutStack:
             raise RuntimeError("this stack has no executor: build it with agent_env")
         return Dispatcher(self.coordinator, runner, config or self.config, self.endpoint, self.server_loop)
 
+    async def stop_live_rollouts(self) -> int:
+        """End every rollout still live with ``RunStopped`` (stored ``interrupted``), on the server's loop.
+
+        Called before the server stops, so a rollout whose dispatcher was torn
+        down before it could say so still ends as interrupted rather than
+        failing later on a closed connection. Returns how many it ended.
+        """
+        ended = 0
+        for rollout_id in self.coordinator.live_rollout_ids():
+            coro = self.coordinator.end(rollout_id, RunStopped())
+            loop = self.server_loop
+            if loop is None or loop is asyncio.get_running_loop():
+                ended += await coro
+            else:
+                ended += await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+        return ended
+
     async def close(self) -> None:
-        """Close what this stack built, in reverse order (async parts awaited, blocking ones on a thread)."""
+        """End live rollouts (``stop_live_rollouts``), then close what this stack built, in reverse order."""
+        if self.server is not None and self.server_loop is not None:
+            await self.stop_live_rollouts()
         while self._closers:
             closer = self._closers.pop()
             if asyncio.iscoroutinefunction(closer):
