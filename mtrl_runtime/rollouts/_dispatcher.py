@@ -224,9 +224,14 @@ class Dispatcher:
         return rollout
 
     async def _on_server(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        if self.server_loop is None or self.server_loop is asyncio.get_running_loop():
-            return await coro
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.server_loop))
+        return await on_loop(self.server_loop, coro)
+
+
+async def on_loop(loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, Any, Any]) -> Any:
+    """Await ``coro`` on ``loop`` (the coordinator's server loop, which owns its rollouts' locks); None: here."""
+    if loop is None or loop is asyncio.get_running_loop():
+        return await coro
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
 
 def _with_warnings(batch: StepBatch) -> StepBatch:

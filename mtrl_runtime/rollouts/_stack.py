@@ -28,7 +28,7 @@ from ..engines import create_engine
 from ..server import ServerHandle, create_app, start_server
 from ..store import open_store
 from ..types import PolicyEngine, RolloutExecutor, RunStopped, TrajectoryStore
-from ._dispatcher import Dispatcher
+from ._dispatcher import Dispatcher, on_loop
 from ._executors import executor_for
 
 
@@ -110,12 +110,7 @@ class RolloutStack:
         """
         ended = 0
         for rollout_id in self.coordinator.live_rollout_ids():
-            coro = self.coordinator.end(rollout_id, RunStopped())
-            loop = self.server_loop
-            if loop is None or loop is asyncio.get_running_loop():
-                ended += await coro
-            else:
-                ended += await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+            ended += await on_loop(self.server_loop, self.coordinator.end(rollout_id, RunStopped()))
         return ended
 
     async def close(self) -> None:
