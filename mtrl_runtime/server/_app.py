@@ -27,6 +27,7 @@ from ._http import error_response, route_error_response
 from ._openai_routes import build_openai_router
 from ._openapi import install_openapi
 from ._rollout_routes import build_rollout_router
+from .protocols import build_routers
 
 
 def create_app(coordinator: Coordinator) -> FastAPI:
@@ -44,6 +45,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     app.router.routes.append(ChatCompletionsRoute(coordinator))
     app.include_router(build_openai_router(coordinator))
     app.include_router(build_rollout_router(coordinator))
+    for router in build_routers(coordinator):
+        app.include_router(router)
     if coordinator.server_config.sagemaker_compat:
         app.include_router(build_compat_router(coordinator))
     install_openapi(app, openapi_paths())

@@ -20,14 +20,12 @@ from typing import Any
 
 from starlette.routing import BaseRoute, Match, NoMatchFound
 
-from mtrl_adapters.wire import HEADER_ROLLOUT_ID, HEADER_SM_TRAJECTORY_ID
-
 from ..coordinator import Coordinator
-from ..errors import BadRequest, MtrlError, Unauthorized
+from ..errors import BadRequest, MtrlError
 from ._asgi import ClientGone, Receive, Send, read_body, request_headers, send_body
 from ._chat_payloads import completion_events, completion_json
-from ._compat_routes import compat_credential
-from ._http import api_key_matches, decode_json, error_body, openapi_body, parse_bearer, validate
+from ._attribution import attribute_call, scope_peer
+from ._http import decode_json, error_body, openapi_body, validate
 from ._schemas import ChatCompletionRequest
 
 CHAT_PATH = "/v1/chat/completions"
@@ -35,8 +33,6 @@ ROLLOUT_CHAT_PATH = "/rollouts/{rollout_id}/v1/chat/completions"
 _ROLLOUT_PREFIX = "/rollouts/"
 _JSON = b"application/json"
 _EVENTS = b"text/event-stream"
-_HEADER_ROLLOUT = HEADER_ROLLOUT_ID.encode()
-_HEADER_TRAJECTORY = HEADER_SM_TRAJECTORY_ID.encode()
 
 
 class MethodNotAllowed(MtrlError):
@@ -95,7 +91,8 @@ class ChatCompletionsRoute(BaseRoute):
         """The completion (JSON or events) for one request; a refused request raises ``MtrlError``."""
         cfg, coordinator = self.cfg, self.coordinator
         headers = request_headers(scope)
-        rollout_id, token = self._credentials(scope, headers)  # before the body: a stranger learns no schema
+        # before the body: a stranger learns no schema
+        rollout_id, token = attribute_call(coordinator, scope["path_params"].get("rollout_id"), headers, scope_peer(scope))
         if rollout_id is not None:
             coordinator.check_access(rollout_id, token)
         raw = await read_body(receive, headers.get(b"content-length"), cfg.max_body_bytes)
@@ -116,32 +113,6 @@ class ChatCompletionsRoute(BaseRoute):
         if body.stream:
             return completion_events(cid, model, tokenizer, body, result), _EVENTS
         return completion_json(cid, model, tokenizer, body, result), _JSON
-
-    def _credentials(self, scope: dict[str, Any], headers: dict[bytes, bytes]) -> tuple[str | None, str | None]:
-        """The rollout the call is for (None: unattributed) and the credential to check for it."""
-        cfg = self.cfg
-        rollout_id = scope["path_params"].get("rollout_id") or _header(headers, _HEADER_ROLLOUT)
-        if rollout_id is None and cfg.sagemaker_compat:
-            rollout_id = _header(headers, _HEADER_TRAJECTORY)
-        token = parse_bearer(_header(headers, b"authorization"))
-        if rollout_id is not None and cfg.sagemaker_compat:
-            client = scope.get("client")
-            token = compat_credential(client[0] if client else "", self.coordinator, rollout_id, token)
-        if rollout_id is None:
-            if not cfg.inference_mode:
-                raise BadRequest(
-                    f"no rollout named: send the {HEADER_ROLLOUT_ID} header or call /rollouts/{{id}}/v1/chat/completions; "
-                    "calls that name no rollout are served only in inference mode",
-                    param=HEADER_ROLLOUT_ID,
-                )
-            if cfg.api_key and not api_key_matches(token, cfg.api_key):
-                raise Unauthorized("inference calls need 'Authorization: Bearer <api key>'", param="authorization")
-        return rollout_id, token
-
-
-def _header(headers: dict[bytes, bytes], name: bytes) -> str | None:
-    value = headers.get(name)
-    return None if value is None else value.decode("latin-1")
 
 
 def _check_limits(body: ChatCompletionRequest, cfg: Any) -> None:
