@@ -335,7 +335,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         try:
             load_before = os.getloadavg()
             results: dict[str, Any] = {
-                "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+                "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
+                            "dtype": "none (scripted engine: no model runs)"},
                 "llm_call": {"hook": hook_us_per_call(), "end_to_end": await end_to_end(bench, args.rounds, args.rollouts)},
                 "tool_call": {**tool_overhead(), **await batch_report_us(bench)},
                 "concurrent": await concurrent_langgraph(bench, args.concurrent),

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the task lives beside the learning te
 import torch  # noqa: E402
 
 import _lookup_task as lookup  # noqa: E402
+from _machine import cpu_bf16  # noqa: E402
 from mtrl_runtime.config import MtrlConfig  # noqa: E402
 from mtrl_runtime.training import MultiTurnRLTrainer  # noqa: E402
 
@@ -96,7 +97,8 @@ def main() -> None:
         "benchmark": "async_vs_sync",
         "command": "python bench/async_vs_sync.py " + " ".join(sys.argv[1:]),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "torch": torch.__version__, "load_average_1m": os.getloadavg()[0]},
+                    "torch": torch.__version__, "load_average_1m": os.getloadavg()[0], **cpu_bf16(),
+                    "dtype": "fp32 (the tiny model's weights; precision: auto autocast in the update)"},
         "task": "tests/_lookup_task.py: Strands agent, tiny model, 4 prompts x 8 rollouts per step, full fine-tuning",
         "results": rows,
         "speedup_vs_sync": speedups,

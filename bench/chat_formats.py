@@ -132,7 +132,7 @@ def main() -> None:
         "reps": args.reps,
         "rows": rows,
         "within_goal": all(r["ratio_to_baseline"] <= 1.2 for r in rows.values()),
-        "machine": machine_info(load_before, load_after, threads=1),
+        "machine": machine_info(load_before, load_after, threads=1, dtype="none (no model: chat rendering and parsing only)"),
         "load_note": load_note(load_before, load_after, "per-turn times are inflated for every path alike"),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

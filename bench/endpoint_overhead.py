@@ -226,6 +226,7 @@ async def main(n: int, tree: Path) -> dict:
         "requests_per_setting": n,
         "server_tree": str(tree),
         "machine": f"{os.cpu_count()} cores",
+        "dtype": "none (scripted engine: no model runs)",
         "client": "raw asyncio HTTP/1.1, keep-alive, one connection per client",
         "loadavg_start": os.getloadavg(),
         "settings": {},

@@ -8,6 +8,7 @@ side by side and writes bench/results/engine_batching.json. Each mode runs
 the load average before and after is recorded.
 
     python bench/engine_batching.py [--rollouts 8] [--max-tokens 64] [--repeats 2] [--threads N] [--skip-smollm2]
+        [--dtype auto|fp32|bf16]
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 
-from _machine import load_note, machine_info
+from _machine import load_note, machine_info, model_dtype
 from _prompts import QUESTIONS
 
 from mtrl_runtime.engines import HFEngine, resolve_model
@@ -96,14 +97,17 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     results = []
     tok = tiny_tokenizer()
     tiny = HFEngine.from_objects(tiny_model(tok), tok, eos_token_ids=(), num_threads=args.threads)
-    results.append(await bench_model("tiny-llama (h64, 2 layers)", tiny, args))
+    dtypes = {"tiny-llama": model_dtype(tiny.model)}
+    results.append(await bench_model(f"tiny-llama (h64, 2 layers, {dtypes['tiny-llama']})", tiny, args))
     if not args.skip_smollm2:
         folder = resolve_model("smollm2-135m")
-        results.append(await bench_model("SmolLM2-135M-Instruct (fp32)", HFEngine(folder, eos_token_ids=(), num_threads=args.threads), args))
+        smol = HFEngine(folder, dtype=args.dtype, eos_token_ids=(), num_threads=args.threads)
+        dtypes["SmolLM2-135M-Instruct"] = model_dtype(smol.model)
+        results.append(await bench_model(f"SmolLM2-135M-Instruct ({dtypes['SmolLM2-135M-Instruct']})", smol, args))
     load_after = os.getloadavg()
     return {
         "benchmark": "engine_batching",
-        "machine": machine_info(load_before, load_after, args.threads or torch.get_num_threads()),
+        "machine": machine_info(load_before, load_after, args.threads or torch.get_num_threads(), dtype=dtypes),
         "note": load_note(load_before, load_after, "figures are lower bounds"),
         "results": results,
     }
@@ -126,6 +130,8 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads of the engine worker (default: torch's)")
     parser.add_argument("--skip-smollm2", action="store_true")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
+                        help="SmolLM2's weights (auto: bf16 where the CPU has it natively)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "engine_batching.json"))
     args = parser.parse_args()
     data = asyncio.run(main(args))

@@ -152,7 +152,7 @@ def main() -> int:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
         "command": "python bench/faults.py " + " ".join(sys.argv[1:]),
-        "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count()},
+        "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count(), "dtype": "none (scripted engine: no model runs)"},
         "config": vars(args), "fault_step_seconds": round(out["fault_step_s"], 2),
         "per_fault": rows, "healthy_after": healthy_ok, "totals": totals, "lost_detail": problems[:100],
     }, indent=1))

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from _machine import load_note, machine_info
+from _machine import load_note, machine_info, model_dtype
 from _prompts import QUESTIONS
 from mtrl_examples.aircraft_inspection import TOOL_SPECS, build_messages, load_instances
 from mtrl_runtime.chat import ChatRenderer
@@ -100,6 +100,7 @@ def rescore_diff(engine: HFEngine, requests: list[GenerationRequest], generation
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     folder = resolve_model("smollm2-135m")
     engine = HFEngine(folder, dtype="bf16", eos_token_ids=(), num_threads=args.threads)
+    dtype = model_dtype(engine.model)
     with tempfile.TemporaryDirectory() as tmp:
         await engine.load_adapter(str(save_adapter(folder, Path(tmp) / "adapter")), 1)
     renderer = ChatRenderer(engine.tokenizer)
@@ -128,7 +129,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "lora_fold",
         "model": "SmolLM2-135M-Instruct (bf16), LoRA r16 on q,k,v,o,gate,up,down",
-        "machine": machine_info(load_before, load_after, args.threads),
+        "machine": machine_info(load_before, load_after, args.threads, dtype=dtype),
         "note": load_note(load_before, load_after, "times are upper bounds"),
         "rounds": args.rounds,
         "workloads": results,

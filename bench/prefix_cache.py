@@ -111,7 +111,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "model": f"SmolLM2-135M-Instruct ({args.dtype})",
         "workload": {"conversations": args.conversations, "turns": args.turns, "max_tokens": args.max_tokens,
                      "prompt": "aircraft inspection: system prompt + worked example + task, tools rendered"},
-        "machine": machine_info(load_before, load_after, args.threads or torch.get_num_threads()),
+        "machine": machine_info(load_before, load_after, args.threads or torch.get_num_threads(), dtype=args.dtype),
         "note": load_note(load_before, load_after, "times are upper bounds"),
         "off": off,
         "on": on,

@@ -167,7 +167,7 @@ async def main() -> None:
         "benchmark": "ray_vs_inprocess",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     "loadavg_before": [round(x, 2) for x in load_before],
-                    "loadavg_after": [round(x, 2) for x in load_after]},
+                    "loadavg_after": [round(x, 2) for x in load_after], "dtype": "none (scripted engine: no model runs)"},
         "sizes": {"rollouts": args.rollouts, "concurrency": args.concurrency, "sequential": args.sequential,
                   "repeats": args.repeats,
                   "turns": args.turns, "ray_cpus": args.ray_cpus, "task_cpus": args.task_cpus, "actors": args.actors},

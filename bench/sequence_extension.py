@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from _machine import cpu_bf16
 from mtrl_runtime.algorithms import build_samples, per_turn_samples
 from mtrl_runtime.testing import tiny_model, tiny_tokenizer
 from mtrl_runtime.training import PolicyUpdate, UpdateSettings, build_policy
@@ -206,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {
             "platform": platform.platform(), "processor": platform.processor(),
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "cuda": torch.cuda.is_available(),
+            "torch": torch.__version__, "cuda": torch.cuda.is_available(), **cpu_bf16(),
+            "dtype": "fp32 weights; each result's autocast says the update's precision",
         },
         "results": [],
     }

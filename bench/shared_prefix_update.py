@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from _machine import load_note, machine_info
+from _machine import load_note, machine_info, model_dtype
 from mtrl_examples.aircraft_inspection import TOOL_SPECS, build_messages, load_instances
 from mtrl_runtime.chat import ChatRenderer
 from mtrl_runtime.engines import resolve_model
@@ -82,7 +82,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     plain, shared = statistics.median(times[False]), statistics.median(times[True])
     result = {
         "benchmark": "shared_prefix_update",
-        "machine": machine_info(load_before, load_after, args.threads),
+        "machine": machine_info(load_before, load_after, args.threads, dtype=model_dtype(model)),
         "note": load_note(load_before, load_after, "both sides alternate, so they share the load"),
         "shape": {"rows": args.rows, "shared_prefix_tokens": prefix_len, "own_tokens": args.own,
                   "trained_tokens_per_row": args.trained, "micro_batch_tokens": args.budget,

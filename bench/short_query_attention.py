@@ -65,7 +65,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "short_query_attention",
         "model": "SmolLM2-135M-Instruct (bf16)",
         "workload": {"prompts": args.prompts, "max_tokens": args.max_tokens, "prompt": "aircraft inspection, tools rendered"},
-        "machine": machine_info(load_before, load_after, args.threads),
+        "machine": machine_info(load_before, load_after, args.threads, dtype="bf16"),
         "note": load_note(load_before, load_after, "times are upper bounds"),
         "sdpa": sdpa,
         "short_query": short,

@@ -265,7 +265,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         error_kinds[key] = error_kinds.get(key, 0) + 1
     return {
         "command": "python bench/soak.py " + " ".join(sys.argv[1:]),
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "loadavg_end": os.getloadavg()},
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "loadavg_end": os.getloadavg(),
+                    "dtype": "none (scripted engine: no model runs)"},
         "rollouts_concurrent": args.rollouts, "seconds": args.seconds, "ran_s": round(end, 1),
         "requests_served": len(tally.requests), "requests_per_s": round(len(tally.requests) / max(end, 1e-9), 1),
         "errors": len(tally.errors), "error_kinds": error_kinds,

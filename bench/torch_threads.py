@@ -107,7 +107,7 @@ def main() -> None:
     result = {
         "benchmark": "torch_threads",
         "model": "SmolLM2-135M-Instruct (bf16), LoRA r16 folded, 8 prompts x 64 tokens",
-        "machine": machine_info(load_before, load_after, args.threads),
+        "machine": machine_info(load_before, load_after, args.threads, dtype="bf16"),
         "note": load_note(load_before, load_after, "times are upper bounds"),
         "sides": sides,
         "speedup_worker_vs_pool": ratio,

@@ -62,6 +62,7 @@ from typing import Any
 
 import openai
 
+from _machine import cpu_bf16
 from mtrl_adapters import aupdate_reward
 
 REPO = Path(__file__).resolve().parents[1]
@@ -295,7 +296,8 @@ def write_results(args: argparse.Namespace, hook: Interleave, trl_info: dict[str
         "benchmark": "trl_vs_mtrl",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     "loadavg_before": [round(x, 2) for x in load[0]],
-                    "loadavg_after": [round(x, 2) for x in load[1]]},
+                    "loadavg_after": [round(x, 2) for x in load[1]], **cpu_bf16(),
+                    "dtype": f"{args.weights} weights, bf16 autocast"},
         "model": "SmolLM2-135M-Instruct",
         "settings": {"weights": args.weights, "autocast": "bf16", "lora": {"rank": 16, "alpha": 32, "dropout": 0.0,
                      "target_modules": TARGET_MODULES}, "group_size": args.group_size, "prompts_per_step": 1,

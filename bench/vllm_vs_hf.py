@@ -38,6 +38,7 @@ from typing import Any
 
 import openai
 
+from _machine import cpu_bf16
 from _prompts import QUESTIONS
 from mtrl_adapters import aupdate_reward
 from mtrl_runtime.config import MtrlConfig
@@ -201,7 +202,7 @@ def main() -> None:
         "benchmark": "vllm_vs_hf",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     "loadavg_before": [round(x, 2) for x in load_before],
-                    "loadavg_after": [round(x, 2) for x in load_after]},
+                    "loadavg_after": [round(x, 2) for x in load_after], **cpu_bf16(), "dtype": args.dtype},
         "model": "SmolLM2-135M-Instruct", "dtype": args.dtype, "hf_threads": args.hf_threads,
         "vllm_threads": vllm_threads(),
         "sizes": {"rollouts": args.rollouts, "turns": args.turns, "max_tokens_per_turn": args.max_tokens},

@@ -20,6 +20,13 @@ Any other payload runs the entrypoint exactly as before, so the deployed
 agent keeps serving its users. The entrypoint still receives the payload
 (and the AgentCore context when it takes one); the task is
 ``current_rollout().task`` or ``payload["instance"]``.
+
+Streaming entrypoints (an async or sync generator, which AgentCore answers
+as server-sent events) are trainable too: a user's invocation still streams
+every event as before; a rollout invocation runs the generator to its end
+inside the rollout (its model calls, tool calls and reward recorded as
+usual) and answers the rollout's result as JSON, whose ``result`` is the
+last event the generator yielded (None if it yielded none).
 """
 
 from __future__ import annotations
@@ -38,16 +45,16 @@ def is_rollout_payload(payload: Any) -> bool:
 
 
 def trainable(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap an AgentCore entrypoint (sync or async) so rollout payloads run as rollouts."""
-    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
-        raise TypeError(f"trainable: streaming entrypoints are not supported yet, got generator {fn!r}")
-    agent = rollout(fn)
-    if inspect.iscoroutinefunction(fn):
+    """Wrap an AgentCore entrypoint (sync, async, or a streaming generator) so rollout payloads run as rollouts."""
+    target = _drained(fn)
+    agent = rollout(target)
+    if inspect.iscoroutinefunction(target):
 
         @functools.wraps(fn)
         async def async_entry(payload: Any, *args: Any, **kwargs: Any) -> Any:
             if not is_rollout_payload(payload):
-                return await fn(payload, *args, **kwargs)
+                answer = fn(payload, *args, **kwargs)  # an async generator is returned as is: AgentCore streams it
+                return answer if inspect.isasyncgen(answer) else await answer
             ctx = context_from_request(payload)
             result, error = None, None
             with rollout_scope(ctx):
@@ -73,6 +80,31 @@ def trainable(fn: Callable[..., Any]) -> Callable[..., Any]:
         return rollout_result(ctx, result, error)
 
     return entry
+
+
+def _drained(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, or for a generator function one that runs its generator to the end and returns its last item."""
+    if inspect.isasyncgenfunction(fn):
+
+        async def drain_async(*args: Any, **kwargs: Any) -> Any:
+            last = None
+            async for last in fn(*args, **kwargs):
+                pass
+            return last
+
+        drain_async.__name__ = drain_async.__qualname__ = getattr(fn, "__name__", "entrypoint")
+        return drain_async
+    if inspect.isgeneratorfunction(fn):
+
+        def drain(*args: Any, **kwargs: Any) -> Any:
+            last = None
+            for last in fn(*args, **kwargs):
+                pass
+            return last
+
+        drain.__name__ = drain.__qualname__ = getattr(fn, "__name__", "entrypoint")
+        return drain
+    return fn
 
 
 __all__ = ["is_rollout_payload", "trainable"]

@@ -13,11 +13,14 @@ submodules that import their framework: ``mtrl_adapters.strands``,
         update_reward(score(reply, task.ground_truth))
 """
 
+from ._anthropic import instrument_anthropic
+from ._bedrock import UncapturedBedrockCall, instrument_bedrock
 from ._client import RolloutError, describe_error
 from ._context import AgentTask, RolloutContext, current_rollout, rollout_scope
 from ._decorator import RolloutTimeout, instrument, is_decorated, rollout
 from ._openai import instrument_openai
 from ._reward import aupdate_reward, record_tool_call, update_reward
+from ._selective import UnresolvedModelCall
 from ._server import (
     AgentServer,
     ahandle_rollout_request,
@@ -34,6 +37,8 @@ __all__ = [
     "RolloutContext",
     "RolloutError",
     "RolloutTimeout",
+    "UncapturedBedrockCall",
+    "UnresolvedModelCall",
     "ahandle_rollout_request",
     "aupdate_reward",
     "context_from_request",
@@ -41,6 +46,8 @@ __all__ = [
     "describe_error",
     "handle_rollout_request",
     "instrument",
+    "instrument_anthropic",
+    "instrument_bedrock",
     "instrument_openai",
     "is_decorated",
     "record_tool_call",

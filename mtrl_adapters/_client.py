@@ -19,7 +19,9 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
-from .wire import CompletionReport, RewardReport, RolloutState, ToolCallBatch, ToolCallReport
+from .wire import (
+    CompletionReport, ModelCallBatch, ModelCallReport, RewardReport, RolloutState, ToolCallBatch, ToolCallReport,
+)
 
 log = logging.getLogger("mtrl_adapters")
 
@@ -71,11 +73,15 @@ class CoordinatorClient:
             with self._session() as http:
                 self._send(http, "POST", self._path("/tool_calls/batch"), ToolCallBatch(calls=calls))
 
-    def close(self, calls: list[ToolCallReport], completion: CompletionReport) -> RolloutState:
-        """Send the buffered tool calls, then the completion, over one connection."""
+    def close(self, calls: list[ToolCallReport], completion: CompletionReport,
+              model_calls: list[ModelCallReport] | None = None) -> RolloutState:
+        """Send the buffered tool calls and non-policy model calls, then the completion, over one connection."""
         with self._session() as http:
             if calls:
                 _log_refusal(self._try(lambda: self._send(http, "POST", self._path("/tool_calls/batch"), ToolCallBatch(calls=calls))))
+            if model_calls:
+                batch = ModelCallBatch(calls=model_calls)
+                _log_refusal(self._try(lambda: self._send(http, "POST", self._path("/model_calls/batch"), batch)))
             return RolloutState.model_validate(self._send(http, "POST", self._path("/complete"), completion))
 
     def state(self) -> RolloutState:
@@ -87,12 +93,15 @@ class CoordinatorClient:
         async with self._asession() as http:
             await self._asend(http, "POST", self._path("/reward"), report)
 
-    async def aclose(self, calls: list[ToolCallReport], completion: CompletionReport) -> RolloutState:
+    async def aclose(self, calls: list[ToolCallReport], completion: CompletionReport,
+                     model_calls: list[ModelCallReport] | None = None) -> RolloutState:
         async with self._asession() as http:
-            if calls:
-                batch = ToolCallBatch(calls=calls)
+            for path, batch in (("/tool_calls/batch", ToolCallBatch(calls=calls) if calls else None),
+                                ("/model_calls/batch", ModelCallBatch(calls=model_calls) if model_calls else None)):
+                if batch is None:
+                    continue
                 try:
-                    await self._asend(http, "POST", self._path("/tool_calls/batch"), batch)
+                    await self._asend(http, "POST", self._path(path), batch)
                 except RolloutError as exc:
                     _log_refusal(exc)
             return RolloutState.model_validate(await self._asend(http, "POST", self._path("/complete"), completion))

@@ -26,7 +26,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-from .wire import CompletionReport, RewardReport, RolloutState, ToolCallReport, rollout_base_url
+from .wire import CompletionReport, ModelCallReport, RewardReport, RolloutState, ToolCallReport, rollout_base_url
 
 MAX_RESULT_CHARS = 65536  # a tool result longer than this is cut (the store keeps what the model saw, bounded)
 
@@ -51,9 +51,15 @@ class AgentTask:
 
     @classmethod
     def from_instance(cls, instance: Mapping[str, Any], default_id: str) -> "AgentTask":
-        """A task from a rollout request's ``instance``: Task-shaped, or any raw dataset row."""
+        """A task from a rollout request's ``instance``: Task-shaped, or any raw dataset row.
+
+        Task-shaped: the Task's fields, plus (as ``HttpExecutor`` sends it) the
+        entries of ``data`` repeated at the top level, the dataset row's own keys.
+        """
         task_keys = {"id", "prompt", "messages", "ground_truth", "split", "data"}
-        if set(instance) <= task_keys and ("prompt" in instance or "messages" in instance):
+        data = instance.get("data")
+        row_keys = set(data) if isinstance(data, Mapping) else set()
+        if set(instance) - task_keys <= row_keys and ("prompt" in instance or "messages" in instance):
             messages = instance.get("messages")
             return cls(
                 id=str(instance.get("id") or default_id),
@@ -88,10 +94,13 @@ class RolloutContext:
     max_turns: int | None = None
     timeout_s: float | None = None
     http: Any = field(default=None, repr=False)
+    # the model ids whose calls are the policy's (None: every call is); see _selective for the rule
+    policy_models: frozenset[str] | None = None
     # per-rollout state; guarded by _lock because tools may run on threads
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _claimed: bool = field(default=False, init=False, repr=False)
     _tool_calls: list[ToolCallReport] = field(default_factory=list, init=False, repr=False)
+    _model_calls: list[ModelCallReport] = field(default_factory=list, init=False, repr=False)  # non-policy calls
     _open_tools: dict[Any, tuple[str, Any, str | None, float, float]] = field(
         default_factory=dict, init=False, repr=False
     )
@@ -107,6 +116,7 @@ class RolloutContext:
             raise ValueError(f"endpoint must be an http(s) URL, got {self.endpoint!r}")
         if not self.token:
             raise ValueError(f"rollout {self.rollout_id!r}: token must be a non-empty string")
+        self.policy_models = policy_model_ids(self.policy_models)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -125,6 +135,7 @@ class RolloutContext:
             max_turns=getattr(spec, "max_turns", None),
             timeout_s=getattr(spec, "timeout_s", None),
             http=http,
+            policy_models=getattr(spec, "policy_models", None),
         )
 
     @property
@@ -238,6 +249,18 @@ class RolloutContext:
             calls, self._tool_calls = self._tool_calls, []
         return calls
 
+    # ------------------------------------------------------------------ non-policy model calls
+    def record_model_call(self, report: ModelCallReport) -> None:
+        """Buffer one model call that passed through to its own endpoint; sent when the rollout closes."""
+        with self._lock:
+            self._model_calls.append(report)
+
+    def take_model_calls(self) -> list[ModelCallReport]:
+        """The buffered non-policy model calls, removed from the buffer."""
+        with self._lock:
+            calls, self._model_calls = self._model_calls, []
+        return calls
+
     # ------------------------------------------------------------------ reports
     def client(self) -> "Any":
         from ._client import CoordinatorClient
@@ -254,13 +277,14 @@ class RolloutContext:
 
     def complete(self, status: str = "completed", error: str | None = None) -> RolloutState:
         """Send the buffered tool calls, then end the rollout; returns the coordinator's record."""
-        self.outcome = self.client().close(self.take_tool_calls(), CompletionReport(status=status, error=error))
+        self.outcome = self.client().close(self.take_tool_calls(), CompletionReport(status=status, error=error),
+                                           self.take_model_calls())
         return self.outcome
 
     async def acomplete(self, status: str = "completed", error: str | None = None) -> RolloutState:
         """:meth:`complete` without blocking the event loop."""
         report = CompletionReport(status=status, error=error)
-        self.outcome = await self.client().aclose(self.take_tool_calls(), report)
+        self.outcome = await self.client().aclose(self.take_tool_calls(), report, self.take_model_calls())
         return self.outcome
 
     def state(self) -> RolloutState:
@@ -296,6 +320,18 @@ def activate(ctx: RolloutContext) -> Any:
 
 def deactivate(token: Any) -> None:
     _CURRENT.reset(token)
+
+
+def policy_model_ids(value: Any) -> frozenset[str] | None:
+    """``policy_models`` as a set of model ids (None stays None: every call is the policy's); bad values raise."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    ids = frozenset(value)
+    if not ids or not all(isinstance(m, str) and m for m in ids):
+        raise ValueError(f"policy_models must be a non-empty list of model ids (strings), got {value!r}")
+    return ids
 
 
 def sampling_fields(sampling: Any) -> dict[str, Any]:
@@ -358,6 +394,7 @@ __all__ = [
     "current_rollout",
     "deactivate",
     "jsonable",
+    "policy_model_ids",
     "reward_report",
     "rollout_scope",
     "sampling_fields",

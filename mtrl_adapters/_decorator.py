@@ -22,9 +22,12 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
+from ._anthropic import instrument_anthropic
+from ._bedrock import instrument_bedrock
 from ._client import RolloutError, describe_error
-from ._context import RolloutContext, activate, current_rollout, deactivate
+from ._context import RolloutContext, activate, current_rollout, deactivate, policy_model_ids
 from ._openai import instrument_openai
+from ._selective import instrument_selective
 
 log = logging.getLogger("mtrl_adapters")
 
@@ -35,7 +38,9 @@ class RolloutTimeout(TimeoutError):
     """The agent ran past the rollout's ``timeout_s``; the rollout ended as timed out."""
 
 
-def rollout(fn: F | None = None, /, *, context: Any = None, timeout_s: float | None = None) -> Any:
+def rollout(
+    fn: F | None = None, /, *, context: Any = None, timeout_s: float | None = None, policy_models: Any = None,
+) -> Any:
     """Make an agent entrypoint trainable; use as ``@rollout``, ``@rollout(...)`` or ``with rollout():``.
 
     ``context`` names the rollout explicitly (a ``RolloutSpec`` or
@@ -43,8 +48,12 @@ def rollout(fn: F | None = None, /, *, context: Any = None, timeout_s: float | N
     current by ``rollout_scope``. ``timeout_s`` overrides the rollout's own
     timeout (async functions are cancelled at the deadline; sync functions
     cannot be interrupted and are marked timed out when they return late).
+    ``policy_models`` (a model id or a list of them) names the models whose
+    calls are the policy's; given here it replaces the run's setting, and
+    every other model's calls pass through to their own endpoints, recorded
+    but never trained on (``mtrl_adapters._selective`` states the rule).
     """
-    runner = _Rollout(context, timeout_s)
+    runner = _Rollout(context, timeout_s, policy_model_ids(policy_models))
     if fn is None:
         return runner
     if not callable(fn):
@@ -53,8 +62,11 @@ def rollout(fn: F | None = None, /, *, context: Any = None, timeout_s: float | N
 
 
 def instrument() -> None:
-    """Install the model-call redirect and, when LangChain is loaded, the tool-call callbacks."""
+    """Install the model-call redirects (openai, anthropic, botocore) and, when LangChain is loaded, the tool-call callbacks."""
     instrument_openai()
+    instrument_anthropic()
+    instrument_bedrock()
+    instrument_selective()
     if "langchain_core" in sys.modules:
         from .langgraph import instrument_langchain
 
@@ -122,11 +134,12 @@ def _refused(err: RolloutError, exc: BaseException | None) -> None:
 class _Rollout:
     """The object ``rollout(...)`` returns: a decorator and a (sync or async) context manager."""
 
-    def __init__(self, context: Any, timeout_s: float | None) -> None:
+    def __init__(self, context: Any, timeout_s: float | None, policy_models: frozenset[str] | None = None) -> None:
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
         self._context = context
         self._timeout_s = timeout_s
+        self._policy_models = policy_models
         # what each `with` entered, per task/thread: one object may serve concurrent `with` blocks
         self._entered: ContextVar[tuple[tuple[_Opened | None, Token], ...]] = ContextVar("mtrl_rollout_with", default=())
 
@@ -135,6 +148,8 @@ class _Rollout:
         if ctx is None:
             return None
         owned = ctx.claim(loop)
+        if owned and self._policy_models is not None:
+            ctx.policy_models = self._policy_models
         reset = activate(ctx) if current_rollout() is not ctx else None
         if owned:
             instrument()

@@ -11,7 +11,7 @@ request is built:
 * ``Authorization`` becomes the rollout's token and ``x-mtrl-rollout-id`` is
   added; Azure's ``api-key`` header is removed, so the user's real key never
   leaves the process;
-* a chat completion's sampling fields take the rollout's values.
+* a chat completion's (or a Responses call's) sampling fields take the rollout's values.
 
 Outside a rollout context the wrapper calls the original unchanged. It is
 installed only when called (the ``rollout`` decorator calls it), never at
@@ -29,7 +29,8 @@ from .wire import HEADER_ROLLOUT_ID
 
 _INSTALL_LOCK = threading.Lock()
 _MARK = "__mtrl_rollout_redirect__"
-_SAMPLED_PATHS = ("chat/completions", "completions")  # the routes the coordinator samples on
+_SAMPLED_PATHS = ("chat/completions", "completions", "responses")  # the routes the coordinator samples on
+_MAX_TOKENS_FIELDS = {"responses": "max_output_tokens"}  # the route's name for max_tokens, where it differs
 
 
 def instrument_openai() -> bool:
@@ -71,7 +72,7 @@ def redirect_options(client: Any, options: Any, ctx: RolloutContext) -> None:
     headers["api-key"] = Omit()
     options.headers = headers
     if ctx.sampling and isinstance(options.json_data, dict) and path.startswith(_SAMPLED_PATHS):
-        options.json_data = _with_sampling(options.json_data, ctx.sampling)
+        options.json_data = _with_sampling(options.json_data, ctx.sampling, _MAX_TOKENS_FIELDS.get(path))
 
 
 def _relative_path(client: Any, url: str) -> str:
@@ -91,11 +92,13 @@ def _relative_path(client: Any, url: str) -> str:
     )
 
 
-def _with_sampling(body: dict[str, Any], sampling: Any) -> dict[str, Any]:
+def _with_sampling(body: dict[str, Any], sampling: Any, max_tokens_field: str | None = None) -> dict[str, Any]:
     body = dict(body)
     for key, value in sampling.items():
         if key == "max_tokens":
-            if "max_completion_tokens" in body:
+            if max_tokens_field is not None:
+                body[max_tokens_field] = value
+            elif "max_completion_tokens" in body:
                 body["max_completion_tokens"] = value
             else:
                 body["max_tokens"] = value

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from ._client import describe_error, ssl_context
 from ._context import AgentTask, RolloutContext, jsonable, rollout_scope, sampling_fields
 from ._decorator import is_decorated, rollout
-from .wire import RolloutServerRequest
+from .wire import RolloutServerRequest, split_trajectory_id
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -42,7 +42,8 @@ def context_from_request(body: Mapping[str, Any] | RolloutServerRequest, *, http
     except ValidationError as exc:
         raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
     meta = request.metadata
-    rollout_id = meta.get("trajectory_id") or meta.get("trajectoryId") or meta.get("rollout_id")
+    trajectory = meta.get("trajectory_id") or meta.get("trajectoryId")
+    rollout_id = split_trajectory_id(str(trajectory))[0] if trajectory else meta.get("rollout_id")
     for name, value in (("metadata.trajectory_id", rollout_id), ("metadata.endpoint", meta.get("endpoint"))):
         if not value:
             raise ValueError(f"{name}: required, got {value!r}")
@@ -63,6 +64,7 @@ def context_from_request(body: Mapping[str, Any] | RolloutServerRequest, *, http
         max_turns=meta.get("max_turns"),
         timeout_s=meta.get("timeout_s"),
         http=http,
+        policy_models=meta.get("policy_models"),  # HttpExecutor sends the run's setting; absent: every call
     )
 
 

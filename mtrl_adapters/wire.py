@@ -7,6 +7,8 @@ HTTP boundary between an agent and the coordinator is defined once, here.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 from typing import Any, Literal
 
@@ -26,6 +28,36 @@ ROLLOUT_PREFIX = "/rollouts/{rollout_id}"
 def rollout_base_url(endpoint: str, rollout_id: str) -> str:
     """The OpenAI ``base_url`` that attributes every call of a client to one rollout."""
     return f"{endpoint.rstrip('/')}/rollouts/{rollout_id}/v1"
+
+
+# A SageMaker trajectory id as mtrl hands it to agents: ``<rollout_id>.<mac>``. The MAC
+# binds a SageMaker SigV4 token (which stands for the run) to one rollout; see trajectory_id.
+TRAJECTORY_MAC_SEPARATOR = "."
+TRAJECTORY_MAC_HEX = 32
+
+
+def trajectory_mac(rollout_id: str, token_hash: str) -> str:
+    """The MAC of ``rollout_id`` under its token's sha256 hex digest (what the coordinator stores)."""
+    digest = hmac.new(token_hash.encode(), b"mtrl-trajectory:" + rollout_id.encode(), hashlib.sha256)
+    return digest.hexdigest()[:TRAJECTORY_MAC_HEX]
+
+
+def trajectory_id(rollout_id: str, token: str) -> str:
+    """The trajectory id a SageMaker-shaped agent gets for a rollout: ``<rollout_id>.<mac>``.
+
+    The MAC is keyed by the rollout's token (through its sha256, which the
+    coordinator keeps), so only whoever was handed the rollout (its executor,
+    then its agent) can name it this way; the id itself grants nothing
+    without a credential (the rollout's token, or a verified SigV4 token).
+    """
+    token_hash = hashlib.sha256(token.encode("utf-8")).hexdigest()
+    return f"{rollout_id}{TRAJECTORY_MAC_SEPARATOR}{trajectory_mac(rollout_id, token_hash)}"
+
+
+def split_trajectory_id(value: str) -> tuple[str, str | None]:
+    """``(rollout_id, mac)`` of a trajectory id; ``mac`` is None for a bare rollout id."""
+    rollout_id, sep, mac = value.partition(TRAJECTORY_MAC_SEPARATOR)
+    return (rollout_id, mac) if sep else (value, None)
 
 
 class _Strict(BaseModel):
@@ -105,6 +137,35 @@ class ToolCallBatch(_Strict):
     calls: list[ToolCallReport] = Field(max_length=10000)
 
 
+class ModelCallReport(_Strict):
+    """A model call that was not the policy's: it went to its own endpoint (see ``mtrl_adapters._selective``).
+
+    Recorded so the trace stays whole; never trained on. Tokens are None where the response did not say them.
+    Assignment is not validated: a stream's record is completed in place as the stream is read.
+    """
+
+    protocol: str = Field(min_length=1, max_length=64)  # openai | anthropic | bedrock
+    model: str | None = Field(default=None, max_length=512)
+    latency_s: float = Field(default=0.0, ge=0.0)
+    started_at: float = 0.0
+    input_tokens: int | None = Field(default=None, ge=0)
+    output_tokens: int | None = Field(default=None, ge=0)
+    stream: bool = False
+    status: Literal["success", "error"] = "success"
+    error: str | None = Field(default=None, max_length=65536)
+
+    @field_validator("latency_s", "started_at")
+    @classmethod
+    def _check_finite(cls, v: float, info: Any) -> float:
+        return _finite(info.field_name, v)
+
+
+class ModelCallBatch(_Strict):
+    """A rollout's non-policy model calls (``POST /rollouts/{id}/model_calls/batch``, sent at its end)."""
+
+    calls: list[ModelCallReport] = Field(max_length=10000)
+
+
 class CompletionReport(_Strict):
     """The agent finished (or failed); the coordinator closes the rollout."""
 
@@ -124,12 +185,17 @@ class CreateRolloutRequest(_Strict):
 
 
 class CreatedRollout(BaseModel):
-    """The new rollout's id, its secret token, and the OpenAI base URL that attributes calls to it."""
+    """The new rollout's id, its secret token, and the OpenAI base URL that attributes calls to it.
+
+    ``trajectory_id`` is what to hand an agent written for SageMaker's adapters
+    (``metadata.trajectory_id``): the rollout id with its MAC (see ``trajectory_id``).
+    """
 
     rollout_id: str
     token: str
     group_id: str
     base_url: str
+    trajectory_id: str | None = None
 
 
 class RolloutState(BaseModel):
@@ -150,9 +216,10 @@ class RolloutState(BaseModel):
 class RolloutServerRequest(BaseModel):
     """``POST /rollout`` on an agent server, in SageMaker AI MTRL's rollout-server shape.
 
-    ``metadata`` carries ``job_arn``, ``trajectory_id``, ``endpoint`` and
-    ``region`` as SageMaker sends them; mtrl adds ``rollout_token``,
-    ``group_id``, ``max_turns`` and ``timeout_s``.
+    ``metadata`` carries ``job_arn``, ``trajectory_id`` (``<rollout_id>.<mac>``,
+    see ``trajectory_id``), ``endpoint`` and ``region`` as SageMaker sends
+    them; mtrl adds ``rollout_id``, ``rollout_token``, ``group_id``,
+    ``max_turns`` and ``timeout_s``. ``instance`` is the dataset row.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -191,9 +258,13 @@ __all__ = [
     "HEADER_TURN_HINT",
     "METRIC_LIMIT",
     "ROLLOUT_PREFIX",
+    "TRAJECTORY_MAC_HEX",
+    "TRAJECTORY_MAC_SEPARATOR",
     "CompletionReport",
     "CreateRolloutRequest",
     "CreatedRollout",
+    "ModelCallBatch",
+    "ModelCallReport",
     "RewardReport",
     "RolloutServerRequest",
     "RolloutState",
@@ -202,4 +273,7 @@ __all__ = [
     "ToolCallBatch",
     "ToolCallReport",
     "rollout_base_url",
+    "split_trajectory_id",
+    "trajectory_id",
+    "trajectory_mac",
 ]

@@ -10,7 +10,7 @@ the value.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -128,6 +128,8 @@ class ServerConfig(_Section):
     # the AWS credentials SageMaker-compat SigV4 bearer tokens must be signed with (unset: SigV4 tokens refused)
     sagemaker_access_key_id: str | None = None
     sagemaker_secret: str | None = None
+    # accept verified SigV4 tokens from non-loopback agents and on a non-loopback bind (default: loopback only)
+    sagemaker_compat_remote: bool = False
     training_mode: bool = False  # set by the trainer's RolloutStack: POST /v1/rollouts is refused (403) ...
     allow_external_rollouts: bool = False  # ... unless this is set (rollouts then also need api_key when one is set)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
@@ -135,6 +137,7 @@ class ServerConfig(_Section):
     max_tools: int = Field(default=128, ge=0)
     max_string_chars: int = Field(default=1_000_000, ge=1)
     body_timeout_s: float = Field(default=30.0, gt=0.0)  # a request body not fully read by then: 408
+    header_timeout_s: float = Field(default=10.0, gt=0.0)  # a connection's request line + headers not in by then: closed
     max_pending_bodies: int = Field(default=512, ge=1)  # requests still sending their body at once; more: 503
     rollout_ttl_s: float | None = Field(default=None, gt=0.0)  # mtrl serve: a rollout idle this long is abandoned
 
@@ -155,6 +158,11 @@ class AdvancedConfig(_Section):
     loss_aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
     micro_batch_tokens: int = Field(default=4096, ge=16)
     precision: Literal["auto", "bf16", "fp32"] = "auto"
+    # memory of the update step (training/_update.py, _fit.py, _chunked.py; measured in docs/performance.md)
+    logprob_chunk_tokens: int = Field(default=512, ge=0)  # positions per LM-head chunk; 0: full logits at once
+    gradient_checkpointing: Literal["auto", "on", "off"] = "auto"  # auto: on where memory limits the micro-batch
+    fit_micro_batches: bool = True  # micro-batches shrink below micro_batch_tokens when free memory is short
+    frozen_base_dtype: Literal["model", "fp32"] = "model"  # LoRA's frozen base: the model's dtype where it computes in it
     full_finetune: bool = False
     lora_target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -166,6 +174,9 @@ class AdvancedConfig(_Section):
     rollout_timeout_s: float = Field(default=600.0, gt=0.0)
     max_concurrency: int = Field(default=64, ge=1)
     default_reward: float = 0.0  # given to a rollout that never reports, and flagged
+    # the model ids whose calls inside a rollout are the policy's; other models' calls pass through to their own
+    # endpoints, recorded but never trained on (docs/protocols.md, "Selective capture"). None: every call is captured
+    policy_models: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1)
     # rewards (scalar and per turn) outside [low, high] are refused with a 400; bounds within +-REWARD_LIMIT
     reward_range: tuple[float, float] = (-1.0, 1.0)
     checkpoint_every: int = Field(default=5, ge=0)
@@ -207,6 +218,32 @@ class MtrlConfig(_Section):
 
     core: CoreConfig = Field(default_factory=CoreConfig)
     advanced: AdvancedConfig = Field(default_factory=AdvancedConfig)
+
+    @model_validator(mode="after")
+    def _vllm_rules(self) -> "MtrlConfig":
+        """Full fine-tuning cannot reach a vLLM server; its ``keep_versions`` follows the staleness bound."""
+        if self.core.engine != "vllm":
+            return self
+        advanced = self.advanced
+        if advanced.full_finetune:
+            raise ValueError(
+                "advanced.full_finetune: true with core.engine: 'vllm' is not supported: mtrl pushes each new "
+                "policy version to a vLLM server as a LoRA adapter (/v1/load_lora_adapter); vLLM's OpenAI server "
+                "has no endpoint that replaces the base weights of a running server, so full weights could only "
+                "reach it by a restart per step. Use LoRA (full_finetune: false) with vllm, or engine: hf"
+            )
+        bound = advanced.async_config.max_steps_off_policy if advanced.async_config.enabled else 0
+        needed = bound + 1  # the current version and the `bound` older ones a rollout in flight may still use
+        explicit = advanced.engine_options.get("keep_versions")
+        if explicit is None:
+            advanced.engine_options = {**advanced.engine_options, "keep_versions": max(2, needed)}
+        elif not isinstance(explicit, int) or explicit < needed:
+            raise ValueError(
+                f"advanced.engine_options.keep_versions: {explicit!r} is below what "
+                f"advanced.async_config.max_steps_off_policy {bound} needs ({needed}: the current adapter and "
+                f"{bound} older ones rollouts in flight may still use); set it to {needed} or more, or leave it out"
+            )
+        return self
 
     @classmethod
     def coerce(cls, config: "MtrlConfig | Mapping[str, Any] | str | Path | None") -> "MtrlConfig":

@@ -4,7 +4,8 @@
 per-step metric dicts, under the names the training loop logs them
 (``rollout/reward/mean``, ``val/reward/mean``, ``analysis/zero_adv_frac``,
 ``rollout/truncated_frac``, ``failures/permanent_rate``,
-``val/reward/base_success``, ``train/nonfinite_skipped``), and the run's configuration knobs
+``val/reward/base_success``, ``train/nonfinite_skipped``,
+``rollout/template_drift_frac``), and the run's configuration knobs
 (``knobs_from_config``). A rule is a small function returning a ``Diagnosis``
 or None; adding one is a function and a ``@RULES.register`` line.
 
@@ -36,6 +37,7 @@ STALL_MIN_GAIN = 0.02  # a smaller improvement of the best windowed reward is no
 SATURATION = 0.95  # a reward above 95% of reward_max is done, not stalled
 TRUNCATED_MAX = 0.05  # more than 5% of responses at the token cap: truncation shapes the reward
 FAILED_MAX = 0.01  # more than 1% permanent failures is a bug, not flakiness
+DRIFT_MAX = 0.01  # over 1% of trained tokens unlike the deployment rendering: training teaches another context
 
 REWARD = "rollout/reward/mean"
 VAL_REWARD = "val/reward/mean"
@@ -43,6 +45,7 @@ ZERO_ADV = "analysis/zero_adv_frac"  # share of the step's groups whose advantag
 TRUNCATED = "rollout/truncated_frac"
 FAILED = "failures/permanent_rate"  # failures left after the group policy, per rollout slot
 BASE_SUCCESS = "val/reward/base_success"
+TEMPLATE_DRIFT = "rollout/template_drift_frac"  # trained tokens unlike what deployment renders, over trained tokens
 NONFINITE_SKIPPED = "train/nonfinite_skipped"  # 1.0 on a step whose update was skipped for a NaN or infinity
 
 
@@ -122,6 +125,7 @@ def knobs_from_config(config: Any) -> dict[str, Any]:
         "max_turns": core.max_turns,
         "max_steps_off_policy": adv.async_config.max_steps_off_policy if adv.async_config.enabled else 0,
         "reward_max": core.success_threshold if core.success_threshold > 0 else 1.0,
+        "history_training": adv.history_training,
     }
 
 
@@ -252,6 +256,24 @@ def token_cap(h: History, knobs: Mapping[str, Any]) -> Diagnosis | None:
     )
 
 
+@RULES.register("template_drift")
+def template_drift(h: History, knobs: Mapping[str, Any]) -> Diagnosis | None:
+    fractions = h.values(TEMPLATE_DRIFT)[-WINDOW:]
+    if not fractions or _mean(fractions) <= DRIFT_MAX:
+        return None
+    fix = ("set advanced.history_training: deployed (each turn trained in the context deployment renders)"
+           if knobs.get("history_training", "extend") == "extend" else
+           "run `mtrl check template` on the run's store to see the first difference")
+    return Diagnosis(
+        "template_drift", Severity.WARNING,
+        f"{_mean(fractions):.1%} of trained tokens differ from what the deployment template renders (over "
+        f"{DRIFT_MAX:.0%}): the template rewrites history (drops earlier reasoning, adds call ids), so the policy "
+        "is trained in contexts it will not see when deployed",
+        fix,
+        {"template_drift_frac": _mean(fractions)},
+    )
+
+
 @RULES.register("rollout_failures")
 def rollout_failures(h: History, knobs: Mapping[str, Any]) -> Diagnosis | None:
     fractions = h.values(FAILED)[-WINDOW:]
@@ -331,6 +353,7 @@ __all__ = [
     "BASE_SUCCESS",
     "COLLAPSE_PEAK_MIN",
     "COLLAPSE_RATIO",
+    "DRIFT_MAX",
     "FAILED",
     "FAILED_MAX",
     "FLAT_TOL",
@@ -341,6 +364,7 @@ __all__ = [
     "SATURATION",
     "STALL_MIN_GAIN",
     "STALL_WINDOW",
+    "TEMPLATE_DRIFT",
     "TRAIN_RISE_MIN",
     "TRUNCATED",
     "TRUNCATED_MAX",

@@ -3,9 +3,12 @@
 A source is a run folder (its final ``adapter/``, else its latest checkpoint
 ``checkpoints/step-<N>/policy``), one checkpoint folder, or an adapter
 folder. Both exports carry the tokenizer with the chat template mtrl
-rendered during training (the tokenizer's own when it renders tools, else
-mtrl's tool-capable ChatML), so a server given only the exported folder
-renders prompts and tool calls as the trained policy saw them:
+rendered during training, so a server given only the exported folder
+renders prompts and tool calls as the trained policy saw them: the template
+the run's trajectory store recorded (the endpoint records its chat format
+and template there), else the one the chat format renders with (given as
+``chat_format``, else detected from the tokenizer): the tokenizer's own
+when it renders tools, else the format's template:
 
 - ``export_adapter``: ``adapter_config.json`` + ``adapter_model.safetensors``
   with ``base_model_name_or_path`` set to the resolved base model folder;
@@ -16,7 +19,7 @@ renders prompts and tool calls as the trained policy saw them:
   ``vllm serve FOLDER`` load like any other model.
 
 Each export also writes ``mtrl_export.json`` (form, source, base model,
-checkpoint step). The output is built in a temporary sibling folder and
+checkpoint step, chat format and vLLM's tool-call parser for it). The output is built in a temporary sibling folder and
 renamed into place, so it is complete or absent.
 """
 
@@ -165,7 +168,7 @@ def resolve_base_model(weights: TrainedWeights, base_model: str | Path | None = 
 
 
 def export_adapter(source: str | Path, out_dir: str | Path, *, base_model: str | Path | None = None,
-                   step: int | None = None, overwrite: bool = False) -> Path:
+                   step: int | None = None, overwrite: bool = False, chat_format: str | None = None) -> Path:
     """Write ``source``'s LoRA adapter as a standard peft adapter folder at ``out_dir`` (see the module doc)."""
     weights = find_trained_weights(source, step)
     if weights.kind != "lora":
@@ -178,14 +181,15 @@ def export_adapter(source: str | Path, out_dir: str | Path, *, base_model: str |
         shutil.copyfile(weights.folder / ADAPTER_WEIGHTS, tmp / ADAPTER_WEIGHTS)
         config["base_model_name_or_path"] = str(base)
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        save_tokenizer(base, tmp)
-        _write_info(tmp, "adapter", weights, base)
+        _, fmt = save_tokenizer(base, tmp, trained_template(weights.folder, chat_format))
+        _write_info(tmp, "adapter", weights, base, chat_format=fmt.name, vllm_tool_parser=fmt.vllm_tool_parser)
         _make_readable(tmp)
     return out
 
 
 def export_merged(base_model: str | Path | None, adapter: str | Path, out_dir: str | Path, *,
-                  dtype: str = "auto", step: int | None = None, overwrite: bool = False) -> Path:
+                  dtype: str = "auto", step: int | None = None, overwrite: bool = False,
+                  chat_format: str | None = None) -> Path:
     """Merge ``adapter``'s LoRA into the base model and save a standalone model folder at ``out_dir``.
 
     ``base_model`` (a folder, alias or cached hub id) defaults to the adapter's
@@ -201,12 +205,14 @@ def export_merged(base_model: str | Path | None, adapter: str | Path, out_dir: s
     if not _has_tokenizer(tokenizer_source):
         raise ExportError(f"base_model: {str(tokenizer_source)!r} has no tokenizer; pass the base model folder "
                           "(--base-model)")
+    recorded = trained_template(weights.folder, chat_format)
     torch_dtype = _torch_dtype(dtype, base)
     model = _merged_model(weights, base, torch_dtype)
     with atomic_folder(out) as tmp:
         model.save_pretrained(tmp)  # safetensors
-        save_tokenizer(tokenizer_source, tmp)
-        _write_info(tmp, "merged", weights, base, dtype=str(torch_dtype).removeprefix("torch."))
+        _, fmt = save_tokenizer(tokenizer_source, tmp, recorded)
+        _write_info(tmp, "merged", weights, base, dtype=str(torch_dtype).removeprefix("torch."), chat_format=fmt.name,
+                    vllm_tool_parser=fmt.vllm_tool_parser)
         _make_readable(tmp)
     return out
 
@@ -253,16 +259,66 @@ def _has_tokenizer(folder: Path) -> bool:
     return (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file()
 
 
-def save_tokenizer(source: Path, out: Path) -> Any:
-    """Save ``source``'s tokenizer into ``out`` with the chat template mtrl renders with as its chat_template."""
+@dataclass(frozen=True)
+class TrainedTemplate:
+    """The chat format (name) a policy was trained with and, when the run recorded it, the template text."""
+
+    chat_format: str | None
+    template: str | None = None
+    where: str = ""  # the store that recorded it ("" when nothing was recorded)
+
+
+def trained_template(weights_folder: Path, chat_format: str | None = None) -> TrainedTemplate:
+    """What the run whose weights these are rendered with, from its trajectory store; else ``chat_format`` alone.
+
+    The store is looked for in the weights' folder and the folders above it
+    (a run's ``adapter/`` and ``checkpoints/step-N/policy/weights`` both sit
+    under it). A ``chat_format`` other than the recorded one is an error:
+    the export would render unlike the training.
+    """
+    from .chat import CHAT_TEMPLATE_META
+    from .store import SQLiteStore
+
+    folder = weights_folder.resolve()
+    for parent in [folder, *folder.parents][:5]:
+        db = parent / "trajectories.db"
+        if not db.is_file():
+            continue
+        with SQLiteStore(db) as store:
+            recorded = store.get_meta(CHAT_TEMPLATE_META)
+        if not isinstance(recorded, dict):
+            break  # a run from before formats were recorded: render as the format says
+        if chat_format is not None and chat_format != recorded.get("chat_format"):
+            raise ExportError(f"chat_format={chat_format!r}: the run at {str(parent)!r} was trained with "
+                              f"{recorded.get('chat_format')!r}; leave --chat-format out or name that one")
+        return TrainedTemplate(recorded.get("chat_format"), recorded.get("template"), str(db))
+    return TrainedTemplate(chat_format)
+
+
+def save_tokenizer(source: Path, out: Path, trained: TrainedTemplate | None = None) -> tuple[Any, Any]:
+    """Save ``source``'s tokenizer into ``out`` with the chat template the policy was trained with.
+
+    Returns the tokenizer and its chat format. The template is the one the
+    run recorded, else the one the format (``trained.chat_format``, else
+    detected from the tokenizer) renders with, as the endpoint does.
+    """
     from transformers import AutoTokenizer
 
     from .chat import ChatRenderer
+    from .chat.formats import resolve_format
 
+    trained = trained or TrainedTemplate(None)
     tokenizer = AutoTokenizer.from_pretrained(source)
-    tokenizer.chat_template = ChatRenderer(tokenizer).template
+    try:
+        fmt = resolve_format(tokenizer, trained.chat_format, str(source))
+    except (KeyError, ValueError) as exc:
+        raise ExportError(f"chat_format: {exc.args[0] if exc.args else exc} (--chat-format)") from None
+    if trained.template is not None:
+        tokenizer.chat_template = trained.template
+    else:
+        tokenizer.chat_template = ChatRenderer(tokenizer, fallback=fmt.template, stop_tokens=fmt.stop_tokens).template
     tokenizer.save_pretrained(out)
-    return tokenizer
+    return tokenizer, fmt
 
 
 def _check_out_dir(out_dir: str | Path, source: Path, overwrite: bool) -> Path:
@@ -294,6 +350,7 @@ __all__ = [
     "EXPORT_INFO",
     "MERGE_DTYPES",
     "ExportError",
+    "TrainedTemplate",
     "TrainedWeights",
     "adapter_config",
     "export_adapter",
@@ -301,4 +358,5 @@ __all__ = [
     "find_trained_weights",
     "resolve_base_model",
     "save_tokenizer",
+    "trained_template",
 ]

@@ -5,7 +5,9 @@ trained with the family's special tokens, its bos/eos set as the family sets
 them, and the format's template (written by the project from the family's
 public documentation) as its own chat template. ``call_text`` and
 ``reasoning_text`` write what a model of the family generates, for the
-``scripted`` engine to emit.
+``scripted`` engine to emit. ``family_model(name, tokenizer)`` is a tiny
+randomly initialised model in the family's transformers architecture
+(Qwen3, Qwen3-MoE, Llama, Mistral, GPT-OSS, DeepSeek V3).
 """
 
 from __future__ import annotations
@@ -69,6 +71,52 @@ def family_tokenizer(name: str, vocab_size: int = 512) -> Any:
     return tokenizer
 
 
+# per format: the transformers architecture of the family's models (DeepSeek V3's own: MLA attention, routed experts)
+FAMILY_ARCHITECTURES: dict[str, str] = {
+    "hermes": "qwen3",
+    "qwen3_coder": "qwen3_moe",  # Qwen3-Coder-30B-A3B / 480B-A35B are Qwen3-MoE models
+    "llama3_json": "llama",
+    "mistral": "mistral",
+    "harmony": "gpt_oss",
+    "deepseek_v3": "deepseek_v3",
+}
+
+
+def family_model(name: str, tokenizer: Any, hidden_size: int = 64, layers: int = 2, seed: int = 0) -> Any:
+    """A tiny randomly initialised model in format ``name``'s family architecture, sized to ``tokenizer``.
+
+    Hidden ``hidden_size``, ``layers`` layers, 4 attention heads; the mixture
+    of experts families get 4 experts, 2 per token (DeepSeek V3: its first
+    layer dense, as the family's first layers are).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    arch = FAMILY_ARCHITECTURES[name]
+    common = dict(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    head = hidden_size // 4
+    extra: dict[str, dict[str, Any]] = {
+        "qwen3": dict(head_dim=head),
+        "qwen3_moe": dict(head_dim=head, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden_size,
+                          decoder_sparse_step=1),
+        "llama": {},
+        "mistral": dict(head_dim=head, sliding_window=None),
+        "gpt_oss": dict(head_dim=head, num_local_experts=4, num_experts_per_tok=2, sliding_window=16),
+        "deepseek_v3": dict(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                            moe_intermediate_size=hidden_size, first_k_dense_replace=1, kv_lora_rank=16,
+                            q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8),
+    }
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(arch, **{**common, **extra[arch]})
+    model = AutoModelForCausalLM.from_config(config)
+    model.eval()
+    return model
+
+
 def call_text(name: str, calls: list[tuple[str, Mapping[str, Any]]], content: str = "") -> str:
     """What a model of format ``name``'s family writes to make ``calls`` (name, arguments), after ``content``."""
     dumps = lambda value: json.dumps(value, ensure_ascii=False)  # noqa: E731
@@ -112,4 +160,4 @@ def answer_text(name: str, content: str, reasoning: str | None = None) -> str:
     return f"<think>\n{reasoning}\n</think>\n\n{content}"
 
 
-__all__ = ["FAMILY_TOKENS", "answer_text", "call_text", "family_tokenizer"]
+__all__ = ["FAMILY_ARCHITECTURES", "FAMILY_TOKENS", "answer_text", "call_text", "family_model", "family_tokenizer"]

@@ -9,7 +9,9 @@ tracking URI (``advanced.mlflow.tracking_uri``) is used as given.
 Each trajectory becomes one trace: a root span for the rollout (inputs: the
 task; outputs: reward and status), a child span per LLM call (the request's
 messages in, the completion text and tool calls out) and one per tool call
-(arguments in, result or error out), with the times the store recorded.
+(arguments in, result or error out), with the times the store recorded,
+and a span per non-policy model call (``non-policy <protocol> <model>``,
+attribute ``mtrl.policy`` false: its tokens, latency and error).
 Traces are tagged ``mtrl.rollout_id``, ``mtrl.group_id``, ``mtrl.step`` and
 ``mtrl.reward``. Token ids and logprobs never go to MLflow.
 
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .config import MtrlConfig
-from .types import Rollout, ToolCall, Turn
+from .types import ModelCall, Rollout, ToolCall, Turn
 
 log = logging.getLogger("mtrl.tracking")
 
@@ -178,6 +180,10 @@ class Tracker:
             status = "OK" if call.status == "success" and call.error is None else "ERROR"
             self._span(trace_id, root.span_id, f"tool {call.name}", "TOOL",
                        *_tool_io(call), call.started_at, call.latency_s, status)
+        for model_call in rollout.model_calls:  # a judge, a planner: passed through, not the policy's, never trained
+            self._span(trace_id, root.span_id, f"non-policy {model_call.protocol} {model_call.model}", "LLM",
+                       *_model_call_io(model_call), model_call.started_at, model_call.latency_s,
+                       "OK" if model_call.status == "success" else "ERROR")
         outputs = {"reward": rollout.total_reward, "turn_rewards": rollout.turn_rewards,
                    "status": rollout.status.value, "error": rollout.error, "metrics": dict(rollout.metrics)}
         self.client.end_trace(trace_id, outputs=outputs, status="OK" if rollout.status.value == "completed" else "ERROR",
@@ -264,6 +270,12 @@ def _tool_io(call: ToolCall) -> tuple[Any, Any, dict[str, Any]]:
     outputs = {"result": call.result} if call.error is None else {"error": call.error, "result": call.result}
     attributes = {"mtrl.call_id": call.call_id or "", "mtrl.turn_index": -1 if call.turn_index is None else call.turn_index}
     return {"name": call.name, "arguments": call.arguments}, outputs, attributes
+
+
+def _model_call_io(call: ModelCall) -> tuple[Any, Any, dict[str, Any]]:
+    outputs = {"input_tokens": call.input_tokens, "output_tokens": call.output_tokens, "error": call.error}
+    attributes = {"mtrl.policy": False, "mtrl.protocol": call.protocol, "mtrl.stream": call.stream}
+    return {"model": call.model}, outputs, attributes
 
 
 def _tool_name(tool: Mapping[str, Any]) -> str:

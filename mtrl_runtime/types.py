@@ -29,7 +29,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Literal, Mapping, Protocol, Sequence, TypeVar, Union, runtime_checkable
+from typing import (
+    Any, AsyncIterator, Awaitable, Callable, Literal, Mapping, Protocol, Sequence, TypeVar, Union, runtime_checkable,
+)
 
 JSON = Any  # a value that round-trips through json.dumps / json.loads
 R = TypeVar("R")  # what a function handed to an engine returns
@@ -113,6 +115,9 @@ class GenerationRequest:
     ``adapter`` names the policy version whose weights must produce the
     tokens (None: the engine's current one). ``rollout_id`` and
     ``turn_index`` are for engines that need them (the scripted double, routing).
+    ``stop_token_ids`` end the completion besides the engine's own eos: the
+    chat format's stop tokens (gpt-oss ``<|call|>`` / ``<|return|>``, Llama
+    ``<|eom_id|>``, ...); the stop id is the completion's last id, finish "stop".
     """
 
     prompt_ids: tuple[int, ...]
@@ -120,6 +125,7 @@ class GenerationRequest:
     adapter: int | None = None
     rollout_id: str | None = None
     turn_index: int = 0
+    stop_token_ids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,18 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class TokenDelta:
+    """Token-out as it is decoded: the ids sampled since the previous delta and their behaviour logprobs.
+
+    A ``StreamingEngine`` yields these while it generates; concatenated, they
+    are the final ``Generation``'s ``completion_ids`` and ``logprobs``.
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class ToolCall:
     """One tool invocation by the agent, as its adapter observed it."""
 
@@ -152,6 +170,22 @@ class ToolCall:
     latency_s: float = 0.0
     turn_index: int | None = None
     started_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """A model call that was not the policy's (a judge, a planner): passed through, recorded, never trained on."""
+
+    rollout_id: str
+    protocol: str  # openai | anthropic | bedrock
+    model: str | None = None
+    latency_s: float = 0.0
+    started_at: float = 0.0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    stream: bool = False
+    status: str = "success"  # "success" | "error"
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -179,6 +213,10 @@ class Turn:
     malformed_tool_call: bool = False
     started_at: float = 0.0
     latency_s: float = 0.0
+    # the reply's reasoning as its format parsed it (``reasoning_content``; None: none, or a schema-1 store's turn)
+    # and its length in tokens as the tokenizer splits that text (counted in the training and evaluation metrics)
+    reasoning: str | None = None
+    reasoning_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -196,6 +234,7 @@ class Rollout:
     status: RolloutStatus = RolloutStatus.RUNNING
     turns: tuple[Turn, ...] = ()
     tool_calls: tuple[ToolCall, ...] = ()
+    model_calls: tuple[ModelCall, ...] = ()  # non-policy calls (ModelCall): the trace only, never samples
     reward: float | None = None
     turn_rewards: tuple[float, ...] | None = None
     reward_defaulted: bool = False
@@ -258,6 +297,7 @@ class RolloutSpec:
     sampling: SamplingParams
     max_turns: int
     timeout_s: float
+    policy_models: tuple[str, ...] | None = None  # advanced.policy_models; None: every model call is the policy's
 
 
 @dataclass(frozen=True)
@@ -385,10 +425,35 @@ class SharedModelEngine(PolicyEngine, Protocol):
 
 
 @runtime_checkable
+class StreamingEngine(PolicyEngine, Protocol):
+    """An engine that hands out tokens as it decodes them (``hf``, ``scripted``; ``vllm`` answers whole).
+
+    ``generate_stream`` yields ``TokenDelta``s as tokens are sampled and, last,
+    the complete ``Generation`` (equal to what ``generate`` returns for the
+    same request: same ids, logprobs and finish reason). Closing the iterator
+    early (``aclose``, or cancelling its consumer) stops the generation.
+    Engines without it answer a streamed call in one burst.
+    """
+
+    def generate_stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta | Generation]: ...
+
+
+@runtime_checkable
 class NamesServedModel(Protocol):
     """An engine that serves something other than ``core.model`` (the scripted double) and says what, for /health."""
 
     served_model: str
+
+
+@runtime_checkable
+class MeasuresTemplateDrift(Protocol):
+    """A coordinator that can re-render recorded rollouts as deployment would (the endpoint's own ``Coordinator``).
+
+    ``template_drift`` is the fraction of the rollouts' trained tokens that
+    differ from that rendering (``mtrl check template``'s figure).
+    """
+
+    def template_drift(self, rollouts: Sequence[Rollout]) -> float: ...
 
 
 @runtime_checkable
@@ -459,6 +524,9 @@ class TrajectoryStore(Protocol):
 
     async def aadd_tool_call(self, call: ToolCall) -> int:
         """A tool call of a rollout not yet trained; returns its sequence number in the rollout."""
+
+    async def aadd_model_call(self, call: ModelCall) -> int:
+        """A non-policy model call of a rollout not yet trained; returns its sequence number in the rollout."""
 
     async def aset_reward(
         self,
@@ -544,6 +612,7 @@ __all__ = [
     "Generation",
     "GenerationRequest",
     "Group",
+    "ModelCall",
     "NamesServedModel",
     "PolicyEngine",
     "RewardReported",
@@ -559,7 +628,9 @@ __all__ = [
     "Sample",
     "SamplingParams",
     "SharedModelEngine",
+    "StreamingEngine",
     "Task",
+    "TokenDelta",
     "ToolCall",
     "TrajectoryStore",
     "Turn",

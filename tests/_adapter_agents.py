@@ -4,10 +4,13 @@
   prints ``URL <url> LIGHT <bool>`` (LIGHT: torch and the coordinator were not imported).
 - ``agentcore PORT``: the same agent as a ``BedrockAgentCoreApp`` entrypoint wrapped with
   ``mtrl_integrations.agentcore.trainable``, served by ``app.run()`` on 127.0.0.1.
+- ``agentcore-stream PORT``: the same agent as a streaming (async generator) entrypoint.
 - ``sagemaker PORT``: a Strands agent written for SageMaker AI MTRL's adapters
   (``sagemaker_rft_handler``, ``wrap_model``, ``RolloutFeedbackClient``), no mtrl code,
   served by ``app.run()`` on 127.0.0.1; needs AWS credentials (dummy ones do: the
   SigV4 token is computed locally).
+- ``sagemaker-shared PORT ENDPOINT header|rollout``: the same with one ``wrap_model``-wrapped
+  model shared at module level (SageMaker's docstring pattern), reading ``instance["answer"]``.
 """
 
 from __future__ import annotations
@@ -73,6 +76,37 @@ def agentcore(port: int) -> None:
     app.run(port=port, host="127.0.0.1")
 
 
+def agentcore_stream(port: int) -> None:
+    """The ``agentcore`` agent as a streaming entrypoint (an async generator AgentCore answers as events)."""
+    import openai
+    from bedrock_agentcore import BedrockAgentCoreApp
+
+    from mtrl_adapters import current_rollout, update_reward
+    from mtrl_integrations.agentcore import trainable
+
+    app = BedrockAgentCoreApp()
+    client = openai.AsyncOpenAI(api_key="sk-user-real-key", max_retries=0)
+
+    @app.entrypoint
+    @trainable
+    async def invoke(payload):
+        ctx = current_rollout()
+        if ctx is None:  # an ordinary invocation by a user: streamed
+            for word in ("streamed", "echo"):
+                yield {"event": word}
+            yield {"echo": payload}
+            return
+        yield {"event": "started"}
+        task = ctx.task
+        turns = await aopenai_tool_loop(client, task)
+        if key_of(task.prompt) == CRASH_KEY:
+            raise RuntimeError("agent crashed on purpose")
+        update_reward(per_turn_rewards(turns))
+        yield {"turns": turns}
+
+    app.run(port=port, host="127.0.0.1")
+
+
 def sagemaker(port: int, endpoint: str) -> None:
     from bedrock_agentcore import BedrockAgentCoreApp
     from sagemaker.core.token_generator import generate_token
@@ -101,13 +135,53 @@ def sagemaker(port: int, endpoint: str) -> None:
     app.run(port=port, host="127.0.0.1")
 
 
+def sagemaker_shared(port: int, endpoint: str, url_mode: str) -> None:
+    """SageMaker's docstring pattern: one ``wrap_model``-wrapped model at module level, shared by every rollout.
+
+    ``url_mode`` ``header``: the model's base URL is the coordinator's ``/v1``
+    (the trajectory header names the rollout); ``rollout``: the first request's
+    ``model_endpoint``, kept for every later rollout. Reward: 1.0 when the
+    final answer holds ``instance["answer"]`` (a dataset row's own key).
+    """
+    from bedrock_agentcore import BedrockAgentCoreApp
+    from sagemaker.core.token_generator import generate_token
+    from sagemaker.train.rft import sagemaker_rft_handler
+    from sagemaker.train.rft.adapters.strands import wrap_model
+    from strands import Agent, tool
+    from strands.models.openai import OpenAIModel
+
+    app = BedrockAgentCoreApp()
+    tools = [tool(lookup), tool(add)]
+    model = wrap_model(OpenAIModel(
+        client_args={"api_key": generate_token(region="local"), "base_url": f"{endpoint}/v1"}, model_id="policy",
+    ))
+
+    @app.entrypoint
+    @sagemaker_rft_handler
+    async def invoke(payload):
+        if url_mode == "rollout" and model.client_args["base_url"] == f"{endpoint}/v1":
+            model.client_args["base_url"] = payload["model_endpoint"]  # the first rollout's URL, from now on
+        instance = payload["instance"]
+        agent = Agent(model=model, tools=tools, callback_handler=None)
+        result = await agent.invoke_async(instance["prompt"])
+        if key_of(instance["prompt"]) == CRASH_KEY:
+            raise RuntimeError("agent crashed on purpose")
+        return {"reward": 1.0 if f"is {instance['answer']}" in str(result) else 0.0}
+
+    app.run(port=port, host="127.0.0.1")
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "serve":
         serve()
     elif mode == "agentcore":
         agentcore(int(sys.argv[2]))
+    elif mode == "agentcore-stream":
+        agentcore_stream(int(sys.argv[2]))
     elif mode == "sagemaker":
         sagemaker(int(sys.argv[2]), sys.argv[3])
+    elif mode == "sagemaker-shared":
+        sagemaker_shared(int(sys.argv[2]), sys.argv[3], sys.argv[4])
     else:
-        raise SystemExit(f"unknown mode {mode!r}; expected serve, agentcore or sagemaker")
+        raise SystemExit(f"unknown mode {mode!r}; expected serve, agentcore, sagemaker or sagemaker-shared")

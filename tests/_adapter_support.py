@@ -135,6 +135,7 @@ def check_attribution(store: Any, spec: RolloutSpec, *, crash_ok: bool = True) -
         assert f"is {value_of(key) + OFFSET}" in rollout.turns[-1].completion_text
     assert rollout.turn_rewards == tuple(per_turn_rewards(len(rollout.turns)))
     assert all(c.latency_s >= 0 for c in rollout.tool_calls)
+    assert "tool_calls_unrecorded" not in rollout.metrics, rollout.metrics  # every call the agent ran was reported
     return rollout
 
 

@@ -65,3 +65,15 @@ def worker_pid(task: Any) -> int:
 def slow_agent(task: Any) -> None:
     """Sleeps past any short timeout (a sync agent cannot be interrupted inside its worker)."""
     time.sleep(float(task.data["sleep_s"]))
+
+
+@rollout
+def node_agent(task: Any) -> int:
+    """``sync_agent``'s episode, after writing the id of the Ray node it runs on to ``task.data["node_file"]``."""
+    import ray
+
+    Path(task.data["node_file"]).write_text(ray.get_runtime_context().get_node_id())
+    client = openai.OpenAI(api_key="sk-user-real-key", max_retries=0)
+    turns = openai_tool_loop(client, task)
+    finish_episode(task, turns)
+    return turns

@@ -115,6 +115,27 @@ async def test_agentcore_app_run_on_loopback_is_trainable(served, tiny_tok):
         stop_agent(proc)
 
 
+async def test_a_streaming_agentcore_entrypoint_is_trainable_and_still_streams_to_users(served, tiny_tok):
+    port = free_port()
+    proc = spawn_agent("agentcore-stream", str(port))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, url + "/ping")
+        handle = served(ScriptedEngine(tiny_tok, policy))
+        executor = HttpExecutor.for_agentcore(url, coordinator=handle.coordinator)
+        runs = specs(handle, tasks(4))
+        outcomes = await run_all(executor, runs)
+        for spec, outcome in zip(runs, outcomes):
+            assert outcome.status is check_attribution(handle.store, spec).status
+        assert any(o.status is RolloutStatus.COMPLETED for o in outcomes)
+        plain = httpx.post(url + "/invocations", json={"prompt": "hello"}, timeout=30)
+        assert plain.headers["content-type"].startswith("text/event-stream")  # users' invocations stream as before
+        events = [line.removeprefix("data: ") for line in plain.text.split("\n\n") if line]
+        assert events == ['{"event": "streamed"}', '{"event": "echo"}', '{"echo": {"prompt": "hello"}}']
+    finally:
+        stop_agent(proc)
+
+
 async def test_http_executor_sends_the_agent_servers_api_key(served, tiny_tok):
     handle = served(ScriptedEngine(tiny_tok, policy))
 

@@ -67,6 +67,7 @@ async def test_strands_16_concurrent_rollouts_one_shared_model(served, tiny_tok)
     [call] = handle.store.get_rollout(error_rollout.rollout_id).tool_calls
     assert call.error == "KeyError: 'unknown key K03'"  # the exception, as Strands gave it to the model
     assert handle.coordinator.counters["auth_rejected"] == 0
+    assert handle.coordinator.counters["tool_calls_unrecorded"] == 0  # the factory's hooks reported every call
 
 
 def test_strands_sync_agents_on_threads(served, tiny_tok):
@@ -93,3 +94,33 @@ def test_strands_sync_agents_on_threads(served, tiny_tok):
     for spec in runs:
         check_attribution(handle.store, spec)
     assert any(CRASH_KEY in r.task.prompt for r in runs)
+
+
+async def test_agent_built_without_hooks_is_flagged_not_silent(served, tiny_tok, caplog):
+    """An existing ``main()`` that builds its own Agent, decorated as it is: the tool calls it ran and did not
+    report are flagged on each rollout, counted, and the fix is logged once, naming agent_factory."""
+    handle = served(ScriptedEngine(tiny_tok, policy))
+    model = _model()
+
+    @rollout
+    async def main(task):
+        agent = Agent(model=model, tools=[lookup_tool, add_tool], callback_handler=None)  # no mtrl hooks
+        await agent.invoke_async(task.prompt)
+        finish_episode(task, _turns(agent))
+
+    runs = [s for s in specs(handle, tasks(6)) if CRASH_KEY not in s.task.prompt and ERROR_KEY not in s.task.prompt]
+    with caplog.at_level("WARNING", logger="mtrl.coordinator"):
+        for spec in runs:
+            with rollout_scope(spec):
+                await main(spec.task)
+    flagged = []
+    for spec in runs:
+        stored = handle.store.get_rollout(spec.rollout_id)
+        assert stored.tool_calls == ()  # nothing reported: the hooks were never attached
+        asked = sum(len(t.tool_calls) for t in stored.turns)
+        assert asked > 0
+        flagged.append(stored.metrics.get("tool_calls_unrecorded"))
+    assert all(f is not None and f > 0 for f in flagged), flagged
+    assert handle.coordinator.counters["tool_calls_unrecorded"] == sum(flagged)
+    warnings = [r for r in caplog.records if "tool call(s) unrecorded" in r.getMessage()]
+    assert len(warnings) == 1 and "agent_factory" in warnings[0].getMessage()

@@ -628,3 +628,27 @@ def test_segmented_encoding_equals_the_tokenizers_own(tokenizer):
     text = renderer.render(messages, TOOLS, add_generation_prompt=True)
     for _ in range(2):  # the second pass is served from the cache
         assert renderer.encode(text) == renderer._encode_whole(text)
+
+
+def test_deployed_history_compares_token_ids_not_text(tiny):
+    """The same reply text sampled as other ids than deployment's encoding: extend keeps them, deployed breaks."""
+    renderer = ChatRenderer(tiny)
+    request = [{"role": "user", "content": "Say the answer."}]
+    text = "The answer is forty two."
+    canonical = tuple(renderer.encode(text))
+    split = tuple(i for ch in text for i in renderer.encode(ch))  # one id per character: same text, other ids
+    assert split != canonical and renderer.decode(list(split)) == text
+    eos = tiny.convert_tokens_to_ids("<|im_end|>")
+    follow = [*request, {"role": "assistant", "content": text}, {"role": "user", "content": "Again."}]
+    deployed_ids = tuple(renderer.encode(renderer.render(follow, None, True)))
+    for history, ids, reason in [("extend", split, None), ("deployed", canonical, None),
+                                 ("deployed", split, BreakReason.REPLY_RENDERED_DIFFERENTLY)]:
+        builder = PromptBuilder(renderer, history)
+        plan0 = builder.build(None, request)
+        state = builder.advance(None, plan0, request, None, ids + (eos,), "stop", {"role": "assistant", "content": text})
+        plan1 = builder.build(state, follow)
+        assert plan1.break_reason == reason, (history, ids == split)
+        if history == "deployed":  # whichever way it went, the trained prompt is what deployment feeds the model
+            assert plan1.prompt_ids == deployed_ids
+        else:
+            assert plan1.prompt_ids[: len(state.context_ids)] == plan0.prompt_ids + split + (eos,) != deployed_ids

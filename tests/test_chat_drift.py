@@ -66,7 +66,7 @@ def test_hermes_thinking_dropped_by_the_client_is_drift_and_the_first_difference
 
 @pytest.mark.parametrize("name", ["hermes", "llama3_json", "mistral"])
 def test_history_trained_as_deployed_has_no_drift(served, name):
-    """The default setting: a new segment wherever the template renders a reply unlike the generated ids."""
+    """Trained as deployed: a new segment wherever the template renders a reply unlike the generated ids."""
     handle, turns = _rollout(served, name, thinking=True, echo_reasoning=False, history="deployed")
     drifts = _drift(handle, turns)
     assert len(drifts) == 4 and all(d.equal for d in drifts), [d.first_difference for d in drifts]
@@ -126,3 +126,23 @@ def test_mtrl_check_template_reports_each_rollout_from_a_run_store(served, tmp_p
     status = main(["check", "template", "--store", store_path, "--model", str(model_dir)])
     text = capsys.readouterr().out
     assert status == 1 and "DIFF" in text and "1 differ from the deployment template" in text
+    # the training loop's and the evaluator's figure is the same number (MeasuresTemplateDrift)
+    rollout = handle.store.get_rollout(turns[0].rollout_id)
+    assert handle.coordinator.template_drift([rollout]) == pytest.approx(report["drift_fraction"])
+
+
+def test_the_drift_figure_is_zero_trained_as_deployed_and_counts_every_segment(served):
+    from mtrl_runtime.types import MeasuresTemplateDrift
+
+    handle, turns = _rollout(served, "hermes", thinking=True, echo_reasoning=False, history="deployed")
+    assert isinstance(handle.coordinator, MeasuresTemplateDrift)
+    clean = handle.store.get_rollout(turns[0].rollout_id)
+    assert handle.coordinator.template_drift([clean]) == 0.0
+    handle, turns = _rollout(served, "hermes", thinking=True, echo_reasoning=False)
+    drifted = handle.store.get_rollout(turns[0].rollout_id)
+    [seg] = _drift(handle, turns)
+    assert seg.fraction > 0 and handle.coordinator.template_drift([drifted, drifted]) == pytest.approx(seg.fraction)
+    assert handle.coordinator.template_drift([]) == 0.0
+    # a large batch is measured on 32 rollouts, evenly spaced: here every other one, all of them drifted
+    assert handle.coordinator.template_drift([drifted, clean] * 32) == pytest.approx(seg.fraction)
+    assert 0 < handle.coordinator.template_drift([drifted, clean] * 16) < seg.fraction  # 32: all of them

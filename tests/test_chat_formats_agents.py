@@ -81,7 +81,7 @@ async def test_strands_agent_in_each_format(served, name):
 
     runs = specs(handle, tasks(3)[1:])
     answers = await asyncio.gather(*(one(s) for s in runs))
-    assert all("DONE" in a for a in answers)
+    assert all("DONE" in a for a in answers), answers
     _check(handle, runs, name)
 
 
@@ -153,6 +153,20 @@ def test_openai_sdk_loop_gets_reasoning_content_and_tool_calls(served, name):
     expected_tokens = 0 if name == "llama3_json" else len(handle.coordinator.renderer.encode(reasoning))
     assert counters["reasoning_tokens"] == expected_tokens > 0 or name == "llama3_json"
     assert counters["reasoning_replies"] == (0 if name == "llama3_json" else 1)
+    # stored per turn as its own field, and counted in the training and evaluation metrics
+    from mtrl_runtime.evaluation import eval_metrics, record_of
+    from mtrl_runtime.training import rollout_metrics
+
+    recorded = handle.store.get_rollout(spec.rollout_id)
+    assert [t.reasoning for t in recorded.turns] == [None, None, reasoning]
+    assert [t.reasoning_tokens for t in recorded.turns] == [0, 0, expected_tokens]
+    generated = sum(len(t.completion_ids) for t in recorded.turns)
+    train = rollout_metrics([recorded])
+    assert train["rollout/tokens/reasoning_mean"] == expected_tokens
+    assert train["rollout/tokens/reasoning_frac"] == pytest.approx(expected_tokens / generated)
+    val = eval_metrics([record_of(recorded, 0.5)], ks=[1])
+    assert val["val/tokens/reasoning_mean"] == expected_tokens
+    assert val["val/tokens/reasoning_frac"] == pytest.approx(expected_tokens / generated)
 
 
 def test_streamed_reply_carries_reasoning_content_before_the_content(served):

@@ -172,6 +172,29 @@ def test_token_cap_does_not_trigger(truncated):
     assert RULES.get("token_cap")(_h(rising(8, 0.1, 0.4), truncated=truncated), KNOBS) is None
 
 
+# -- trained tokens unlike the deployment rendering ----------------------------------------------
+
+
+def _drifting(fractions):
+    steps = history(rising(len(fractions), 0.1, 0.4))
+    for step, fraction in zip(steps, fractions):
+        step["rollout/template_drift_frac"] = fraction
+    return steps
+
+
+def test_template_drift_triggers_and_names_the_history_setting():
+    d = only(diagnose(_drifting([0.04] * 6), KNOBS), "template_drift")
+    assert d.severity is Severity.WARNING and "4.0% of trained tokens differ from what the deployment template" in d.message
+    assert KNOBS["history_training"] == "extend" and "advanced.history_training: deployed" in d.first_fix
+    deployed = knobs_from_config(MtrlConfig.coerce({"advanced": {"history_training": "deployed"}}))
+    assert "mtrl check template" in only(diagnose(_drifting([0.04] * 6), deployed), "template_drift").first_fix
+
+
+@pytest.mark.parametrize("fractions", [[0.01] * 6, [0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], [0.0] * 3])
+def test_template_drift_does_not_trigger(fractions):
+    assert RULES.get("template_drift")(History(_drifting(fractions)), KNOBS) is None
+
+
 # -- permanent rollout failures ----------------------------------------------------------------
 
 

@@ -92,10 +92,11 @@ def test_pass_k_metrics_rejects_bad_input():
 def records() -> list[EvalRecord]:
     return [
         EvalRecord("t1", 1.0, True, "completed", turns=3, responses=3, tool_calls=["search", "book"],
-                   metrics={"field_acc": 1.0, "completion": 1.0}),
+                   metrics={"field_acc": 1.0, "completion": 1.0}, reasoning_tokens=30, completion_tokens=100),
         EvalRecord("t1", 0.5, False, "completed", turns=8, hit_turn_limit=True, hit_token_cap_count=2, responses=8,
                    tool_calls=["search", "search", "search"], metrics={"field_acc": 0.5}),
-        EvalRecord("t2", 0.0, False, RolloutStatus.FAILED, turns=1, responses=1, metrics={"field_acc": 0.0}),
+        EvalRecord("t2", 0.0, False, RolloutStatus.FAILED, turns=1, responses=1, metrics={"field_acc": 0.0},
+                   reasoning_tokens=10, completion_tokens=60),
         EvalRecord("t2", 1.0, True, "timed_out", turns=4, hit_token_cap_count=1, responses=4, tool_calls=["book"]),
     ]
 
@@ -123,6 +124,8 @@ def test_eval_metrics_names_and_values():
         "val/truncated_frac": 3 / 16,
         "val/turns/mean": (3 + 8 + 1 + 4) / 4,
         "val/tool_calls/mean": (2 + 3 + 0 + 1) / 4,
+        "val/tokens/reasoning_mean": (30 + 0 + 10 + 0) / 4,
+        "val/tokens/reasoning_frac": (30 + 10) / (100 + 60),
         "val/tool_calls/book_frac": 2 / 6,
         "val/tool_calls/search_frac": 4 / 6,
         "val/metrics/completion": 1.0,
@@ -139,3 +142,5 @@ def test_eval_record_validates_its_fields():
         EvalRecord("t", float("nan"), False)
     with pytest.raises(ValueError, match="turns and responses must be >= 0"):
         EvalRecord("t", 0.0, False, turns=-1)
+    with pytest.raises(ValueError, match="reasoning_tokens and completion_tokens must be >= 0, got -1, 0"):
+        EvalRecord("t", 0.0, False, reasoning_tokens=-1)

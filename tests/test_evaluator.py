@@ -98,6 +98,7 @@ def test_pass_at_k_rates_and_base_side_by_side_match_hand_computed_values(tmp_pa
     assert ft["val/truncated_frac"] == pytest.approx(3 / 21)
     assert ft["val/turn_limit_frac"] == pytest.approx(1 / 12)
     assert ft["val/completed_frac"] == 1.0
+    assert ft["val/template_drift_frac"] == base["val/template_drift_frac"] == 0.0  # the check's figure, per side
     assert ft["val/tool_calls/lookup_frac"] == pytest.approx(7 / 10)
     assert ft["val/tool_calls/add_frac"] == pytest.approx(3 / 10)
     assert ft["val/metrics/answered"] == pytest.approx(11 / 12)  # all but the turn-budget sample

@@ -393,3 +393,67 @@ def test_vllm_serves_both_exports_with_mtrls_prompt_ids_and_the_trained_greedy_t
         proc.terminate()
         proc.wait(timeout=60)
         log.close()
+
+
+# ------------------------------------------------------------------------------------ the chat template trained with
+
+
+def _run_trained_with(trained: TrainedRun, run: Path, chat_format: str) -> Any:
+    """A run folder holding the trained adapter and the store the endpoint wrote serving in ``chat_format``."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from mtrl_runtime.config import MtrlConfig
+    from mtrl_runtime.coordinator import Coordinator
+    from mtrl_runtime.engines import ScriptedEngine
+    from mtrl_runtime.store import SQLiteStore
+
+    shutil.copytree(trained.run / "adapter", run / "adapter")
+    tokenizer = AutoTokenizer.from_pretrained(trained.base)
+    with SQLiteStore(run / "trajectories.db") as store:
+        coordinator = Coordinator(ScriptedEngine(tokenizer, ["ok"]), store,
+                                  MtrlConfig.coerce({"advanced": {"chat_format": chat_format}}))
+        return coordinator.renderer  # what every prompt of the run rendered with
+
+
+def test_export_writes_the_template_the_run_trained_with_not_the_detected_one(trained, tmp_path, capsys):
+    """Qwen3-Coder shares ChatML's tokens (detected: hermes); a run configured for qwen3_coder exports its template."""
+    from transformers import AutoTokenizer
+
+    from mtrl_runtime.chat.formats import CHAT_FORMATS
+
+    renderer = _run_trained_with(trained, tmp_path / "run", "qwen3_coder")
+    assert renderer.template == CHAT_FORMATS.get("qwen3_coder").template != CHAT_FORMATS.get("hermes").template
+    conversation = [
+        {"role": "user", "content": "Inspect N123"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "logbook", "arguments": {"tail": "N123"}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "clean"},
+    ]
+    tools = [{"type": "function", "function": {"name": "logbook", "parameters": {"type": "object"}}}]
+    for out in (export_adapter(tmp_path / "run", tmp_path / "a"), export_merged(None, tmp_path / "run", tmp_path / "m")):
+        tokenizer = AutoTokenizer.from_pretrained(out)
+        assert tokenizer.chat_template == renderer.template
+        served = tokenizer.apply_chat_template(conversation, tools=tools, tokenize=False, add_generation_prompt=True)
+        assert served == renderer.render(conversation, tools) and "<function=logbook>" in served
+        info = json.loads((out / "mtrl_export.json").read_text())
+        assert (info["chat_format"], info["vllm_tool_parser"]) == ("qwen3_coder", "qwen3_coder")
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "cli")]) == 0
+    assert "--tool-call-parser qwen3_coder" in capsys.readouterr().out
+    with pytest.raises(ExportError, match="chat_format='hermes'.*trained with 'qwen3_coder'"):
+        export_adapter(tmp_path / "run", tmp_path / "other", chat_format="hermes")
+
+
+def test_an_adapter_without_a_run_exports_the_named_format_or_the_detected_one(trained, tmp_path):
+    from transformers import AutoTokenizer
+
+    from mtrl_runtime.chat.formats import CHAT_FORMATS
+
+    out = export_adapter(trained.run / "adapter", tmp_path / "named", chat_format="mistral")
+    assert AutoTokenizer.from_pretrained(out).chat_template == CHAT_FORMATS.get("mistral").template
+    assert json.loads((out / "mtrl_export.json").read_text())["vllm_tool_parser"] == "mistral"
+    out = export_adapter(trained.run / "adapter", tmp_path / "detected")
+    assert AutoTokenizer.from_pretrained(out).chat_template == CHAT_FORMATS.get("hermes").template
+    with pytest.raises(ExportError, match="chat_format.*'llama2'.*known: .*harmony"):
+        export_adapter(trained.run / "adapter", tmp_path / "bad", chat_format="llama2")

@@ -77,6 +77,7 @@ OPERATIONS = [
     "POST /v1/rollouts",
     "POST /rollouts/{rollout_id}/tool_calls",
     "POST /rollouts/{rollout_id}/tool_calls/batch",
+    "POST /rollouts/{rollout_id}/model_calls/batch",
     "POST /rollouts/{rollout_id}/reward",
     "POST /rollouts/{rollout_id}/complete",
     "GET /rollouts/{rollout_id}",

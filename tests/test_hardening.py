@@ -407,6 +407,32 @@ def test_a_client_hang_up_is_one_log_line_not_a_traceback(served, tiny_tok, capl
     assert len(lines) >= 1 and all("hung up" in line and "\n" not in line for line in lines), lines
 
 
+def test_slow_or_missing_headers_are_cut_at_the_header_deadline(tiny_tok):
+    """uvicorn bounds no header-read time: mtrl's protocol closes a connection whose headers do not arrive."""
+    from mtrl_runtime.server import create_app, start_server
+
+    coordinator = Coordinator(ScriptedEngine(tiny_tok, ["ok"]), MemoryStore())
+    handle = start_server(create_app(coordinator), "127.0.0.1", 0, header_timeout_s=0.5)
+    try:
+        idle = socket.create_connection(("127.0.0.1", handle.port))  # connects, sends nothing
+        slow = socket.create_connection(("127.0.0.1", handle.port))
+        slow.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # ... and never ends its headers
+        started = time.monotonic()
+        for sock in (idle, slow):
+            sock.settimeout(5)
+            assert sock.recv(1024) == b""  # closed by the server, not left open
+            sock.close()
+        assert time.monotonic() - started < 4
+        kept = socket.create_connection(("127.0.0.1", handle.port))  # a whole request is answered as ever
+        kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        kept.settimeout(5)
+        assert kept.recv(4096).startswith(b"HTTP/1.1 200")
+        kept.close()
+        assert httpx.get(handle.url + "/health").status_code == 200
+    finally:
+        handle.stop()
+
+
 # ------------------------------------------------------------------ 6. serve-mode TTL; large tool-call batches
 
 

@@ -23,7 +23,12 @@ to install ``<wheel>[strands]`` again (which must find every declared
 dependency already satisfied, and installs whatever is not) and runs
 ``pip check``. A venv left half-built by an interrupted run has no
 ``.complete`` stamp and is rebuilt. With the cache warm the test takes
-about 35 s (load average 5).
+about 35 s (load average 5), 60 s at load average 9.
+
+pip installs with ``--no-compile``: byte-compiling the 20,400 modules of
+the venv is 42 s of CPU (``compileall``, 2 min 35 s of wall at load
+average 14), work no check here needs (Python compiles what a run imports).
+With it, a cold run took 4 min 32 s at load average 11.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTRA = "strands"
+# --no-compile: pip byte-compiles every installed module by default (torch, transformers, MLflow: tens of
+# thousands of files); Python compiles the few a run imports when it imports them, so nothing this test
+# checks depends on it.
+PIP_QUIET = ("-q", "--no-compile", "--disable-pip-version-check")
 
 
 def _requires(wheel: Path, extra: str) -> list[str]:
@@ -93,11 +102,11 @@ def test_the_wheel_installs_with_the_strands_extra_and_runs(tmp_path):
         shutil.rmtree(venv, ignore_errors=True)
         venv.parent.mkdir(parents=True, exist_ok=True)
         _run([sys.executable, "-m", "venv", venv], cwd=tmp_path)
-        _run([python, "-m", "pip", "install", "-q", f"{wheel}[{EXTRA}]"], cwd=tmp_path, timeout=840)
+        _run([python, "-m", "pip", "install", *PIP_QUIET, f"{wheel}[{EXTRA}]"], cwd=tmp_path, timeout=840)
         (venv / ".complete").write_text("\n".join(requires) + "\n")
     else:
-        _run([python, "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", wheel], cwd=tmp_path)
-        _run([python, "-m", "pip", "install", "-q", f"{wheel}[{EXTRA}]"], cwd=tmp_path)
+        _run([python, "-m", "pip", "install", *PIP_QUIET, "--force-reinstall", "--no-deps", wheel], cwd=tmp_path)
+        _run([python, "-m", "pip", "install", *PIP_QUIET, f"{wheel}[{EXTRA}]"], cwd=tmp_path)
     _run([python, "-m", "pip", "check"], cwd=tmp_path)
 
     probe = (
@@ -120,7 +129,7 @@ def test_the_wheel_installs_with_the_strands_extra_and_runs(tmp_path):
     assert facts["strands"] and not facts["langgraph"], facts
     assert facts["instances"] == ["test.jsonl", "train.jsonl", "val.jsonl"], facts
     helped = _run([venv / "bin" / "mtrl", "--help"], cwd=tmp_path)
-    for command in ("serve", "train", "eval", "check", "demo", "export"):
+    for command in ("serve", "train", "eval", "check", "collect", "demo", "export"):
         assert command in helped, helped
 
     # The installed wheel alone runs a decorated Strands agent against the scripted engine (the
@@ -136,12 +145,12 @@ import asyncio
 from strands import Agent, tool
 from strands.models.openai import OpenAIModel
 
-from mtrl_adapters import rollout, rollout_scope, update_reward
+from mtrl_adapters import rollout, update_reward
 from mtrl_adapters.strands import agent_factory
-from mtrl_runtime import MtrlConfig, RolloutStack, ScriptedEngine, Task
+from mtrl_runtime import MtrlConfig, ScriptedEngine, Task
 from mtrl_runtime.engines import ScriptedReply
+from mtrl_runtime.rollouts import collect_rollouts
 from mtrl_runtime.testing import tiny_tokenizer
-from mtrl_runtime.types import RolloutSpec, SamplingParams
 
 
 @tool
@@ -162,19 +171,9 @@ async def run(task):
 
 
 engine = ScriptedEngine(tiny_tokenizer(), [ScriptedReply.tool_call("lookup", {"key": "A1"}), "The answer is 42."])
-stack = RolloutStack.build(MtrlConfig(), store_path="runs/try/trajectories.db", engine=engine)
+config = MtrlConfig.coerce({"core": {"run_dir": "runs/try", "group_size": 1}})
 task = Task(id="t1", prompt="What is stored under A1?", ground_truth=42)
-made = stack.coordinator.create_rollout(task)
-spec = RolloutSpec(made.rollout_id, made.group_id, task, made.token, stack.endpoint, "policy", SamplingParams(), 8, 60.0)
-
-
-async def main():
-    with rollout_scope(spec):
-        await run(task)
-    record = stack.store.get_rollout(made.rollout_id)
-    await stack.close()
-    print(record.status.value, record.reward, [(c.name, c.arguments, c.result) for c in record.tool_calls])
-
-
-asyncio.run(main())
+collected = asyncio.run(collect_rollouts(config, run, [task], engine=engine))
+[record] = collected.rollouts
+print(record.status.value, record.reward, [(c.name, c.arguments, c.result) for c in record.tool_calls])
 """

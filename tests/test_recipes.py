@@ -25,15 +25,40 @@ from mtrl_runtime.config import MtrlConfig
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
-GPU_RECIPES = [path for path in RECIPES if path.name.startswith("qwen3-")]
+GPU_RECIPES = [path for path in RECIPES if path.name != "cpu-small.yaml"]
+# each recipe's model (a hub id) and the chat format its family writes (mtrl_runtime/chat/formats)
+MODELS = {
+    "cpu-small.yaml": ("smollm2-135m", "hermes"),
+    "gpt-oss-20b.yaml": ("openai/gpt-oss-20b", "harmony"),
+    "llama-3.1-8b.yaml": ("meta-llama/Llama-3.1-8B-Instruct", "llama3_json"),
+    "qwen3-0.6b.yaml": ("Qwen/Qwen3-0.6B", "hermes"),
+    "qwen3-1.7b.yaml": ("Qwen/Qwen3-1.7B", "hermes"),
+    "qwen3-4b.yaml": ("Qwen/Qwen3-4B", "hermes"),
+    "qwen3-8b.yaml": ("Qwen/Qwen3-8B", "hermes"),
+}
 AIRCRAFT_CONFIG = REPO / "examples" / "aircraft_inspection" / "config.yaml"
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-def test_the_recipes_folder_holds_the_cpu_recipe_and_four_qwen3_sizes():
+def test_the_recipes_folder_holds_the_cpu_recipe_four_qwen3_sizes_gpt_oss_and_llama():
     assert [p.name for p in RECIPES] == [
-        "cpu-small.yaml", "qwen3-0.6b.yaml", "qwen3-1.7b.yaml", "qwen3-4b.yaml", "qwen3-8b.yaml",
+        "cpu-small.yaml", "gpt-oss-20b.yaml", "llama-3.1-8b.yaml", "qwen3-0.6b.yaml", "qwen3-1.7b.yaml",
+        "qwen3-4b.yaml", "qwen3-8b.yaml",
     ]
+
+
+@pytest.mark.parametrize("path", RECIPES + [AIRCRAFT_CONFIG], ids=lambda p: p.parent.name + "/" + p.name)
+def test_every_recipe_names_its_model_family_chat_format(path):
+    """A recipe names its format rather than leaving it to detection (Qwen3-Coder has ChatML's tokens too)."""
+    config = MtrlConfig.from_yaml(path)
+    model, chat_format = MODELS[path.name if path != AIRCRAFT_CONFIG else "cpu-small.yaml"]
+    assert (config.core.model, config.advanced.chat_format) == (model, chat_format)
+    # a format whose template drops earlier reasoning trains each turn as deployment renders it
+    from mtrl_runtime.chat.formats import CHAT_FORMATS, ReasoningHistory
+
+    if chat_format == "harmony":
+        assert CHAT_FORMATS.get(chat_format).reasoning_history is ReasoningHistory.DROPPED
+        assert config.advanced.history_training == "deployed"
 
 
 @pytest.mark.parametrize("path", RECIPES + [AIRCRAFT_CONFIG], ids=lambda p: p.parent.name + "/" + p.name)
@@ -61,7 +86,7 @@ def test_the_aircraft_config_is_the_demo_recipe_with_its_own_run_dir_and_dataset
 def test_gpu_recipes_keep_the_design_defaults_and_size_vllm_for_one_gpu(path):
     config = MtrlConfig.from_yaml(path)
     core, advanced = config.core, config.advanced
-    assert core.model == "Qwen/Qwen3-" + path.stem.removeprefix("qwen3-").upper()  # a hub id, e.g. Qwen/Qwen3-4B
+    assert core.model == MODELS[path.name][0]  # a hub id, e.g. Qwen/Qwen3-4B
     assert core.run_dir == f"runs/{path.stem}" and core.dataset is None  # --dataset names the user's tasks
     assert (core.engine, advanced.precision, advanced.engine_options["dtype"]) == ("vllm", "bf16", "bfloat16")
     assert (core.group_size, core.train_batch_size, core.max_steps, core.val_every) == (8, 128, 50, 10)

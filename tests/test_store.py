@@ -95,8 +95,8 @@ def full_rollout() -> tuple[Task, Rollout]:
     p1 = p0 + t0.completion_ids + (9, 9)  # extends turn 0
     t1 = Turn(
         rollout_id="r-full", index=1, messages=task.messages + ({"role": "tool", "content": "42"},), prompt_ids=p1,
-        completion_ids=(8,), logprobs=(-3.0e-8,), finish_reason="length", completion_text="4",
-        policy_version=4, segment=0, started_at=1700000001.5, latency_s=0.125,
+        completion_ids=(8,), logprobs=(-3.0e-8,), finish_reason="length", completion_text="<think>two ✓</think>4",
+        policy_version=4, segment=0, started_at=1700000001.5, latency_s=0.125, reasoning="two ✓", reasoning_tokens=3,
     )
     t2 = Turn(  # history rewritten: a new segment
         rollout_id="r-full", index=2, messages=({"role": "user", "content": "again"},), prompt_ids=(3, 4),
@@ -239,6 +239,9 @@ def test_reward_reports_and_defaults(store: SQLiteStore) -> None:
         (lambda s: s.add_turn(make_turn("r1", 1, (1,), messages=({"x": object()},))), "turn.messages must be JSON"),
         (lambda s: s.add_turn(make_turn("r1", -1, (1,))), "turn.index must be an integer >= 0, got -1"),
         (lambda s: s.add_turn(make_turn("r1", 1, (1,), latency_s=-1.0)), "turn.latency_s must be >= 0"),
+        (lambda s: s.add_turn(make_turn("r1", 1, (1,), reasoning=3)), "turn.reasoning must be a string, got 3"),
+        (lambda s: s.add_turn(make_turn("r1", 1, (1,), reasoning_tokens=-2)),
+         "turn.reasoning_tokens must be an integer >= 0, got -2"),
         (lambda s: s.add_tool_call(ToolCall("ghost", "f", {})), "tool_call.rollout_id: unknown rollout id"),
         (lambda s: s.add_tool_call(ToolCall("r1", "f", {}, status="ok")), "tool_call.status must be"),
         (lambda s: s.add_tool_call(ToolCall("r1", "", {})), "tool_call.name must be a non-empty string"),
@@ -390,7 +393,7 @@ def test_reopen_after_close_keeps_everything(tmp_path: Path) -> None:
 
     second = SQLiteStore(path)
     try:
-        assert second.schema_version == 1 and second.get_meta("schema_version") == 1
+        assert second.schema_version == 2 and second.get_meta("schema_version") == 2
         assert second.get_rollout(rollout.id) == rollout and second.trained_step(rollout.id) == 7
         assert second.metric_history() == [(7, "train/loss", 0.5)]
         assert second.get_meta("checkpoint") == {"step": 7, "data_position": 1024}
@@ -399,6 +402,34 @@ def test_reopen_after_close_keeps_everything(tmp_path: Path) -> None:
         assert second.count_turns("r-open") == 2
     finally:
         second.close()
+
+
+def test_opens_a_version_1_store_and_migrates_it_to_version_2(tmp_path: Path) -> None:
+    """A store mtrl wrote at schema version 1 (tests/data/store_v1.sql) opens: everything reads back, its turns
+    have no reasoning recorded apart (None, 0; the text is still in completion_text), and new turns keep theirs."""
+    path = tmp_path / "trajectories.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript((ROOT / "tests" / "data" / "store_v1.sql").read_text())
+    with SQLiteStore(path) as store:
+        assert store.schema_version == 2 and store.get_meta("schema_version") == 2
+        old = store.get_rollout("r1")
+        assert old is not None and old.status is RolloutStatus.COMPLETED and old.reward == 1.0
+        assert [t.index for t in old.turns] == [0, 1] and old.turns[1].prompt_ids == (1, 2, 3, 10, 11, 12, 13, 20, 21)
+        assert old.turns[0].completion_text.startswith("<think>\nThe logbook first.")
+        assert [(t.reasoning, t.reasoning_tokens) for t in old.turns] == [(None, 0), (None, 0)]
+        assert old.turns[0].tool_calls[0]["function"]["name"] == "logbook" and old.tool_calls[0].result == "clean"
+        start_rollout(store, "r-new")
+        store.add_turn(make_turn("r-new", 0, (1, 2), reasoning="check the logbook", reasoning_tokens=4))
+    with SQLiteStore(path) as again:  # reopened at version 2: nothing migrates twice, the new turn kept its reasoning
+        turn = again.get_rollout("r-new").turns[0]
+        assert (turn.reasoning, turn.reasoning_tokens) == ("check the logbook", 4)
+        assert again.get_rollout("r1") == old
+    lines = (tmp_path / "out.jsonl")
+    with SQLiteStore(path) as store:
+        store.export_jsonl(lines)
+    exported = {r["id"]: r for r in map(json.loads, lines.read_text().splitlines())}
+    assert exported["r-new"]["turns"][0]["reasoning"] == "check the logbook"
+    assert exported["r1"]["turns"][0]["reasoning"] is None
 
 
 def test_refuses_a_newer_schema_and_foreign_files(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Iterator
 import pytest
 
 from mtrl_runtime.store import STORES, TrajectoryStore, hash_token, open_store
-from mtrl_runtime.types import BreakReason, Rollout, RolloutStatus, Task, ToolCall, Turn
+from mtrl_runtime.types import BreakReason, ModelCall, Rollout, RolloutStatus, Task, ToolCall, Turn
 
 TOKEN = "secret-token"
 
@@ -80,7 +80,8 @@ async def test_turns_round_trip_with_extended_prompts_and_exact_logprobs(store: 
     start(store, "r1")
     t0 = turn("r1", 0, (1, 2, 2**32 - 1), tools=({"type": "function", "function": {"name": "f"}},),
               tool_calls=({"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},),
-              policy_version=2, malformed_tool_call=True, started_at=10.5, latency_s=0.25)
+              policy_version=2, malformed_tool_call=True, started_at=10.5, latency_s=0.25,
+              reasoning="first f, then — ünïcode", reasoning_tokens=7)
     t1 = turn("r1", 1, t0.prompt_ids + t0.completion_ids + (7, 8))  # extends turn 0
     t2 = turn("r1", 2, (3,), segment=1, break_reason=BreakReason.HISTORY_REWRITTEN, finish_reason="length")
     for t in (t2, t0, t1):  # the order of arrival does not matter
@@ -119,6 +120,30 @@ async def test_tool_calls_keep_their_order_of_arrival(store: TrajectoryStore) ->
     assert store.count_tool_calls("r1") == 2 and store.count_tool_calls("missing") == 0
     with pytest.raises(ValueError, match="status"):
         await store.aadd_tool_call(ToolCall(rollout_id="r1", name="x", arguments={}, status="maybe"))
+
+
+async def test_model_calls_are_kept_apart_from_turns_and_fixed_once_trained(store: TrajectoryStore) -> None:
+    """A non-policy model call (a judge) is stored with its rollout, in order, never as a turn."""
+    start(store, "r1")
+    calls = [
+        ModelCall(rollout_id="r1", protocol="openai", model="judge", latency_s=0.25, started_at=4.5,
+                  input_tokens=17, output_tokens=3, stream=True),
+        ModelCall(rollout_id="r1", protocol="bedrock", model=None, error="ThrottlingException: slow down", status="error"),
+    ]
+    assert [await store.aadd_model_call(c) for c in calls] == [0, 1]
+    stored = store.get_rollout("r1")
+    assert stored.model_calls == tuple(calls) and stored.turns == () and store.count_turns("r1") == 0
+    assert store.get_rollout("r1", with_turns=False).model_calls == ()
+    for bad, field in ((ModelCall(rollout_id="r1", protocol="openai", status="maybe"), "status"),
+                       (ModelCall(rollout_id="r1", protocol="openai", input_tokens=-1), "input_tokens"),
+                       (ModelCall(rollout_id="nope", protocol="openai"), "unknown rollout id")):
+        with pytest.raises(ValueError, match=field):
+            await store.aadd_model_call(bad)
+    store.finish_rollout("r1", "completed")
+    store.mark_trained(["r1"], 1)
+    with pytest.raises(ValueError, match="model calls are fixed"):
+        await store.aadd_model_call(calls[0])
+    assert len(store.get_rollout("r1").model_calls) == 2
 
 
 async def test_rewards_scalar_per_turn_and_defaulted(store: TrajectoryStore) -> None:

@@ -111,6 +111,22 @@ def test_validation_runs_at_step_0_every_val_every_and_after_the_last_step(healt
     assert set(history[4]) >= {"val/reward/mean", "val/reward/pass_k_2"} and "rollout/reward/mean" not in history[4]
 
 
+def test_each_step_and_each_pass_reports_the_template_drift_of_its_rollouts(healthy, tiny_tok):
+    """The drift figure of ``mtrl check template``, logged by the loop per step and by each validation pass."""
+    from mtrl_runtime.chat import ChatRenderer
+    from mtrl_runtime.chat.formats import CHAT_FORMATS, drift_fraction
+
+    result, store, _ = healthy
+    renderer = ChatRenderer(tiny_tok, fallback=CHAT_FORMATS.get("hermes").template)
+    for report in result.reports:
+        trained = [r for r in store.rollouts() if r.step == report.step and not r.group_id.startswith("val-")]
+        assert trained and report.metrics["rollout/template_drift_frac"] == drift_fraction(renderer, (r.turns for r in trained))
+        if "val/reward/mean" in report.metrics:
+            assert report.metrics["val/template_drift_frac"] == 0.0  # hermes without thinking renders as trained
+    logged = [name for _, name, _ in store.metric_history()]
+    assert "rollout/template_drift_frac" in logged and "val/template_drift_frac" in logged
+
+
 def test_each_pass_measures_the_policy_of_its_step_with_val_sampling_and_fixed_seeds(healthy):
     _, store, script = healthy
     by_group = defaultdict(list)

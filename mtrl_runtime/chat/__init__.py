@@ -5,16 +5,19 @@
 - ``ChatRenderer``: a chat template (the tokenizer's own when it supports
   tools, else ``CHATML_TOOLS_TEMPLATE``) rendered and encoded.
 - ``parse_tool_calls``: ``<tool_call>`` blocks of a completion → OpenAI tool calls.
+- ``ReplyText``: a completion's streamable content and reasoning while it is decoded.
 - ``PromptBuilder``: each turn's prompt ids, extending the previous turn's
   prompt + completion ids when the request extends it (``BreakReason`` otherwise).
 """
 
 from ._extension import ConversationState, PromptBuilder, PromptPlan
 from ._messages import message_key, normalize_messages, normalize_tools
-from ._template import CHATML_TOOLS_TEMPLATE, DEFAULT_SYSTEM_PROMPT, ChatRenderer
+from ._template import CHAT_TEMPLATE_META, CHATML_TOOLS_TEMPLATE, DEFAULT_SYSTEM_PROMPT, ChatRenderer
+from ._streaming import ReplyText, TextDelta
 from ._toolparse import ParsedReply, parse_tool_calls
 
 __all__ = [
+    "CHAT_TEMPLATE_META",
     "CHATML_TOOLS_TEMPLATE",
     "DEFAULT_SYSTEM_PROMPT",
     "ChatRenderer",
@@ -22,6 +25,8 @@ __all__ = [
     "ParsedReply",
     "PromptBuilder",
     "PromptPlan",
+    "ReplyText",
+    "TextDelta",
     "message_key",
     "normalize_messages",
     "normalize_tools",

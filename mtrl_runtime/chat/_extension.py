@@ -37,7 +37,6 @@ class ConversationState:
     segment: int
     turn_index: int
     glue: str
-    generated: str = ""  # the reply's text as generated + glue (kept when history is trained as deployed)
 
 
 @dataclass(frozen=True)
@@ -62,6 +61,11 @@ class PromptBuilder:
     tokens; trains contexts deployment never shows), ``"deployed"`` starts a
     new segment there (``BreakReason.REPLY_RENDERED_DIFFERENTLY``), so each
     turn is trained in the context deployment renders (more prompt tokens).
+    "There" is decided on token ids: the extension (the previous prompt +
+    completion ids + the new text's ids) must equal the ids of the whole
+    conversation rendered and encoded as deployment does, so a reply the
+    template renders differently (dropped reasoning, added call ids) and
+    one whose text re-encodes to other ids both start a new segment.
     """
 
     def __init__(self, renderer: ChatRenderer, history: str = "extend") -> None:
@@ -112,7 +116,6 @@ class PromptBuilder:
         if reply["role"] != "assistant":
             raise ValueError(f"reply_message.role must be 'assistant', got {reply['role']!r}")
         glue = self.renderer.close_glue(completion_ids)
-        generated = self.renderer.decode(completion_ids) + glue if self.history == "deployed" else ""
         return ConversationState(
             messages=tuple(normalize_messages(messages)),
             reply=reply,
@@ -122,7 +125,6 @@ class PromptBuilder:
             segment=plan.segment,
             turn_index=0 if state is None else state.turn_index + 1,
             glue=glue,
-            generated=generated,
         )
 
     def _full_render(
@@ -152,9 +154,12 @@ class PromptBuilder:
         full = self.renderer.render(msgs, tools, True, kw)
         if not full.startswith(prefix) or not prefix.endswith(self.renderer.assistant_close):
             return BreakReason.TEMPLATE_NOT_PREFIX, ""
-        if self.history == "deployed" and not prefix.endswith(state.generated):
-            return BreakReason.REPLY_RENDERED_DIFFERENTLY, ""
-        return None, full[len(prefix) :]
+        suffix = full[len(prefix) :]
+        if self.history == "deployed":  # trained = deployed, id for id
+            extended = state.context_ids + tuple(self.renderer.encode(state.glue + suffix))
+            if tuple(self.renderer.encode(full)) != extended:
+                return BreakReason.REPLY_RENDERED_DIFFERENTLY, ""
+        return None, suffix
 
 
 def _align(

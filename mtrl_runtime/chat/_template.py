@@ -65,12 +65,21 @@ SEGMENT_CACHE_SIZE = 4096  # text pieces kept; a piece is one message's text bet
 SEGMENT_CACHE_MAX_CHARS = 65536  # longer pieces are encoded every time, never cached
 
 
+# the trajectory store's meta key where the endpoint records what it renders with:
+# {"chat_format": the format's name, "template": the Jinja text}; ``mtrl export`` writes that template
+CHAT_TEMPLATE_META = "chat_template"
+
+
 class ChatRenderer:
     """Renders canonical messages (see ``normalize_messages``) with a chat template and encodes the text.
 
     ``assistant_close`` is the text the template puts after an assistant
     message's content; ``eos_token_ids`` are the ids that end a reply (the
     tokenizer's eos and the close's first token when that is a special token).
+    ``stop_token_ids`` are the ids an engine stops generating at: the
+    tokenizer's eos and the format's stop tokens where it names some (gpt-oss
+    ``<|call|>`` / ``<|return|>``, not the ``<|end|>`` that closes its
+    analysis message), else ``eos_token_ids``.
     """
 
     def __init__(
@@ -91,6 +100,7 @@ class ChatRenderer:
         self._segments = _SegmentEncoder.for_tokenizer(tokenizer, self._encode_whole)
         self.assistant_close = self._probe_close()
         self.eos_token_ids = frozenset(self._find_eos_ids())
+        self.stop_token_ids = self._find_stop_ids()
 
     def render(
         self,
@@ -160,6 +170,14 @@ class ChatRenderer:
         if at < 0:
             raise ValueError("the chat template does not render assistant message content; it cannot be used")
         return text[at + len(_PROBE_TEXT) :]
+
+    def _find_stop_ids(self) -> frozenset[int]:
+        vocab = self.tokenizer.get_vocab() if self._stop_tokens else {}
+        named = {vocab[t] for t in self._stop_tokens if t in vocab}
+        if not named:
+            return self.eos_token_ids
+        eos = self.tokenizer.eos_token_id
+        return frozenset(named | ({eos} if eos is not None else set()))
 
     def _find_eos_ids(self) -> set[int]:
         ids = set()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
+import time
 from typing import Any, Iterator, Mapping
 
 from ._command import Command
@@ -40,11 +42,12 @@ DEMO_RECIPE: dict[str, Any] = {
         "seed": 0,
     },
     "advanced": {
+        "chat_format": "hermes",  # SmolLM2's <tool_call> format (what the tokenizer is detected as)
         "micro_batch_tokens": 4096,
         "rollout_timeout_s": 900,
         "max_concurrency": 16,
         "checkpoint_every": 4,
-        "engine_options": {"dtype": "bf16", "num_threads": 2},
+        "engine_options": {"dtype": "auto", "num_threads": 2},  # auto: bf16 where the CPU has it natively
     },
 }
 
@@ -126,6 +129,8 @@ def _demo(args: argparse.Namespace) -> int:
     from ..config import MtrlConfig
     from ..evaluation import MultiTurnRLEvaluator
     from ..training import MultiTurnRLTrainer
+    from ._demo_timing import demo_timing, timing_lines
+    from ._precision import resolve_precision
 
     console = Console()
     if args.fields not in FIELD_SETS:
@@ -134,12 +139,16 @@ def _demo(args: argparse.Namespace) -> int:
     config = MtrlConfig.from_dict(DEMO_RECIPE)
     overrides = {"core.max_steps": args.steps, "core.run_dir": args.run_dir}
     config = config.with_overrides({k: v for k, v in overrides.items() if v is not None})
+    config, precision = resolve_precision(config)  # the run's params record the dtype it really runs
     console.print(f"[bold]mtrl demo[/]: {config.core.model}, LoRA r{config.core.lora_rank}, "
                   f"{config.core.max_steps} steps × {config.core.train_batch_size} tasks × {config.core.group_size} rollouts")
+    console.print(precision)
     trainer = MultiTurnRLTrainer(agent_env=run, training_dataset=_rows("train", args.fields), config=config,
                                  tracking=not args.no_mlflow)
+    started = time.perf_counter()
     with _agent_logs(args.agent_logs):
         result = trainer.train(progress=True)
+    training_s = time.perf_counter() - started
     console.print(f"trained steps {result.start_step}..{result.final_step - 1}; adapter: {result.output_adapter_path}")
 
     evaluator = MultiTurnRLEvaluator(
@@ -151,8 +160,10 @@ def _demo(args: argparse.Namespace) -> int:
         max_samples=args.samples,
         tracking=not args.no_mlflow,
     )
+    started = time.perf_counter()
     with _agent_logs(args.agent_logs):
         evaluation = evaluator.evaluate()
+    evaluation_s = time.perf_counter() - started
     base = evaluation.base.metrics if evaluation.base else {}
     trained = evaluation.fine_tuned.metrics if evaluation.fine_tuned else {}
     console.print(_table(base, trained))
@@ -164,6 +175,10 @@ def _demo(args: argparse.Namespace) -> int:
                   f"  mtrl serve --adapter {config.run_dir} --inference\n"
                   f"or export it (a peft adapter; --merged for a standalone model folder vLLM serves too):\n"
                   f"  mtrl export {config.run_dir} {config.run_dir / 'export'} --merged")
+    timing = demo_timing([r.metrics for r in result.reports], training_s, evaluation_s, os.getloadavg(),
+                         os.cpu_count() or 1, int(config.advanced.engine_options.get("num_threads") or 1))
+    for line in timing_lines(timing, precision):
+        console.print(line)
     return 0
 
 

@@ -24,6 +24,8 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step", type=int, help="export the run's checkpoint step-N instead of its final adapter")
     p.add_argument("--dtype", default="auto", help="--merged weights: auto (the base model's), fp32, bf16 or fp16")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--chat-format", help="the chat format the policy was trained with, when the source has no run "
+                   "store that recorded it (default: detected from the tokenizer)")
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -32,10 +34,10 @@ def _export(args: argparse.Namespace) -> int:
     try:
         if args.merged:
             out = export_merged(args.base_model, args.source, args.out, dtype=args.dtype, step=args.step,
-                                overwrite=args.force)
+                                overwrite=args.force, chat_format=args.chat_format)
         else:
             out = export_adapter(args.source, args.out, base_model=args.base_model, step=args.step,
-                                 overwrite=args.force)
+                                 overwrite=args.force, chat_format=args.chat_format)
     except ExportError as exc:
         raise SystemExit(f"mtrl export: {exc}") from None
     info = json.loads((out / EXPORT_INFO).read_text(encoding="utf-8"))
@@ -45,11 +47,12 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _serving_hint(out: Path, info: dict) -> str:
-    """The commands that serve the exported folder."""
+    """The commands that serve the exported folder (vLLM with the tool-call parser of the trained chat format)."""
+    parser = info.get("vllm_tool_parser", "hermes")
     if info["form"] == "merged":
         return ("serve it:\n"
                 f"  mtrl serve --model {out} --inference\n"
-                f"  vllm serve {out} --enable-auto-tool-choice --tool-call-parser hermes")
+                f"  vllm serve {out} --enable-auto-tool-choice --tool-call-parser {parser}")
     rank = int(json.loads((out / "adapter_config.json").read_text(encoding="utf-8")).get("r", 64))
     base = info["base_model"]
     template = out / "chat_template.jinja"
@@ -57,7 +60,7 @@ def _serving_hint(out: Path, info: dict) -> str:
     return ("serve it:\n"
             f"  mtrl serve --model {base} --adapter {out} --inference\n"
             f"  vllm serve {base} --enable-lora --max-lora-rank {_vllm_rank(rank)} --lora-modules trained={out}"
-            f"{template_arg} --enable-auto-tool-choice --tool-call-parser hermes")
+            f"{template_arg} --enable-auto-tool-choice --tool-call-parser {parser}")
 
 
 def _vllm_rank(rank: int) -> int:

@@ -5,6 +5,8 @@ The agent is named ``module:function`` or ``path/to/file.py:function``
 ``--val-dataset`` (optionally ``--val-split``) gives the validation tasks,
 run every ``core.val_every`` steps; ``--strict`` names a strict scorer the
 same way as the agent (``fn(final_text, ground_truth) -> float``).
+Under ``torchrun --nproc-per-node N -m mtrl_runtime.cli train ...`` rank 0
+runs the run and every rank trains its FSDP2 shard (``training._distributed``).
 """
 
 from __future__ import annotations
@@ -48,14 +50,22 @@ def _validation_tasks(args: argparse.Namespace) -> Any:
 
 def _train(args: argparse.Namespace) -> int:
     from ..config import MtrlConfig
-    from ..training import MultiTurnRLTrainer
+    from ..training import MultiTurnRLTrainer, follow_training, join_torchrun
+    from ._precision import resolve_precision
 
     config = MtrlConfig.from_yaml(args.config)
     overrides = {"core.dataset": args.dataset, "core.run_dir": args.run_dir, "core.max_steps": args.max_steps}
     config = config.with_overrides({k: v for k, v in overrides.items() if v is not None})
+    config, precision = resolve_precision(config)  # dtype: auto becomes what this CPU runs natively, in the params
+    print(f"mtrl: {precision}", flush=True)
+    ranks = join_torchrun(config)  # under torchrun: rank 0 runs the run, the others train their shard
+    if ranks is not None and not ranks.leader:
+        follow_training(config, ranks)
+        return 0
     trainer = MultiTurnRLTrainer(agent_env=load_agent(args.agent), config=config, resume=args.resume,
                                  tracking=not args.no_mlflow, validation_dataset=_validation_tasks(args),
-                                 strict_scorer=load_agent(args.strict, "--strict") if args.strict else None)
+                                 strict_scorer=load_agent(args.strict, "--strict") if args.strict else None,
+                                 ranks=ranks)
     if args.heartbeat <= 0:
         raise SystemExit(f"mtrl train: --heartbeat must be > 0 seconds, got {args.heartbeat}")
     started = time.time()

@@ -10,6 +10,8 @@ rely on). It is composed of collaborators, each owning its own state:
   as a turn before it is answered;
 - ``ReportIntake`` (``_reports``): tool calls, rewards, the agent's own end,
   a rollout's state;
+- ``ChatStream`` (``_stream``): one streamed call's text as it is decoded,
+  and its hang-up;
 - ``RolloutEnds`` (``_ends``): the one place an end is decided (by the state
   machine, from typed events) and written.
 
@@ -21,9 +23,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-from mtrl_adapters.wire import CompletionReport, RewardReport, RolloutState, ToolCallReport
+from mtrl_adapters.wire import CompletionReport, ModelCallReport, RewardReport, RolloutState, ToolCallReport
 
 from ..chat import ChatRenderer
 from ..chat.formats import resolve_format
@@ -44,10 +46,12 @@ from ..types import (
     TrajectoryStore,
 )
 from ._capture import CallCapture, ChatResult
+from ._drift import DriftMeter
 from ._ends import RolloutEnds
 from ._lifecycle import Ending, RolloutLife, deadline_error
 from ._live import LiveRollouts, VerifiedToken
 from ._reports import ReportIntake
+from ._stream import ChatStream, StreamClosed
 
 
 class Coordinator:
@@ -66,6 +70,7 @@ class Coordinator:
         self._capture = CallCapture(
             engine, store, self._live, self.counters, chat_format, self.config.advanced.history_training
         )
+        self._drift = DriftMeter(engine.tokenizer, self._capture.renderer.template, chat_format)
         self._ends = RolloutEnds(store, self._live, self.counters, self.config.advanced.default_reward)
         self._reports = ReportIntake(store, self._live, self._ends, self.counters, self.config.advanced.reward_range)
 
@@ -93,6 +98,13 @@ class Coordinator:
         """The chat renderer (with the run's chat format) that turns messages into the ids the engine sees."""
         return self._capture.renderer
 
+    def template_drift(self, rollouts: Sequence[Rollout]) -> float:
+        """The fraction of ``rollouts``' trained tokens that differ from the deployment rendering (``MeasuresTemplateDrift``).
+
+        Safe to call from another thread (``_drift.DriftMeter``); measured on at most 32 of them, evenly spaced.
+        """
+        return self._drift.measure(rollouts)
+
     @property
     def policy_version(self) -> int:
         return self.engine.policy_version
@@ -115,6 +127,11 @@ class Coordinator:
     def live_rollout_ids(self) -> list[str]:
         return self._live.ids()
 
+    def token_hash(self, rollout_id: str) -> str | None:
+        """The sha256 hex of ``rollout_id``'s token, live or ended (None: unknown); keys SageMaker trajectory MACs."""
+        live = self._live.get(rollout_id)
+        return live.token_hash if live is not None else self.store.token_hash(rollout_id)
+
     def recorded(self, rollout_id: str, with_turns: bool = True) -> Rollout | None:
         """The rollout as the store holds it (turns and tool calls included unless ``with_turns`` is False)."""
         return self.store.get_rollout(rollout_id, with_turns=with_turns)
@@ -128,9 +145,13 @@ class Coordinator:
         tools: list[Mapping[str, Any]] | None,
         sampling: SamplingParams,
         options: ChatOptions | None = None,
+        stream: ChatStream | None = None,
     ) -> ChatResult:
-        """Serve one chat completion; attributed calls are recorded before this returns."""
-        return await self._capture.chat(rollout_id, token, messages, tools, sampling, options)
+        """Serve one chat completion; attributed calls are recorded before this returns.
+
+        ``stream`` receives the completion's text as it is decoded (``_stream``: what a hang-up stops).
+        """
+        return await self._capture.chat(rollout_id, token, messages, tools, sampling, options, stream)
 
     # ------------------------------------------------------------------ reports
     async def record_tool_call(self, rollout_id: str, token: str | None, report: ToolCallReport) -> None:
@@ -139,6 +160,10 @@ class Coordinator:
     async def record_tool_calls(self, rollout_id: str, token: str | None, reports: list[ToolCallReport]) -> None:
         """Several tool calls of one rollout (an adapter's buffer), committed together, in order."""
         await self._reports.record_tool_calls(rollout_id, token, reports)
+
+    async def record_model_calls(self, rollout_id: str, token: str | None, reports: list[ModelCallReport]) -> None:
+        """A rollout's non-policy model calls (passed through to their own endpoints): recorded, never trained on."""
+        await self._reports.record_model_calls(rollout_id, token, reports)
 
     async def report_reward(self, rollout_id: str, token: str | None, report: RewardReport) -> None:
         """Record ``update_reward``. Repeating a report is fine; changing it after the end is not."""
@@ -179,4 +204,4 @@ class Coordinator:
         return await self.end(rollout_id, ExecutorEnded(status, error))
 
 
-__all__ = ["ChatResult", "Coordinator", "Ending", "RolloutHandle", "RolloutLife", "VerifiedToken", "deadline_error", "hash_token"]
+__all__ = ["ChatResult", "ChatStream", "Coordinator", "Ending", "RolloutHandle", "RolloutLife", "StreamClosed", "VerifiedToken", "deadline_error", "hash_token"]

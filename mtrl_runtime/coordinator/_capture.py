@@ -8,11 +8,16 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from ..chat import ChatRenderer, PromptBuilder, PromptPlan, normalize_messages
+from ..chat import CHAT_TEMPLATE_META, ChatRenderer, PromptBuilder, PromptPlan, ReplyText, normalize_messages
 from ..chat.formats import ChatFormat, resolve_format
 from ..errors import BadRequest, Conflict, EngineFailure
-from ..types import ChatOptions, Generation, GenerationRequest, PolicyEngine, SamplingParams, TrajectoryStore, Turn, TurnLimitHit
-from ._live import LiveRollout, LiveRollouts
+from ..types import (
+    ChatOptions, Generation, GenerationRequest, PolicyEngine, SamplingParams, StreamingEngine, TrajectoryStore, Turn,
+    TurnLimitHit,
+)
+from ._live import LiveRollout, LiveRollouts, VerifiedToken
+from ._owner import call_owner
+from ._stream import ChatStream, StreamClosed
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,8 @@ class CallCapture:
         self.format = chat_format or resolve_format(engine.tokenizer, None)
         self.renderer = ChatRenderer(engine.tokenizer, fallback=self.format.template, stop_tokens=self.format.stop_tokens)
         self.builder = PromptBuilder(self.renderer, history_training)
+        # what prompts render with, kept with the run: ``mtrl export`` writes this template beside the trained weights
+        store.set_meta(CHAT_TEMPLATE_META, {"chat_format": self.format.name, "template": self.renderer.template})
 
     async def chat(
         self,
@@ -55,8 +62,13 @@ class CallCapture:
         tools: list[Mapping[str, Any]] | None,
         sampling: SamplingParams,
         options: ChatOptions | None = None,
+        stream: ChatStream | None = None,
     ) -> ChatResult:
-        """Serve one chat completion; attributed calls are recorded before this returns."""
+        """Serve one chat completion; attributed calls are recorded before this returns.
+
+        With ``stream``, the completion's text goes to it as it is decoded
+        (``_stream``); the turn recorded is the same as without.
+        """
         try:
             normalized = normalize_messages(messages)
         except ValueError as exc:
@@ -65,7 +77,10 @@ class CallCapture:
         options = options or _AUTO
         _check_tool_choice(options, tools)
         if rollout_id is None:
-            return await self._inference(normalized, tools, sampling, options)
+            return await self._inference(normalized, tools, sampling, options, stream)
+        if isinstance(token, VerifiedToken):  # a run-wide credential (SageMaker SigV4): the messages say whose call
+            rollout_id = call_owner(self.live, self.store, rollout_id, normalized, self.counters)
+            token = VerifiedToken(rollout_id)
         live = self.live.running(rollout_id, token)
         async with live.lock:
             if self.live.get(rollout_id) is None:
@@ -77,7 +92,7 @@ class CallCapture:
                     f"rollout {rollout_id!r} reached max_turns={live.max_turns}; end the episode",
                     param="max_turns",
                 )
-            return await self._attributed_turn(live, normalized, tools, sampling, options)
+            return await self._attributed_turn(live, normalized, tools, sampling, options, stream)
 
     def _plan(self, state: Any, messages: list[dict], tools: list, options: ChatOptions) -> tuple[PromptPlan, str]:
         """The turn's prompt, and the forced prefix it ends with when a tool call is required ("" otherwise).
@@ -94,19 +109,25 @@ class CallCapture:
         return replace(plan, prompt_ids=plan.prompt_ids + tuple(self.renderer.encode(prefix))), prefix
 
     async def _inference(
-        self, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions
+        self, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions,
+        stream: ChatStream | None = None,
     ) -> ChatResult:
         plan, prefix = self._plan(None, messages, tools, options)
         sampling = self._fit_context(len(plan.prompt_ids), sampling)
-        gen = await self._generate(GenerationRequest(prompt_ids=plan.prompt_ids, sampling=sampling))
-        text, message, finish, _ = self._reply(gen, tools, sampling, prefix)
+        gen = await self._generate(
+            GenerationRequest(prompt_ids=plan.prompt_ids, sampling=sampling, stop_token_ids=self.renderer.stop_token_ids),
+            self._streaming(stream, prefix, tools, sampling, len(plan.prompt_ids)),
+        )
+        text, message, finish, _, _ = self._reply(gen, tools, sampling, prefix)
         self.counters["inference_calls"] += 1
         return ChatResult(message, finish, plan.prompt_ids, gen, text)
 
     async def _attributed_turn(
-        self, live: LiveRollout, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions
+        self, live: LiveRollout, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions,
+        stream: ChatStream | None = None,
     ) -> ChatResult:
         started = time.time()
+        live.note_answers(messages)
         plan, prefix = self._plan(live.conversation, messages, tools, options)
         sampling = self._fit_context(len(plan.prompt_ids), sampling)
         request = GenerationRequest(
@@ -115,9 +136,10 @@ class CallCapture:
             adapter=live.policy_version,
             rollout_id=live.rollout_id,
             turn_index=live.turns,
+            stop_token_ids=self.renderer.stop_token_ids,  # the format's stop tokens (and eos)
         )
-        gen = await self._generate(request)
-        text, message, finish, malformed = self._reply(gen, tools, sampling, prefix)
+        gen = await self._generate(request, self._streaming(stream, prefix, tools, sampling, len(plan.prompt_ids)))
+        text, message, finish, malformed, reasoning_tokens = self._reply(gen, tools, sampling, prefix)
         if plan.break_reason is not None:
             self.counters[f"prefix_break/{plan.break_reason.value}"] += 1
         turn = Turn(
@@ -137,6 +159,8 @@ class CallCapture:
             malformed_tool_call=malformed > 0,
             started_at=started,
             latency_s=time.time() - started,
+            reasoning=message.get("reasoning_content"),
+            reasoning_tokens=reasoning_tokens,
         )
         await self.store.aadd_turn(turn)  # durable before the response is sent
         live.conversation = self.builder.advance(
@@ -164,9 +188,24 @@ class CallCapture:
             )
         return replace(sampling, max_tokens=context - prompt_tokens)
 
-    async def _generate(self, request: GenerationRequest) -> Generation:
+    def _streaming(
+        self, stream: ChatStream | None, prefix: str, tools: list, sampling: SamplingParams, prompt_tokens: int
+    ) -> ChatStream | None:
+        """``stream``, started with the decoder of this call's completion (None for a call not streamed)."""
+        if stream is not None:
+            stream.begin(ReplyText(self.format, self.renderer, prefix, bool(tools), sampling.stop), prompt_tokens)
+        return stream
+
+    async def _generate(self, request: GenerationRequest, stream: ChatStream | None = None) -> Generation:
         try:
-            return await self.engine.generate(request)
+            if stream is None:
+                return await self.engine.generate(request)
+            if isinstance(self.engine, StreamingEngine):
+                return await stream.run(self.engine.generate_stream(request))
+            return await stream.run(self.engine.generate(request))  # one burst at the end
+        except StreamClosed:
+            self.counters["streams_closed"] += 1  # the client hung up: generation stopped, no turn recorded
+            raise
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the engine failed: the call fails, the server keeps serving
@@ -175,8 +214,11 @@ class CallCapture:
 
     def _reply(
         self, gen: Generation, tools: list, sampling: SamplingParams, prefix: str = ""
-    ) -> tuple[str, dict[str, Any], str, int]:
-        """Decode the completion into an OpenAI assistant message; also count malformed tool calls."""
+    ) -> tuple[str, dict[str, Any], str, int, int]:
+        """Decode the completion into an OpenAI assistant message; also count malformed tool calls.
+
+        Returns the text, the message, the finish reason, the malformed calls and the reasoning's tokens.
+        """
         ids = list(gen.completion_ids)
         eos = self.renderer.eos_token_ids
         while ids and ids[-1] in eos:
@@ -190,13 +232,15 @@ class CallCapture:
         message = parsed.to_message()
         finish = "tool_calls" if parsed.tool_calls else gen.finish_reason
         malformed = parsed.malformed
+        reasoning_tokens = 0
         if parsed.reasoning:  # counted in the endpoint's metrics (tokens as the tokenizer splits the text)
+            reasoning_tokens = len(self.renderer.encode(parsed.reasoning))
             self.counters["reasoning_replies"] += 1
-            self.counters["reasoning_tokens"] += len(self.renderer.encode(parsed.reasoning))
+            self.counters["reasoning_tokens"] += reasoning_tokens
         if tools:
             self.counters["malformed_tool_calls"] += malformed
             self.counters[f"malformed_tool_calls/{self.format.name}"] += malformed
-        return text, message, finish, malformed
+        return text, message, finish, malformed, reasoning_tokens
 
 
 _AUTO = ChatOptions()

@@ -6,10 +6,20 @@ end-of-rollout flags reach the store.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
 from ..types import RolloutEvent, TrajectoryStore
 from ._live import LiveRollouts
+
+_log = logging.getLogger("mtrl.coordinator")
+
+UNRECORDED_TOOLS_FIX = (
+    "the agent ran tool calls the model asked for, but its adapter reported none of them: "
+    "Strands: build each Agent with mtrl_adapters.strands.agent_factory(...) or attach(agent) "
+    "(or Agent(hooks=[MtrlHooks()])); LangGraph/LangChain: pass mtrl_adapters.langgraph's callbacks; "
+    "an agent on another host: post them to /rollouts/{id}/tool_calls"
+)
 
 
 class RolloutEnds:
@@ -20,6 +30,7 @@ class RolloutEnds:
         self.live = live
         self.counters = counters
         self.default_reward = default_reward
+        self._warned_unrecorded = False  # the fix is logged once per run; every rollout is flagged
 
     async def observe(self, rollout_id: str, event: RolloutEvent) -> bool:
         """Feed ``event``; True when it ended the rollout (then recorded), False when it did not (or had ended)."""
@@ -30,6 +41,13 @@ class RolloutEnds:
         async with live.lock:  # let a call in flight finish recording its turn first
             pass
         metrics = dict(ending.flags)
+        unrecorded = live.unrecorded_tool_calls
+        if unrecorded:  # never silent: flagged on the rollout, counted, and said once where the user looks
+            metrics["tool_calls_unrecorded"] = float(unrecorded)
+            self.counters["tool_calls_unrecorded"] += unrecorded
+            if not self._warned_unrecorded:
+                self._warned_unrecorded = True
+                _log.warning("rollout %s: %d tool call(s) unrecorded; %s", rollout_id, unrecorded, UNRECORDED_TOOLS_FIX)
         if ending.default_reward:
             metrics["reward_defaulted"] = 1.0
             await self.store.aset_reward(rollout_id, self.default_reward, None, metrics, defaulted=True)
@@ -45,4 +63,4 @@ class RolloutEnds:
         return True
 
 
-__all__ = ["RolloutEnds"]
+__all__ = ["UNRECORDED_TOOLS_FIX", "RolloutEnds"]

@@ -10,6 +10,10 @@ only :class:`RolloutLife` turns events into the end:
   decorator: returned, raised, or cancelled at its timeout). With
   ``awaits_reward`` (SageMaker's feedback client completes a trajectory and
   reports its reward after) the end waits for the reward, or for the executor.
+  A failure asked for that way carries no error text (SageMaker's
+  ``/complete-rollout`` has no field for it): it waits past its reward for
+  the executor, whose answer holds the agent's error, or for a second
+  ``AgentEnded`` (the compat route's grace end) with a text.
 - ``ExecutorEnded``: the executor returned (its outcome, or its own failure);
   an end the agent asked for that still waits for its reward takes precedence.
 - ``DeadlinePassed``: the rollout outlived its deadline (the dispatcher owns
@@ -77,7 +81,9 @@ class RolloutLife:
             return None
         if isinstance(event, RewardReported):
             self.rewarded = True
-            return self._end(self.pending.status, self.pending.error) if self.pending is not None else None
+            if self.pending is None or self._awaits_failure_text:
+                return None
+            return self._end(self.pending.status, self.pending.error)
         if isinstance(event, TurnLimitHit):
             self.hit_turn_limit = True
             return None
@@ -89,7 +95,10 @@ class RolloutLife:
         if isinstance(event, ExecutorEnded):
             if self.pending is not None:  # the agent's own word on its end stands; the executor's error explains a failure
                 status = self.pending.status
-                return self._end(status, self.pending.error or (event.error if status is not RolloutStatus.COMPLETED else None))
+                error = self.pending.error or (event.error if status is not RolloutStatus.COMPLETED else None)
+                if status is RolloutStatus.FAILED and not error:
+                    error = "the agent reported a failure without an error text, and its executor's answer held none"
+                return self._end(status, error)
             status = event.status if event.status.is_final else RolloutStatus.FAILED
             return self._end(status, event.error)
         if isinstance(event, DeadlinePassed):
@@ -99,6 +108,13 @@ class RolloutLife:
         if isinstance(event, Abandoned):
             return self._end(RolloutStatus.ABANDONED, abandoned_error(event.ttl_s))
         raise TypeError(f"event: expected a rollout event, got {event!r}")
+
+    @property
+    def _awaits_failure_text(self) -> bool:
+        """A failure the agent asked for without a text (SageMaker's ``/complete-rollout``): its reward alone
+        does not end it; the executor's answer, which carries the agent's error, or a later ``AgentEnded`` does."""
+        pending = self.pending
+        return pending is not None and pending.status is RolloutStatus.FAILED and not pending.error
 
     @property
     def awaiting_reward(self) -> RolloutStatus | None:

@@ -20,7 +20,7 @@ from ._lifecycle import Ending, RolloutLife
 
 
 class VerifiedToken(str):
-    """A credential the server checked itself, good for one rollout (SageMaker-compat SigV4 on loopback).
+    """A credential the server checked itself, good for one rollout (SageMaker-compat SigV4 with its MAC).
 
     Only server code makes one, after its own check; a token read from a
     request is always a plain ``str``, so HTTP can never forge this.
@@ -48,8 +48,23 @@ class LiveRollout:
     turns: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one model call at a time; the end waits for it
     call_turns: dict[str, int] = field(default_factory=dict)  # tool-call id -> the turn that asked for it
+    answered_calls: set[str] = field(default_factory=set)  # the model's tool calls whose results a later call sent
+    tool_calls_recorded: int = 0  # tool calls the agent's adapter reported
     life: RolloutLife = field(default_factory=RolloutLife)
     last_seen: float = field(default_factory=time.monotonic)  # the last call or report (the serve-mode TTL reads it)
+
+    def note_answers(self, messages: list[dict]) -> None:
+        """Remember which of the model's tool calls the agent answered (a ``tool`` message naming its id)."""
+        for message in messages:
+            if message.get("role") == "tool":
+                call_id = str(message.get("tool_call_id"))
+                if call_id in self.call_turns:
+                    self.answered_calls.add(call_id)
+
+    @property
+    def unrecorded_tool_calls(self) -> int:
+        """Tool calls the agent ran (their results reached the model) beyond those its adapter reported."""
+        return max(0, len(self.answered_calls) - self.tool_calls_recorded)
 
 
 class LiveRollouts:

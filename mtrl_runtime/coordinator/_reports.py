@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 
-from mtrl_adapters.wire import CompletionReport, RewardReport, RolloutState, ToolCallReport
+from mtrl_adapters.wire import CompletionReport, ModelCallReport, RewardReport, RolloutState, ToolCallReport
 
 from ..errors import BadRequest, Conflict, RolloutNotFound
-from ..types import AgentEnded, RewardReported, RolloutStatus, ToolCall, TrajectoryStore
+from ..types import AgentEnded, ModelCall, RewardReported, RolloutStatus, ToolCall, TrajectoryStore
 from ._ends import RolloutEnds
 from ._errors import client_data
 from ._live import LiveRollout, LiveRollouts
 
+
+_log = logging.getLogger("mtrl.coordinator")
 
 TOOL_CALL_CHUNK = 256
 """Tool calls of one batch written per event-loop turn: a 10,000-call batch blocked the loop ~1.3 s in one piece."""
@@ -36,6 +39,7 @@ class ReportIntake:
         live = self.live.running(rollout_id, token)
         with client_data("tool_call"):
             await self.store.aadd_tool_call(_tool_call(live, report))
+        live.tool_calls_recorded += 1
         self.counters["tool_calls"] += 1
 
     async def record_tool_calls(self, rollout_id: str, token: str | None, reports: list[ToolCallReport]) -> None:
@@ -47,7 +51,26 @@ class ReportIntake:
                 await asyncio.gather(*(self.store.aadd_tool_call(c) for c in calls[start:start + TOOL_CALL_CHUNK]))
                 if start + TOOL_CALL_CHUNK < len(calls):
                     await asyncio.sleep(0)
+        live.tool_calls_recorded += len(calls)
         self.counters["tool_calls"] += len(calls)
+
+    async def record_model_calls(self, rollout_id: str, token: str | None, reports: list[ModelCallReport]) -> None:
+        """A rollout's non-policy model calls, in order: stored apart from its turns, so never trained on."""
+        live = self.live.running(rollout_id, token)
+        calls = [ModelCall(rollout_id=rollout_id, **report.model_dump()) for report in reports]
+        with client_data("calls"):
+            for call in calls:
+                await self.store.aadd_model_call(call)
+        self.counters["model_calls_passed_through"] += len(calls)
+        if calls and live.turns == 0:  # all passed through: policy_models likely names none of the agent's models
+            self.counters["rollouts_with_no_policy_call"] += 1
+            if self.counters["rollouts_with_no_policy_call"] == 1:
+                _log.warning(
+                    "mtrl: rollout %s made %d model call(s) of %s and none to the policy, so it has nothing to train "
+                    "on; check that policy_models (advanced.policy_models or @rollout(policy_models=...)) names the "
+                    "model id the agent's policy client calls", rollout_id, len(calls),
+                    sorted({c.model or "?" for c in calls}),
+                )
 
     async def request_end(self, rollout_id: str, token: str | None, status: RolloutStatus) -> bool:
         """SageMaker compat: the agent ends its trajectory and reports its reward after; False if ended now.

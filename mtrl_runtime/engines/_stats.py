@@ -18,6 +18,7 @@ class EngineStats:
     prefill_passes: int = 0
     decode_passes: int = 0
     rows_decoded: int = 0  # sum of batch sizes over decode passes
+    decode_s: float = 0.0  # wall seconds in decode passes (rows_decoded / decode_s: decode tokens/s)
     max_rows: int = 0
     joins: int = 0  # prefills merged into an already running batch
     adapter_mismatches: int = 0  # requests for a policy version other than the one served

@@ -82,7 +82,9 @@ class EvalRecord:
     ``responses`` counts model responses and ``hit_token_cap_count`` those
     that stopped at the per-turn token cap (finish_reason "length").
     ``tool_calls`` names each call in order; ``metrics`` is the reward
-    function's own metrics dict.
+    function's own metrics dict. ``reasoning_tokens`` counts the tokens of
+    the rollout's ``reasoning_content`` (all its turns) and
+    ``completion_tokens`` every token the model generated.
     """
 
     task_id: str
@@ -95,12 +97,17 @@ class EvalRecord:
     responses: int = 0
     tool_calls: tuple[str, ...] = ()
     metrics: Mapping[str, float] = field(default_factory=dict)
+    reasoning_tokens: int = 0
+    completion_tokens: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
         object.__setattr__(self, "status", getattr(self.status, "value", self.status))
         if not math.isfinite(self.reward):
             raise ValueError(f"EvalRecord {self.task_id!r}: reward must be finite, got {self.reward!r}")
+        if self.reasoning_tokens < 0 or self.completion_tokens < 0:
+            raise ValueError(f"EvalRecord {self.task_id!r}: reasoning_tokens and completion_tokens must be >= 0, "
+                             f"got {self.reasoning_tokens}, {self.completion_tokens}")
         if self.turns < 0 or self.responses < 0:
             raise ValueError(f"EvalRecord {self.task_id!r}: turns and responses must be >= 0, got {self.turns}, {self.responses}")
         if not 0 <= self.hit_token_cap_count <= self.responses:
@@ -140,6 +147,12 @@ def token_cap_fraction(records: Sequence[EvalRecord]) -> float:
     return sum(r.hit_token_cap_count for r in records) / responses if responses else 0.0
 
 
+def reasoning_fraction(records: Sequence[EvalRecord]) -> float:
+    """The reasoning tokens' share of every token the model generated (0 when it generated none)."""
+    generated = sum(r.completion_tokens for r in records)
+    return sum(r.reasoning_tokens for r in records) / generated if generated else 0.0
+
+
 def mean_turns(records: Sequence[EvalRecord]) -> float:
     return _mean(float(r.turns) for r in _nonempty(records))
 
@@ -171,6 +184,8 @@ def eval_metrics(records: Sequence[EvalRecord], ks: Iterable[int], *, prefix: st
         f"{prefix}/truncated_frac": token_cap_fraction(records),
         f"{prefix}/turns/mean": mean_turns(records),
         f"{prefix}/tool_calls/mean": _mean(float(len(r.tool_calls)) for r in records),
+        f"{prefix}/tokens/reasoning_mean": _mean(float(r.reasoning_tokens) for r in records),
+        f"{prefix}/tokens/reasoning_frac": reasoning_fraction(records),
     }
     metrics.update(pass_k_metrics(list(successes_by_task(records).values()), ks, prefix=f"{prefix}/reward/pass_k_"))
     for name, share in tool_call_distribution(records).items():

@@ -31,6 +31,8 @@ def record_of(rollout: Rollout, success_threshold: float) -> EvalRecord:
         responses=len(turns),
         tool_calls=requested_tools(turns),
         metrics=reward_function_metrics(rollout),
+        reasoning_tokens=sum(t.reasoning_tokens for t in turns),
+        completion_tokens=sum(len(t.completion_ids) for t in turns),
     )
 
 

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 from ..config import MtrlConfig, SamplingConfig
 from ..diagnostics import BASE_SUCCESS
 from ..rollouts import Dispatcher, load_tasks
-from ..types import Rollout, RolloutExecutor, RolloutOutcome, RolloutSpec, Task
+from ..types import MeasuresTemplateDrift, Rollout, RolloutExecutor, RolloutOutcome, RolloutSpec, Task
 from ._metrics import EvalRecord, eval_metrics, success_rate
 from ._records import record_of
 from ._strict import StrictComparison, StrictScorer, compare_with_strict
@@ -192,7 +192,12 @@ async def run_side(
         *(seeded.run_group(f"{group_prefix}-t{i}", task) for i, task in enumerate(plan.tasks))
     )
     rollouts = [r for g in groups for r in g.finished]
-    return summarize(label, rollouts, plan, scorer, prefix=prefix, policy_version=version)
+    side = summarize(label, rollouts, plan, scorer, prefix=prefix, policy_version=version)
+    coordinator = dispatcher.coordinator
+    if isinstance(coordinator, MeasuresTemplateDrift):  # the training loop's figure, on these rollouts
+        drift = await asyncio.to_thread(coordinator.template_drift, rollouts)
+        side = replace(side, metrics={**side.metrics, f"{prefix}/template_drift_frac": drift})
+    return side
 
 
 async def run_validation(

@@ -2,6 +2,6 @@
 
 from ._http import HttpExecutor
 from ._inprocess import InProcessExecutor
-from ._ray import RayExecutor  # imports ray only when constructed
+from ._ray import RayExecutor, endpoint_problem  # imports ray only when constructed
 
-__all__ = ["HttpExecutor", "InProcessExecutor", "RayExecutor"]
+__all__ = ["HttpExecutor", "InProcessExecutor", "RayExecutor", "endpoint_problem"]

@@ -2,12 +2,17 @@
 
 It posts ``POST {url}/rollout`` in SageMaker AI MTRL's rollout-server shape
 (``instance``, ``metadata``, ``inference_params``, ``model_name``,
-``model_endpoint``), so one agent server works with both. ``metadata``
-carries SageMaker's ``job_arn``, ``trajectory_id`` (the rollout id),
-``endpoint`` (the coordinator) and ``region``, plus mtrl's ``rollout_token``,
-``group_id``, ``max_turns`` and ``timeout_s``; ``model_endpoint`` is the
-rollout's own OpenAI base URL, so an agent without mtrl's adapters can use
-it with the token as its API key. ``HttpExecutor.for_agentcore(url)``
+``model_endpoint``), so one agent server works with both. ``instance`` is
+the dataset row (``task_instance``). ``metadata`` carries SageMaker's
+``job_arn``, ``trajectory_id``, ``endpoint`` (the coordinator) and
+``region``, plus mtrl's ``rollout_id``, ``rollout_token``, ``group_id``,
+``max_turns`` and ``timeout_s``. The trajectory id is
+``<rollout_id>.<mac>`` (``mtrl_adapters.wire.trajectory_id``, keyed by the
+rollout's token): a SageMaker agent echoes it in its trajectory header and
+feedback bodies, which binds its SigV4 token (good for the whole run) to
+this one rollout. ``model_endpoint`` is the rollout's own OpenAI base URL
+under that id, so an agent without mtrl's adapters can use it with the
+token (or, in compat mode, a SigV4 token) as its API key. ``HttpExecutor.for_agentcore(url)``
 posts the same body to an AgentCore-style runtime (``/invocations``, ``/ping``).
 
 The agent reports its tool calls, reward and end to the coordinator itself.
@@ -22,7 +27,7 @@ from typing import Any, Mapping
 
 import httpx
 
-from mtrl_adapters.wire import rollout_base_url
+from mtrl_adapters.wire import rollout_base_url, trajectory_id
 
 from ..types import ExecutorEnded, RolloutCoordinator, RolloutOutcome, RolloutSpec, RolloutStatus, Task
 
@@ -77,21 +82,24 @@ class HttpExecutor:
         }
         if sampling.seed is not None:
             inference_params["seed"] = sampling.seed
+        trajectory = trajectory_id(spec.rollout_id, spec.token)
         return {
             "instance": task_instance(spec.task),
             "metadata": {
                 "job_arn": self.job_arn,
-                "trajectory_id": spec.rollout_id,
+                "trajectory_id": trajectory,
+                "rollout_id": spec.rollout_id,
                 "endpoint": spec.endpoint,
                 "region": self.region,
                 "rollout_token": spec.token,
                 "group_id": spec.group_id,
                 "max_turns": spec.max_turns,
                 "timeout_s": spec.timeout_s,
+                "policy_models": list(spec.policy_models) if spec.policy_models is not None else None,
             },
             "inference_params": inference_params,
             "model_name": spec.model_name,
-            "model_endpoint": rollout_base_url(spec.endpoint, spec.rollout_id),
+            "model_endpoint": rollout_base_url(spec.endpoint, trajectory),
         }
 
     async def run(self, spec: RolloutSpec) -> RolloutOutcome:
@@ -138,8 +146,23 @@ class HttpExecutor:
 
 
 def task_instance(task: Task) -> dict[str, Any]:
-    """A task as the request's ``instance`` (the fields ``mtrl_adapters.AgentTask`` reads back)."""
-    instance: dict[str, Any] = {"id": task.id, "split": task.split, "data": dict(task.data)}
+    """A task as the request's ``instance``: the dataset row's keys at the top level, as SageMaker sends them.
+
+    A row becomes a Task (``rollouts.task_from_row``) with ``id``, ``prompt``,
+    ``messages``, ``ground_truth`` and ``split`` as fields and every other key
+    in ``data``; here ``data``'s keys come back to the top level, so an agent
+    written for SageMaker AI MTRL reads ``instance["answer"]`` as it would
+    there. mtrl's own fields (``id``, ``split``, ``data``, and ``prompt``,
+    ``messages``, ``ground_truth`` when set) are kept beside them, and on a
+    collision the Task's field wins: those fields were read from the row's
+    columns of the same name, so for any row the top level matches the row
+    (only a row's own ``data`` column differs: it arrives merged with the
+    other columns, as ``Task.data``), and a ``data`` entry that a field hides
+    stays readable under ``instance["data"]``. ``AgentTask.from_instance``
+    reads both shapes back.
+    """
+    instance: dict[str, Any] = dict(task.data)
+    instance.update({"id": task.id, "split": task.split, "data": dict(task.data)})
     if task.prompt is not None:
         instance["prompt"] = task.prompt
     if task.messages is not None:

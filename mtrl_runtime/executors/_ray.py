@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import ipaddress
+from urllib.parse import urlsplit
 from typing import Any, Mapping
 
 from mtrl_adapters import is_decorated, rollout, rollout_scope
@@ -126,12 +128,18 @@ class RayExecutor:
             self._actors = [actor_class.remote(self.agent_fn) for _ in range(actors)]
             self._load = [0] * actors
         self._closed = False
+        self._endpoints_checked: set[str] = set()
 
     async def run(self, spec: RolloutSpec) -> RolloutOutcome:
         import ray
 
         if self._closed:
             raise RuntimeError("the Ray executor is closed")
+        if spec.endpoint not in self._endpoints_checked:
+            problem = endpoint_problem(spec.endpoint, _node_addresses())
+            if problem is not None:
+                raise ValueError(problem)
+            self._endpoints_checked.add(spec.endpoint)
         slot = await self._pick_actor() if self._actors else None
         if slot is None:
             ref = self._task.remote(self._agent_ref, spec)
@@ -200,6 +208,49 @@ class RayExecutor:
             await asyncio.to_thread(ray.shutdown)
 
 
+def endpoint_problem(endpoint: str, node_addresses: set[str]) -> str | None:
+    """Why Ray workers on ``node_addresses`` could not reach the coordinator at ``endpoint``; None when they can.
+
+    A rollout is told to call ``endpoint``: a wildcard bind (0.0.0.0) sends a
+    worker to its own machine, and a loopback one cannot be reached from a
+    node on another machine.
+    """
+    host = urlsplit(endpoint).hostname or ""
+    fix = ("bind advanced.server.host to this machine's address the Ray nodes reach (e.g. 10.0.0.1), "
+           "with advanced.server.api_key (docs/scaling.md)")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None  # a host name: resolved on each node
+    if address.is_unspecified:
+        return f"the coordinator's endpoint {endpoint!r} is a wildcard address, which a Ray worker reads as its own machine; {fix}"
+    remote = sorted(a for a in node_addresses if not _is_this_machine(a))
+    if address.is_loopback and remote:
+        return (f"the coordinator's endpoint {endpoint!r} is a loopback address, and Ray nodes on other machines "
+                f"({', '.join(remote[:4])}) cannot reach it; {fix}")
+    return None
+
+
+def _node_addresses() -> set[str]:
+    import ray
+
+    return {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+
+
+def _is_this_machine(address: str) -> bool:
+    """Whether ``address`` is loopback or one of this machine's interfaces (unknown without psutil: assumed so)."""
+    try:
+        if ipaddress.ip_address(address).is_loopback:
+            return True
+    except ValueError:
+        return True
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - ray[default] brings psutil
+        return True
+    return any(a.address == address for addrs in psutil.net_if_addrs().values() for a in addrs)
+
+
 def _died(exc: BaseException, task: bool) -> str:
     """Why a rollout's Ray work failed, in one line (Ray's own text can run to many lines)."""
     import ray
@@ -216,4 +267,4 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:500] if text else ""
 
 
-__all__ = ["RayExecutor", "run_agent", "run_agent_task"]
+__all__ = ["RayExecutor", "endpoint_problem", "run_agent", "run_agent_task"]

@@ -203,6 +203,7 @@ class Dispatcher:
                 sampling=core.sampling_params.to_params(),
                 max_turns=core.max_turns,
                 timeout_s=advanced.rollout_timeout_s,
+                policy_models=tuple(advanced.policy_models) if advanced.policy_models is not None else None,
             )
             event: RolloutEvent
             try:

@@ -1,4 +1,4 @@
-"""An answered chat completion as OpenAI's JSON body or as its server-sent events, built as bytes."""
+"""An answered chat completion as OpenAI's JSON body, built as bytes (its streamed events: ``_chat_stream``)."""
 
 from __future__ import annotations
 
@@ -34,41 +34,6 @@ def completion_json(cid: str, model: str, tokenizer: Any, body: ChatCompletionRe
     return orjson.dumps(payload)
 
 
-def completion_events(cid: str, model: str, tokenizer: Any, body: ChatCompletionRequest, result: ChatResult) -> bytes:
-    """The completion as ``chat.completion.chunk`` events: role, reasoning, content, tool calls, finish, usage, [DONE].
-
-    The engine answers whole completions, so every event is ready at once and
-    they go out in one write; clients read them as a stream all the same.
-    """
-    base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
-
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-        payload = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, **extra}]}
-        return b"data: " + orjson.dumps(payload) + b"\n\n"
-
-    events = [chunk({"role": "assistant", "content": ""})]
-    reasoning = result.message.get("reasoning_content")
-    if reasoning:  # before the answer, as the model wrote it (the field reasoning servers stream)
-        events.append(chunk({"reasoning_content": reasoning}))
-    content = result.message.get("content")
-    if content:
-        extra = {"logprobs": _logprobs(tokenizer, result)} if body.wants_logprobs else {}
-        events.append(chunk({"content": content}, **extra))
-    for i, call in enumerate(result.message.get("tool_calls") or []):
-        events.append(chunk({"tool_calls": [{"index": i, **call}]}))
-    final_extra: dict[str, Any] = {}
-    if body.wants_token_ids:
-        final_extra["token_ids"] = list(result.generation.completion_ids)
-    events.append(chunk({}, result.finish_reason, **final_extra))
-    if body.stream_options is not None and body.stream_options.include_usage:
-        payload = {**base, "choices": [], "usage": _usage(result)}
-        if body.wants_token_ids:
-            payload["prompt_token_ids"] = list(result.prompt_ids)
-        events.append(b"data: " + orjson.dumps(payload) + b"\n\n")
-    events.append(b"data: [DONE]\n\n")
-    return b"".join(events)
-
-
 def _usage(result: ChatResult) -> dict[str, int]:
     prompt = len(result.prompt_ids)
     completion = len(result.generation.completion_ids)
@@ -89,4 +54,4 @@ def _logprobs(tokenizer: Any, result: ChatResult) -> dict[str, Any]:
     return {"content": content}
 
 
-__all__ = ["completion_events", "completion_json"]
+__all__ = ["completion_json"]

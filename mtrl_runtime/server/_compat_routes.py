@@ -6,22 +6,30 @@ calls name the rollout with ``X-Amzn-SageMaker-Trajectory-Id`` (the OpenAI
 routes read it in this mode), and its ``RolloutFeedbackClient`` posts
 ``/complete-rollout`` then ``/update-reward``. The rollout stays live
 between the two (``Coordinator.request_end``), so it never ends without its
-reward.
+reward. A failure reported that way carries no error text (the SDK logs
+the text and sends only the status): the rollout then waits for its
+executor's answer, which holds the agent's error, and ends with that text;
+without an executor it ends ``FAILURE_TEXT_GRACE_S`` after its reward with
+a text that says so.
 
 SageMaker's bearer token is a SigV4-presigned URL computed from the
 agent's AWS credentials. mtrl accepts such a token only in compatibility
-mode (``advanced.server.sagemaker_compat``), only from a loopback peer to a
-loopback-bound server, and only when its signature verifies (``_sigv4``)
-against the credentials the run is configured with
+mode (``advanced.server.sagemaker_compat``), and only when its signature
+verifies (``_sigv4``) against the credentials the run is configured with
 (``advanced.server.sagemaker_access_key_id`` / ``sagemaker_secret``): a
-made-up key or signature is a 401. A verified token stands for the run's
-agents (whoever holds that AWS secret), so it may act for any rollout of
-the run it names; everywhere else the rollout's own token is required, as
-on every other route.
+made-up key or signature is a 401. By default only a loopback peer on a
+loopback-bound server may send one; ``advanced.server.sagemaker_compat_remote``
+lifts that (the signature is checked all the same). A verified token
+proves its sender holds the run's AWS secret, so it stands for the run's
+agents, not for one rollout: it acts for a rollout only when the request
+names the rollout by the trajectory id mtrl handed that rollout's agent,
+``<rollout_id>.<mac>`` (``_trajectory``), so one agent cannot report for
+another rollout. With the rollout's own token instead, the MAC is optional.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import ipaddress
@@ -37,12 +45,14 @@ from mtrl_adapters.wire import CompletionReport, RewardReport, SageMakerComplete
 
 from ..coordinator import Coordinator, VerifiedToken
 from ..errors import BadRequest, Unauthorized
-from ..types import RolloutStatus
+from ..types import AgentEnded, RolloutStatus
 from ._http import bearer_token, describe_validation, json_response, openapi_body, parse_body
 from ._sigv4 import signature_problem
+from ._trajectory import resolve_trajectory
 
 SIGV4_PREFIX = "sagemaker-api-key-"
 _MAX_EXPIRES_S = 43200  # SageMaker's token lifetime cap (12 hours)
+FAILURE_TEXT_GRACE_S = 10.0  # a text-less failure waits this long past its reward for its executor's answer
 
 _STATUSES = {
     "ready": RolloutStatus.COMPLETED,
@@ -87,12 +97,33 @@ def sigv4_problem(token: str, now: float | None = None) -> str | None:
     return None
 
 
-def compat_credential(peer: str, coordinator: Coordinator, rollout_id: str, token: str | None) -> str | None:
+def compat_credential(
+    peer: str, coordinator: Coordinator, rollout_id: str, token: str | None, bound: bool = False
+) -> str | None:
     """The credential to check for ``rollout_id``: the request's token, or a verified SigV4 presign.
 
-    ``peer`` is the client's address: a SigV4 token counts only from loopback.
+    ``peer`` is the client's address; ``bound``: the request named the rollout
+    by its trajectory id with a verified MAC. A verified SigV4 token without
+    that is a 401: it stands for the run, not for this rollout.
     """
-    return VerifiedToken(rollout_id) if sigv4_verified(peer, coordinator, token) else token
+    return bind_credential(coordinator, rollout_id, token, sigv4_verified(peer, coordinator, token), bound)
+
+
+def bind_credential(
+    coordinator: Coordinator, rollout_id: str, token: str | None, verified: bool, bound: bool
+) -> str | None:
+    """``token`` itself unless it is a verified SigV4 token (``verified``); then the rollout's if ``bound``."""
+    if not verified:
+        return token
+    if not bound:
+        coordinator.counters["auth_rejected"] += 1
+        raise Unauthorized(
+            f"rollout {rollout_id!r}: a SageMaker SigV4 token acts for a rollout only when the request names it by "
+            "the trajectory id mtrl handed its agent ('<rollout_id>.<mac>', metadata.trajectory_id of the /rollout "
+            "request, in the X-Amzn-SageMaker-Trajectory-Id header or TrajectoryId); or send the rollout's own token",
+            param="authorization",
+        )
+    return VerifiedToken(rollout_id)
 
 
 def sigv4_verified(peer: str, coordinator: Coordinator, token: str | None) -> bool:
@@ -103,10 +134,12 @@ def sigv4_verified(peer: str, coordinator: Coordinator, token: str | None) -> bo
     cfg = coordinator.server_config
     if not (cfg.sagemaker_compat and token and token.startswith(SIGV4_PREFIX)):
         return False
-    if not (_loopback(cfg.host) and _loopback(peer)):
+    if not cfg.sagemaker_compat_remote and not (_loopback(cfg.host) and _loopback(peer)):
+        coordinator.counters["auth_rejected"] += 1
         raise Unauthorized(
-            f"SageMaker SigV4 tokens are accepted only on loopback (server {cfg.host!r}, peer {peer!r}); "
-            "send the rollout's own token",
+            f"SageMaker SigV4 tokens are accepted only on loopback (server {cfg.host!r}, peer {peer!r}) unless "
+            "advanced.server.sagemaker_compat_remote is true (the signature is verified either way); "
+            "set it, or send the rollout's own token",
             param="authorization",
         )
     if not (cfg.sagemaker_access_key_id and cfg.sagemaker_secret):
@@ -127,10 +160,42 @@ def sigv4_verified(peer: str, coordinator: Coordinator, token: str | None) -> bo
     return True
 
 
+def feedback_credential(
+    coordinator: Coordinator, trajectory: str, token: str | None, verified: bool
+) -> tuple[str, str | None]:
+    """The rollout a feedback body's ``TrajectoryId`` names, and the credential to check for it."""
+    rollout_id, bound = resolve_trajectory(coordinator, trajectory, "TrajectoryId")
+    return rollout_id, bind_credential(coordinator, rollout_id, token, verified, bound)
+
+
+class FailureGrace:
+    """Ends a rollout that asked to fail without a text when no executor answers for it (see the module docstring)."""
+
+    def __init__(self, coordinator: Coordinator, grace_s: float | None = None) -> None:
+        self.coordinator = coordinator
+        self.grace_s = FAILURE_TEXT_GRACE_S if grace_s is None else grace_s
+        self.tasks: set[asyncio.Task] = set()
+
+    def arm(self, rollout_id: str, status_text: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._end_later(rollout_id, status_text))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _end_later(self, rollout_id: str, status_text: str) -> None:
+        await asyncio.sleep(self.grace_s)
+        error = (
+            f"the agent reported Status {status_text!r} to /complete-rollout; SageMaker's feedback client sends "
+            f"no error text, and no executor answered for this rollout within {self.grace_s:g} s of its reward"
+        )
+        if await self.coordinator.end(rollout_id, AgentEnded(RolloutStatus.FAILED, error)):
+            self.coordinator.counters["compat_failures_without_text"] += 1
+
+
 def build_compat_router(coordinator: Coordinator) -> APIRouter:
     router = APIRouter()
     max_bytes = coordinator.server_config.max_body_bytes
     max_chars = coordinator.server_config.max_string_chars
+    grace = FailureGrace(coordinator)
 
     @router.post(
         "/complete-rollout",
@@ -138,15 +203,15 @@ def build_compat_router(coordinator: Coordinator) -> APIRouter:
         summary="SageMaker compat: end a trajectory (waits for its reward if none came yet)",
     )
     async def complete_rollout(request: Request) -> Response:
-        verified = sigv4_verified(_peer(request), coordinator, bearer_token(request))  # before the body
+        bearer = bearer_token(request)
+        verified = sigv4_verified(_peer(request), coordinator, bearer)  # before the body: a stranger learns no schema
         body = await parse_body(request, SageMakerCompleteRollout, max_bytes, max_chars)
-        rollout_id = body.TrajectoryId
-        token = VerifiedToken(rollout_id) if verified else bearer_token(request)
+        rollout_id, token = feedback_credential(coordinator, body.TrajectoryId, bearer, verified)
         status = _status(body.Status)
         if rollout_id in coordinator.live_rollout_ids() and await coordinator.request_end(rollout_id, token, status):
-            return json_response({"TrajectoryId": rollout_id, "Status": status.value, "Pending": "reward"})
+            return json_response({"TrajectoryId": body.TrajectoryId, "Status": status.value, "Pending": "reward"})
         state = await coordinator.complete(rollout_id, token, CompletionReport(status=status.value))
-        return json_response({"TrajectoryId": rollout_id, "Status": state.status})
+        return json_response({"TrajectoryId": body.TrajectoryId, "Status": state.status})
 
     @router.post(
         "/update-reward",
@@ -154,12 +219,15 @@ def build_compat_router(coordinator: Coordinator) -> APIRouter:
         summary="SageMaker compat: a trajectory's reward (one value) or per-turn rewards (a list)",
     )
     async def update_reward(request: Request) -> Response:
-        verified = sigv4_verified(_peer(request), coordinator, bearer_token(request))  # before the body
+        bearer = bearer_token(request)
+        verified = sigv4_verified(_peer(request), coordinator, bearer)  # before the body
         body = await parse_body(request, SageMakerUpdateReward, max_bytes, max_chars)
-        rollout_id = body.TrajectoryId
-        token = VerifiedToken(rollout_id) if verified else bearer_token(request)
+        rollout_id, token = feedback_credential(coordinator, body.TrajectoryId, bearer, verified)
         await coordinator.report_reward(rollout_id, token, _reward_report(body.Rewards))  # ends one that waited
-        return json_response({"TrajectoryId": rollout_id, "Status": coordinator.state(rollout_id).status})
+        if coordinator.requested_end(rollout_id) is RolloutStatus.FAILED:  # rewarded, still waiting for a text
+            grace.arm(rollout_id, RolloutStatus.FAILED.value)
+            return json_response({"TrajectoryId": body.TrajectoryId, "Status": "failed", "Pending": "executor"})
+        return json_response({"TrajectoryId": body.TrajectoryId, "Status": coordinator.state(rollout_id).status})
 
     return router
 
@@ -198,4 +266,14 @@ def _loopback(host: str) -> bool:
         return False
 
 
-__all__ = ["SIGV4_PREFIX", "build_compat_router", "compat_credential", "sigv4_problem", "sigv4_verified"]
+__all__ = [
+    "FAILURE_TEXT_GRACE_S",
+    "SIGV4_PREFIX",
+    "FailureGrace",
+    "bind_credential",
+    "build_compat_router",
+    "compat_credential",
+    "feedback_credential",
+    "sigv4_problem",
+    "sigv4_verified",
+]

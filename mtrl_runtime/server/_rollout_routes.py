@@ -15,10 +15,12 @@ from mtrl_adapters.wire import (
     CompletionReport,
     CreatedRollout,
     CreateRolloutRequest,
+    ModelCallBatch,
     RewardReport,
     ToolCallBatch,
     ToolCallReport,
     rollout_base_url,
+    trajectory_id,
 )
 
 from ..coordinator import Coordinator
@@ -55,6 +57,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         created = CreatedRollout(
             rollout_id=handle.rollout_id, token=handle.token, group_id=handle.group_id,
             base_url=rollout_base_url(base, handle.rollout_id),
+            trajectory_id=trajectory_id(handle.rollout_id, handle.token),
         )
         return json_response(created.model_dump())
 
@@ -82,6 +85,17 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         else:
             batch = decode_body(raw, ToolCallBatch, max_chars)
         await coordinator.record_tool_calls(rollout_id, bearer_token(request), batch.calls)
+        return json_response({"ok": True, "recorded": len(batch.calls)})
+
+    @router.post(
+        "/rollouts/{rollout_id}/model_calls/batch",
+        openapi_extra=openapi_body(ModelCallBatch),
+        summary="Record a rollout's non-policy model calls (passed through to their own endpoints; never trained)",
+    )
+    async def model_call_batch(rollout_id: str, request: Request) -> Response:
+        coordinator.check_access(rollout_id, bearer_token(request))
+        batch = await parse_body(request, ModelCallBatch, max_bytes, max_chars)
+        await coordinator.record_model_calls(rollout_id, bearer_token(request), batch.calls)
         return json_response({"ok": True, "recorded": len(batch.calls)})
 
     @router.post(

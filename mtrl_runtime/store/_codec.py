@@ -194,6 +194,8 @@ class TurnRow(NamedTuple):
     malformed_tool_call: int
     started_at: float
     latency_s: float
+    reasoning: str | None
+    reasoning_tokens: int
 
 
 def encode_task(task: Task) -> tuple:
@@ -256,13 +258,15 @@ def encode_turn(turn: Turn) -> TurnRow:
         malformed_tool_call=int(bool(turn.malformed_tool_call)),
         started_at=check_float("turn.started_at", turn.started_at),
         latency_s=check_float("turn.latency_s", turn.latency_s, minimum=0.0),
+        reasoning=check_str("turn.reasoning", turn.reasoning, optional=True, empty=True),
+        reasoning_tokens=check_int("turn.reasoning_tokens", turn.reasoning_tokens),
     )
 
 
 def decode_turn(row: TurnRow) -> Turn:
     (rollout_id, index, messages, tools, prompt_ids, completion_ids, logprobs, finish_reason,
      completion_text, tool_calls, policy_version, segment, break_reason, malformed, started_at,
-     latency_s) = row
+     latency_s, reasoning, reasoning_tokens) = row
     return Turn(
         rollout_id=rollout_id,
         index=index,
@@ -280,6 +284,8 @@ def decode_turn(row: TurnRow) -> Turn:
         malformed_tool_call=bool(malformed),
         started_at=started_at,
         latency_s=latency_s,
+        reasoning=reasoning,
+        reasoning_tokens=reasoning_tokens,
     )
 
 

@@ -15,15 +15,20 @@ Each line is an object with these keys (times are Unix seconds)::
     task        {id, prompt, messages, ground_truth, split, data}
     turns       [{index, messages, tools, prompt_ids, completion_ids, logprobs, finish_reason,
                   completion_text, tool_calls, policy_version, segment, break_reason,
-                  malformed_tool_call, started_at, latency_s}]   by index; prompt_ids is the full prompt
+                  malformed_tool_call, started_at, latency_s, reasoning, reasoning_tokens}]
+                                                            by index; prompt_ids is the full prompt;
+                                                            reasoning: the reply's reasoning_content or null
     tool_calls  [{call_id, name, arguments, result, error, status, latency_s, turn_index, started_at}]
                                                             in order of arrival
+    model_calls [{rollout_id, protocol, model, latency_s, started_at, input_tokens, output_tokens, stream,
+                  status, error}]                           non-policy calls (a judge...): never trained on
 
 The rollout's bearer-token hash is never exported.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -69,6 +74,7 @@ def rollout_record(rollout: Rollout, task: Task | None, trained_step: int | None
         "task": None if task is None else _task_record(task),
         "turns": [_turn_record(t) for t in rollout.turns],
         "tool_calls": [_tool_call_record(c) for c in rollout.tool_calls],
+        "model_calls": [dataclasses.asdict(c) for c in rollout.model_calls],  # non-policy calls: never trained
     }
 
 
@@ -100,6 +106,8 @@ def _turn_record(turn: Turn) -> dict[str, Any]:
         "malformed_tool_call": turn.malformed_tool_call,
         "started_at": turn.started_at,
         "latency_s": turn.latency_s,
+        "reasoning": turn.reasoning,
+        "reasoning_tokens": turn.reasoning_tokens,
     }
 
 

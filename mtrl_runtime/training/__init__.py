@@ -5,6 +5,7 @@ Rollouts are collected by the floor below (``mtrl_runtime.rollouts``).
 
 from ._policy import DEFAULT_TARGET_MODULES, Policy, atomic_folder, build_policy, policy_from_config, train_device
 from ._packing import plan_micro_batches
+from ._fit import StepDoesNotFit, preflight_folder
 from ._update import WEIGHTS_FOLDER, PolicyUpdate, UpdateSettings, resolve_autocast
 from ._batch import PreparedBatch, prepare_batch, staleness
 from ._checkpoint import CHECKPOINTS, POLICY_FOLDER, CheckpointState, Checkpoints, StepRecord
@@ -13,8 +14,19 @@ from ._metrics import reward_function_metrics, rollout_metrics
 from ._resume import ResumePlan, plan_resume
 from ._trainer import MultiTurnRLTrainer, TrainingResult
 from ._weights import PushedWeights, SharedWeights, shares_model
+from ._distributed import (Ranks, ShardedUpdate, check_world_divides, deal_rounds, follow_training, init_ranks,
+                           join_torchrun, launched_distributed, shard_policy)
 
 __all__ = [
+    "Ranks",
+    "ShardedUpdate",
+    "check_world_divides",
+    "deal_rounds",
+    "follow_training",
+    "join_torchrun",
+    "init_ranks",
+    "launched_distributed",
+    "shard_policy",
     "CHECKPOINTS",
     "POLICY_FOLDER",
     "WEIGHTS_FOLDER",
@@ -29,6 +41,7 @@ __all__ = [
     "PushedWeights",
     "ResumePlan",
     "SharedWeights",
+    "StepDoesNotFit",
     "StepRecord",
     "StepReport",
     "TrainingLoop",
@@ -40,6 +53,7 @@ __all__ = [
     "plan_micro_batches",
     "plan_resume",
     "policy_from_config",
+    "preflight_folder",
     "prepare_batch",
     "resolve_autocast",
     "reward_function_metrics",

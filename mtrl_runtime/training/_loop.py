@@ -44,10 +44,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..algorithms import AdvantageParams
 from ..config import MtrlConfig
-from ..diagnostics import VAL_REWARD, ZERO_ADV
+from ..diagnostics import TEMPLATE_DRIFT, VAL_REWARD, ZERO_ADV
 from ..evaluation import run_validation
 from ..rollouts import Dispatcher, StepBatch, TaskSchedule
-from ..types import Task
+from ..types import MeasuresTemplateDrift, Task
 from ._batch import prepare_batch
 from ._checkpoint import Checkpoints
 from ._metrics import rollout_metrics
@@ -202,6 +202,9 @@ class TrainingLoop:
             update_metrics = {"train/skipped": 1.0, "train/policy_version": float(self.update.version)}
         now = time.perf_counter()
         metrics = rollout_metrics(batch.rollouts)
+        coordinator = self.dispatcher.coordinator
+        if isinstance(coordinator, MeasuresTemplateDrift):  # trained tokens unlike what deployment renders
+            metrics[TEMPLATE_DRIFT] = await asyncio.to_thread(coordinator.template_drift, batch.rollouts)
         metrics.update(batch.failure_metrics())
         metrics.update(prepared.metrics)
         groups = sum(1 for g in batch.groups if g.kept)  # the groups advantages were computed over

@@ -1,4 +1,8 @@
-"""Give freed heap memory back to the operating system after an update step.
+"""Free memory: how much a step may use, and giving freed heap memory back after an update step.
+
+``available_bytes`` is what a new allocation can get now: on CUDA the
+device's free memory plus what torch's allocator holds unused; on CPU the
+kernel's MemAvailable (Linux), else the physical memory.
 
 glibc keeps one malloc arena per thread that allocates, and keeps what a
 step frees inside it. The trainer runs its steps on whichever worker thread
@@ -14,7 +18,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
+from pathlib import Path
 from typing import Any
+
+import torch
 
 
 @functools.lru_cache(maxsize=1)
@@ -36,4 +44,17 @@ def release_free_memory() -> bool:
     return True
 
 
-__all__ = ["release_free_memory"]
+def available_bytes(device: torch.device) -> int:
+    """Bytes a step on ``device`` can allocate now (see the module docstring)."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+__all__ = ["available_bytes", "release_free_memory"]

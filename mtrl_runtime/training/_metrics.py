@@ -6,7 +6,10 @@ completed rollouts whose agent reported a reward; ``zero_frac`` is the
 share of rollouts whose reward is 0. ``rollout/tokens/response_max`` is the
 most tokens the policy generated in one rollout (all its turns). The reward
 function's own metrics are averaged over the rollouts that report them, as
-``rollout/metrics/<name>``.
+``rollout/metrics/<name>``. ``rollout/tokens/reasoning_mean`` is the
+reasoning tokens a rollout wrote (each turn's ``reasoning_tokens``, what its
+chat format parsed as ``reasoning_content``), and ``reasoning_frac`` their
+share of all generated tokens.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     rewards = [r.total_reward for r in rollouts]
     valid = [r.total_reward for r in rollouts if r.status is RolloutStatus.COMPLETED and not r.reward_defaulted]
     response_tokens = [sum(len(t.completion_ids) for t in r.turns) for r in rollouts]
+    reasoning_tokens = [sum(t.reasoning_tokens for t in r.turns) for r in rollouts]
     turns = [t for r in rollouts for t in r.turns]
     metrics = {
         "rollout/count": float(len(rollouts)),
@@ -39,6 +43,8 @@ def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
         "rollout/tool_calls/mean": _mean([float(len(r.tool_calls)) for r in rollouts]),
         "rollout/tokens/response_max": float(max(response_tokens, default=0)),
         "rollout/tokens/response_mean": _mean([float(n) for n in response_tokens]),
+        "rollout/tokens/reasoning_mean": _mean([float(n) for n in reasoning_tokens]),
+        "rollout/tokens/reasoning_frac": sum(reasoning_tokens) / max(sum(response_tokens), 1),
         "rollout/truncated_frac": _mean([float(t.finish_reason == "length") for t in turns]),
         "rollout/malformed_tool_calls": float(sum(t.malformed_tool_call for t in turns)),
         "rollout/prefix_breaks": float(sum(t.break_reason is not None for t in turns)),

@@ -78,19 +78,35 @@ def plan_micro_batches(
     return [batch for batch, _ in pack_micro_batches(lengths, budget, rows)]
 
 
-def shared_prefix_logits(
-    model: Any, ids_BT: torch.Tensor, attention_BT: torch.Tensor, shared: int, keep_K: torch.Tensor,
-    supports_logits_to_keep: bool,
-) -> torch.Tensor:
-    """Logits at positions ``keep_K`` (all >= ``shared``) of rows whose first ``shared`` tokens are equal."""
-    prefix = model(input_ids=ids_BT[:1, :shared], use_cache=True, **({"logits_to_keep": 1} if supports_logits_to_keep else {}))
+def _prefix_then_rows(model: Any, ids_BT: torch.Tensor, shared: int, **prefix_kwargs: Any) -> tuple[Any, torch.Tensor]:
+    """Run the shared prefix once (batch 1); its KV cache expanded to the batch, and the rows' positions."""
+    prefix = model(input_ids=ids_BT[:1, :shared], use_cache=True, **prefix_kwargs)
     cache = prefix.past_key_values
     batch = ids_BT.shape[0]
     for layer in cache.layers:
         layer.keys = layer.keys.expand(batch, -1, -1, -1)
         layer.values = layer.values.expand(batch, -1, -1, -1)
     width = ids_BT.shape[1]
-    positions_BS = torch.arange(shared, width, device=ids_BT.device).expand(batch, -1)
+    return cache, torch.arange(shared, width, device=ids_BT.device).expand(batch, -1)
+
+
+def shared_prefix_hidden(
+    decoder: Any, ids_BT: torch.Tensor, attention_BT: torch.Tensor, shared: int, keep_K: torch.Tensor
+) -> torch.Tensor:
+    """The decoder's last hidden states at positions ``keep_K`` (all >= ``shared``): [B, K, D]."""
+    cache, positions_BS = _prefix_then_rows(decoder, ids_BT, shared)
+    out = decoder(input_ids=ids_BT[:, shared:], attention_mask=attention_BT, position_ids=positions_BS,
+                  past_key_values=cache, use_cache=True)
+    return out.last_hidden_state[:, keep_K - shared]
+
+
+def shared_prefix_logits(
+    model: Any, ids_BT: torch.Tensor, attention_BT: torch.Tensor, shared: int, keep_K: torch.Tensor,
+    supports_logits_to_keep: bool,
+) -> torch.Tensor:
+    """Logits at positions ``keep_K`` (all >= ``shared``) of rows whose first ``shared`` tokens are equal."""
+    cache, positions_BS = _prefix_then_rows(
+        model, ids_BT, shared, **({"logits_to_keep": 1} if supports_logits_to_keep else {}))
     rest_K = keep_K - shared
     kwargs = {"logits_to_keep": rest_K} if supports_logits_to_keep else {}
     out = model(input_ids=ids_BT[:, shared:], attention_mask=attention_BT, position_ids=positions_BS,
@@ -105,4 +121,4 @@ def can_share_prefix(model: Any) -> bool:
 
 
 __all__ = ["MIN_SHARED_TOKENS", "batch_cost", "can_share_prefix", "common_prefix_length", "pack_micro_batches",
-           "plan_micro_batches", "shared_prefix_logits", "usable_shared"]
+           "plan_micro_batches", "shared_prefix_hidden", "shared_prefix_logits", "usable_shared"]

@@ -2,7 +2,10 @@
 
 With LoRA the reference policy for a KL term is the same model with its
 adapters disabled, so no second copy is kept; full fine-tuning keeps a frozen
-copy only when asked (``keep_reference``).
+copy only when asked (``keep_reference``). Under LoRA a model loaded from a
+folder keeps its frozen base in the dtype ``_precision.frozen_base_dtype``
+picks (bf16 for a bf16 model trained under bf16 autocast); the LoRA weights,
+and so their gradients and optimizer state, are fp32.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import json
 import os
 import shutil
 import tempfile
@@ -18,6 +22,8 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
+
+from ._precision import frozen_base_dtype, resolve_autocast
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -110,6 +116,7 @@ def build_policy(
     target_modules: Sequence[str] = DEFAULT_TARGET_MODULES,
     keep_reference: bool = False,
     device: str = "auto",
+    base_dtype: torch.dtype = torch.float32,
 ) -> Policy:
     """Load (from a local folder) or take a causal LM and make it trainable.
 
@@ -118,9 +125,11 @@ def build_policy(
     otherwise every parameter trains. The model is left in eval() mode. A
     model loaded from a folder goes to ``device`` (``auto``: CUDA when there
     is one); a model object stays where it is (e.g. shared with the hf engine).
+    ``base_dtype``: the dtype a folder's weights are loaded in under LoRA
+    (full fine-tuning keeps fp32 master weights).
     """
     if isinstance(model, (str, Path)):
-        model, tokenizer = _load_folder(Path(model), tokenizer)
+        model, tokenizer = _load_folder(Path(model), tokenizer, base_dtype if lora else torch.float32)
         model = model.to(train_device(device))
     if lora:
         from peft import LoraConfig, get_peft_model
@@ -131,6 +140,9 @@ def build_policy(
             bias="none", task_type="CAUSAL_LM",
         )
         model = get_peft_model(model, config)
+        for param in model.parameters():  # LoRA weights, their gradients and AdamW state in fp32 over any base
+            if param.requires_grad and param.dtype != torch.float32:
+                param.data = param.data.float()
         policy = Policy(model=model, tokenizer=tokenizer, lora=True, target_modules=present)
     else:
         for param in model.parameters():
@@ -144,6 +156,10 @@ def build_policy(
 def policy_from_config(config: Any, model: str | Path | Any, tokenizer: Any | None = None) -> Policy:
     """``build_policy`` with the LoRA settings of an ``MtrlConfig``; ``model`` is a folder or a model."""
     core, advanced = config.core, config.advanced
+    base_dtype = torch.float32
+    if isinstance(model, (str, Path)) and not advanced.full_finetune:
+        compute = resolve_autocast(advanced.precision, train_device(advanced.train_device))
+        base_dtype = frozen_base_dtype(advanced.frozen_base_dtype, folder_dtype(Path(model)), compute)
     return build_policy(
         model,
         tokenizer,
@@ -154,7 +170,17 @@ def policy_from_config(config: Any, model: str | Path | Any, tokenizer: Any | No
         target_modules=advanced.lora_target_modules,
         keep_reference=advanced.full_finetune and advanced.kl_coef > 0,
         device=advanced.train_device,
+        base_dtype=base_dtype,
     )
+
+
+def folder_dtype(folder: Path) -> torch.dtype:
+    """The dtype a model folder's config declares (``dtype``, or the older ``torch_dtype``); fp32 when none."""
+    path = folder / "config.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    declared = data.get("dtype") or data.get("torch_dtype")
+    value = getattr(torch, declared, None) if isinstance(declared, str) else None
+    return value if isinstance(value, torch.dtype) else torch.float32
 
 
 def train_device(device: str = "auto") -> torch.device:
@@ -214,7 +240,7 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def _load_folder(folder: Path, tokenizer: Any | None) -> tuple[Any, Any | None]:
+def _load_folder(folder: Path, tokenizer: Any | None, dtype: torch.dtype = torch.float32) -> tuple[Any, Any | None]:
     if not folder.is_dir():
         raise FileNotFoundError(
             f"model {str(folder)!r} is not a local folder; resolve model names "
@@ -222,8 +248,8 @@ def _load_folder(folder: Path, tokenizer: Any | None) -> tuple[Any, Any | None]:
         )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    # fp32 master weights; bf16 is used through autocast where it is faster
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    # fp32 master weights, or (LoRA) the frozen base in the dtype the step computes in; bf16 through autocast
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     if tokenizer is None and any(folder.glob("tokenizer*")):
         tokenizer = AutoTokenizer.from_pretrained(folder)
     return model, tokenizer
@@ -260,5 +286,6 @@ __all__ = [
     "Policy",
     "atomic_folder",
     "build_policy",
+    "folder_dtype",
     "policy_from_config",
 ]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from ..config import CoreConfig, MtrlConfig
+from ..config import ConfigError, CoreConfig, MtrlConfig
 from ..engines import resolve_model
 from ..evaluation import StrictScorer, as_strict_scorer
 from ..monitor import DiagnosticsMonitor, history_from_rows
@@ -36,6 +36,8 @@ from ..rollouts import HEARTBEAT_S, RolloutStack, TaskSchedule, executor_kind, l
 from ..tracking import Tracker
 from ..types import RolloutExecutor, Task
 from ._checkpoint import Checkpoints
+from ._distributed import Ranks, ShardedUpdate
+from ._fit import preflight_folder
 from ._loop import StepReport, TrainingLoop
 from ._policy import policy_from_config
 from ._progress import ProgressDisplay
@@ -75,7 +77,10 @@ class MultiTurnRLTrainer:
         tracking: bool = True,
         validation_dataset: str | Path | Iterable[Task | Mapping[str, Any]] | None = None,
         strict_scorer: StrictScorer | Callable[[Any, Any], float] | None = None,
+        ranks: Ranks | None = None,
     ) -> None:
+        """``ranks``: under torchrun, rank 0's place in the job (``init_ranks()``); the other ranks run
+        ``follow_training`` (docs/scaling.md)."""
         self.config = MtrlConfig.coerce(config)
         overrides = {"core.model": model, "core.run_dir": str(output_path) if output_path is not None else None}
         self.config = self.config.with_overrides({k: v for k, v in overrides.items() if v is not None})
@@ -93,6 +98,7 @@ class MultiTurnRLTrainer:
         self.engine = engine
         self.resume = resume
         self.tracking = tracking
+        self.ranks = ranks
 
     @property
     def hyperparameters(self) -> CoreConfig:
@@ -159,6 +165,8 @@ class _Run:
         self.stack: RolloutStack | None = None
         self.weights: Any = None
         self.tracker: Any = None
+        self.ranks: Ranks | None = None
+        self.update: Any = None
 
     @classmethod
     def open(cls, trainer: MultiTurnRLTrainer) -> "_Run":
@@ -182,14 +190,28 @@ class _Run:
                                         agent_env=trainer.agent_env)
         engine, self.store = self.stack.engine, self.stack.store
         settings = UpdateSettings.from_config(config)
-        if shares_model(engine):
+        self.ranks = trainer.ranks
+        if shares_model(engine) and self.ranks is None:
             policy = policy_from_config(config, engine.model, engine.tokenizer)
             self.update = PolicyUpdate(policy, settings, weights_lock=engine.weights_lock)
+            self.update.check_fits()  # before the first rollout: a step that cannot fit fails here, with the numbers
             self.weights = SharedWeights(engine, self.update)
         else:
-            policy = policy_from_config(config, resolve_model(config.core.model))
-            self.update = PolicyUpdate(policy, settings)
-            self.weights = PushedWeights(engine, self.update, config.run_dir)
+            if config.advanced.full_finetune:  # the config refuses engine: vllm; this catches an engine object given
+                raise ConfigError(
+                    f"advanced.full_finetune: true needs an engine that serves the trainer's own model (hf); "
+                    f"{type(engine).__name__} receives each new policy version as a LoRA adapter folder")
+            folder = resolve_model(config.core.model)
+            preflight_folder(config, folder)  # before loading it
+            policy = policy_from_config(config, folder)
+            if self.ranks is None:
+                self.update = PolicyUpdate(policy, settings)
+            else:  # every rank holds a shard; this one leads the others through each step and save
+                self.update = ShardedUpdate.build(policy, settings, self.ranks)
+            self.update.check_fits()
+            # the engine reloads its kept versions from these folders after a restart: keep as many
+            keep = max(2, int(config.advanced.engine_options.get("keep_versions", 2)))
+            self.weights = PushedWeights(engine, self.update, config.run_dir, keep=keep)
         self.checkpoints = Checkpoints(config.run_dir, self.store, keep=config.advanced.keep_checkpoints)
         self.start_step, self.plan = self._restore(trainer.resume)
         self.tracker = self._tracker(trainer.tracking)
@@ -266,6 +288,9 @@ class _Run:
         if self.weights is not None:
             await asyncio.to_thread(self.weights.close)
             self.weights = None
+        if isinstance(self.update, ShardedUpdate):  # release the other ranks from follow_training
+            self.update.stop()
+            self.update = None
         if self.stack is not None:
             await self.stack.close()
             self.stack = None

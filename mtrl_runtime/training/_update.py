@@ -7,7 +7,17 @@ pass (two with a shared prefix); the logits at position i give the log-probabili
 i + 1. Every micro-batch's loss is divided by the whole step's token count
 (or sequence count), so the accumulated gradient equals that of one big
 batch. Only positions that predict a generated token are projected to the
-vocabulary when the model supports ``logits_to_keep``.
+vocabulary, ``logprob_chunk_tokens`` at a time (``_chunked``: the decoder
+runs once, then each chunk's LM head + log-softmax + pick is recomputed in
+the backward pass, so no step holds [tokens x vocab] logits). Memory
+(``_fit``): micro-batches shrink to what free memory holds
+(``fit_memory``), and decoder layers recompute their activations in the
+backward pass when ``gradient_checkpointing`` is on, or on "auto" where
+memory, not compute, limits the micro-batch: when free memory (CUDA: the
+device's; CPU: available RAM) does not hold a micro-batch of
+``micro_batch_tokens`` without it. Checkpointing costs a second forward
+pass of the decoder and the shared-prefix saving, so where memory is
+plentiful it is off.
 
 The update holds ``weights_lock`` from the first forward to the optimizer
 step, so an in-process engine sharing the model never generates from
@@ -29,11 +39,14 @@ import torch
 
 from ..algorithms.losses import LOSSES, LossParams
 from ..diagnostics import NONFINITE_SKIPPED
-from ..torch_support import cpu_has_native_bf16
 from ..types import Sample
 from . import _memory
-from ._packing import batch_cost, can_share_prefix, pack_micro_batches, shared_prefix_logits
+from ._checkpointing import checkpoint_layers, checkpointed
+from ._chunked import chunked_logprobs, decoder_and_head, splits_head
+from ._fit import MIN_MICRO_BATCH_TOKENS, StepMemory, check_fits, estimate_for_model, fit_tokens
+from ._packing import batch_cost, can_share_prefix, pack_micro_batches, shared_prefix_hidden, shared_prefix_logits
 from ._policy import Policy, atomic_folder
+from ._precision import resolve_autocast
 
 log = logging.getLogger("mtrl.train")
 
@@ -53,12 +66,19 @@ class UpdateSettings:
     micro_batch_tokens: int = 4096
     precision: str = "auto"  # auto | bf16 | fp32
     share_prefix: bool = True  # run a prompt prefix the rows of a micro-batch share once (see _packing)
+    logprob_chunk_tokens: int = 512  # positions per LM-head chunk; 0: all kept positions' logits at once
+    gradient_checkpointing: str = "auto"  # auto | on | off (see the module docstring)
+    fit_memory: bool = True  # micro-batches of at most micro_batch_tokens, fewer when free memory is short
 
     def __post_init__(self) -> None:
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
         if self.micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}")
+        if self.logprob_chunk_tokens < 0:
+            raise ValueError(f"logprob_chunk_tokens must be >= 0 (0: unchunked), got {self.logprob_chunk_tokens}")
+        if self.gradient_checkpointing not in ("auto", "on", "off"):
+            raise ValueError(f"gradient_checkpointing must be auto, on or off, got {self.gradient_checkpointing!r}")
         LOSSES.get(self.loss_fn)  # unknown names fail here, listing the known ones
 
     @classmethod
@@ -71,29 +91,10 @@ class UpdateSettings:
             max_grad_norm=config.advanced.max_grad_norm,
             micro_batch_tokens=config.advanced.micro_batch_tokens,
             precision=config.advanced.precision,
+            logprob_chunk_tokens=config.advanced.logprob_chunk_tokens,
+            gradient_checkpointing=config.advanced.gradient_checkpointing,
+            fit_memory=config.advanced.fit_micro_batches,
         )
-
-
-def resolve_autocast(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for a precision setting on a device (None: plain fp32).
-
-    "auto" is bf16 where the hardware computes it natively: CUDA with bf16
-    support, or a CPU with AVX512-BF16 / AMX. Measured with
-    ``bench/sequence_extension.py --precision-probe`` on an AVX512-BF16 CPU
-    (1 thread): a SmolLM2-135M LoRA step over 1,932 tokens took 34.5 s with
-    bf16 autocast against 64.6 s in fp32 (the tiny test model: 1.9 s vs
-    2.2 s). CPUs without these instructions emulate bf16 and are slower with
-    it, so there "auto" is fp32.
-    """
-    if precision == "fp32":
-        return None
-    if precision == "bf16":
-        return torch.bfloat16
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    if device.type == "cpu" and cpu_has_native_bf16():
-        return torch.bfloat16
-    return None
 
 
 class PolicyUpdate:
@@ -118,6 +119,12 @@ class PolicyUpdate:
         )
         self.autocast_dtype = resolve_autocast(self.settings.precision, policy.device)
         self._share_prefix = self.settings.share_prefix and can_share_prefix(policy.model)
+        self._chunk_tokens = self.settings.logprob_chunk_tokens
+        if self._chunk_tokens:
+            with self.weights_lock:  # a model whose logits are not head(decoder) (soft-capping, scaling): unchunked
+                self._chunk_tokens = self._chunk_tokens if splits_head(policy.model) else 0
+        self._estimates: dict[bool, StepMemory] = {}
+        self.free_memory = _memory.available_bytes  # device -> bytes a step may allocate (a seam for tests)
         self.version = 0  # optimizer steps taken
         self.skipped_nonfinite = 0  # steps skipped for a non-finite advantage, loss or gradient
 
@@ -168,25 +175,28 @@ class PolicyUpdate:
         """Whether every trainable weight is a finite number."""
         return all(bool(torch.isfinite(p).all()) for p in self.policy.trainable_parameters())
 
-    def backward(self, samples: Sequence[Sample]) -> dict[str, float]:
+    def backward(self, samples: Sequence[Sample], normalizer: float | None = None) -> dict[str, float]:
         """Accumulate the step's gradients into ``.grad`` (no optimizer step); return metrics.
 
         The result does not depend on how samples are split into micro-batches.
+        ``normalizer``: the loss denominator when ``samples`` are part of a larger
+        step (a rank's share under ``_distributed``); by default this batch's own.
         """
         kept = [s for s in samples if any(s.loss_mask_T[1:])]
-        aggregation = self.settings.loss.aggregation
-        if aggregation == "token_mean":
-            normalizer = float(sum(sum(s.loss_mask_T[1:]) for s in kept))
-        else:
-            normalizer = float(len(kept))
+        if normalizer is None:
+            normalizer = loss_normalizer(kept, self.settings.loss.aggregation)
         totals: dict[str, float] = {}
         counts = {"loss": 0.0, "tokens_forward": 0.0, "tokens_real": 0.0, "tokens_shared": 0.0, "micro_batches": 0.0}
-        shareable = [_untrained_head(s) for s in kept] if self._share_prefix else None
-        plan = pack_micro_batches([len(s.token_ids_T) for s in kept], self.settings.micro_batch_tokens, shareable)
+        budget, recompute = self.step_plan()
+        # a checkpointed layer cannot write the KV cache a shared prefix hands to the rows (see _checkpointing)
+        shareable = [_untrained_head(s) for s in kept] if self._share_prefix and not recompute else None
+        plan = pack_micro_batches([len(s.token_ids_T) for s in kept], budget, shareable)
+        counts.update({"micro_batch_budget": float(budget), "gradient_checkpointing": float(recompute)})
         for indices, shared in plan:
             batch = [kept[i] for i in indices]
-            loss, metrics = self._micro_batch(batch, normalizer, shared)
-            loss.backward()
+            with checkpointed(self.policy.model, recompute):
+                loss, metrics = self._micro_batch(batch, normalizer, shared)
+                loss.backward()
             tokens = metrics.pop("tokens")
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + value * tokens
@@ -201,6 +211,46 @@ class PolicyUpdate:
         out["train/tokens_trained"] = float(trained)
         out["train/samples"] = float(len(kept))
         return out
+
+    def step_plan(self) -> tuple[int, bool]:
+        """(tokens per micro-batch, whether decoder layers recompute activations) for the next step."""
+        settings = self.settings
+        wanted = settings.gradient_checkpointing
+        layers = bool(checkpoint_layers(self.policy.model))
+        if wanted != "auto" and not settings.fit_memory:
+            return settings.micro_batch_tokens, wanted == "on" and layers
+        device = self.policy.device
+        free = self.free_memory(device)
+        ready = bool(self.optimizer.state)
+        if wanted == "auto":
+            short = self.memory_estimate(False).tokens_that_fit(free, optimizer_ready=ready) < settings.micro_batch_tokens
+            recompute = layers and short
+        else:
+            recompute = wanted == "on" and layers
+        budget = settings.micro_batch_tokens
+        if settings.fit_memory:
+            budget = fit_tokens(budget, self.memory_estimate(recompute), free, optimizer_ready=ready)
+            if budget < settings.micro_batch_tokens:
+                log.info("mtrl: micro-batches of %d tokens (micro_batch_tokens %d): %.2f GB free on %s",
+                         budget, settings.micro_batch_tokens, free / 1024**3, device)
+        return budget, recompute
+
+    def check_fits(self) -> None:
+        """Raise ``StepDoesNotFit``, with the numbers, when no micro-batch's step fits in free memory (before
+        the first rollout: ``_trainer``). Checkpointing counts as on unless it is "off"."""
+        settings, device = self.settings, self.policy.device
+        recompute = settings.gradient_checkpointing != "off" and bool(checkpoint_layers(self.policy.model))
+        tokens = min(settings.micro_batch_tokens, MIN_MICRO_BATCH_TOKENS) if settings.fit_memory \
+            else settings.micro_batch_tokens
+        check_fits(self.memory_estimate(recompute), tokens, self.free_memory(device), device, loaded=True)
+
+    def memory_estimate(self, recompute: bool) -> StepMemory:
+        """The estimated memory of a step (``_fit``), with or without checkpointing."""
+        if recompute not in self._estimates:
+            self._estimates[recompute] = estimate_for_model(
+                self.policy.model, lora=self.policy.lora, compute_dtype=self.autocast_dtype,
+                checkpointing=recompute, chunk_tokens=self._chunk_tokens)
+        return self._estimates[recompute]
 
     def _micro_batch(
         self, batch: Sequence[Sample], normalizer: float, shared: int = 0
@@ -240,6 +290,16 @@ class PolicyUpdate:
         targets_BK: torch.Tensor, shared: int = 0,
     ) -> torch.Tensor:
         """log pi(target) at the kept positions, in fp32: [B, K]. ``shared``: leading tokens all rows share."""
+        parts = decoder_and_head(model) if self._chunk_tokens else None
+        if parts is not None:
+            decoder, head = parts
+            with self._autocast():
+                if shared:
+                    hidden_BKD = shared_prefix_hidden(decoder, ids_BT, attention_BT, shared, keep_K)
+                else:
+                    hidden_BKD = decoder(input_ids=ids_BT, attention_mask=attention_BT,
+                                         use_cache=False).last_hidden_state[:, keep_K]
+                return chunked_logprobs(head, hidden_BKD, targets_BK, self._chunk_tokens)
         with self._autocast():
             if shared:
                 logits = shared_prefix_logits(model, ids_BT, attention_BT, shared, keep_K,
@@ -296,6 +356,14 @@ class NonFiniteWeights(RuntimeError):
     """The policy holds a NaN or infinite weight: no checkpoint is written from it, none is resumed from it."""
 
 
+def loss_normalizer(samples: Sequence[Sample], aggregation: str) -> float:
+    """The step's loss denominator: trained tokens (``token_mean``) or trained samples (``sequence_mean``)."""
+    kept = [s for s in samples if any(s.loss_mask_T[1:])]
+    if aggregation == "token_mean":
+        return float(sum(sum(s.loss_mask_T[1:]) for s in kept))
+    return float(len(kept))
+
+
 def nonfinite_rollouts(samples: Sequence[Sample]) -> list[str]:
     """The rollouts whose samples carry a non-finite advantage or behaviour logprob."""
     return sorted({
@@ -319,5 +387,5 @@ def _untrained_head(sample: Sample) -> tuple[int, ...]:
     return tuple(sample.token_ids_T[: first - 1])
 
 
-__all__ = ["NONFINITE_SKIPPED", "NonFiniteWeights", "PolicyUpdate", "UpdateSettings", "nonfinite_cause",
-           "nonfinite_rollouts", "resolve_autocast"]
+__all__ = ["NONFINITE_SKIPPED", "NonFiniteWeights", "PolicyUpdate", "UpdateSettings", "loss_normalizer",
+           "nonfinite_cause", "nonfinite_rollouts", "resolve_autocast"]

@@ -14,7 +14,7 @@ from typing import Any
 
 from ...registry import Registry
 from ._base import ChatFormat, ReasoningHistory
-from ._drift import SegmentDrift, segment_drift
+from ._drift import SegmentDrift, drift_fraction, segment_drift
 from .deepseek_v3 import DEEPSEEK_V3
 from .harmony import HARMONY
 from .hermes import HERMES, QWEN3_TEMPLATE
@@ -59,6 +59,7 @@ __all__ = [
     "ReasoningHistory",
     "SegmentDrift",
     "detect_format",
+    "drift_fraction",
     "resolve_format",
     "segment_drift",
 ]

@@ -32,7 +32,8 @@ class ChatFormat(Protocol):
     format's public documentation; the tokenizer's own template is used
     instead wherever it renders tools. ``tool_call_opener`` is the text that
     starts a call (forced as a generation prefix when a tool call is
-    required); ``stop_tokens`` end a reply besides the tokenizer's eos.
+    required); ``stop_tokens`` end a reply besides the tokenizer's eos;
+    ``vllm_tool_parser`` is the ``--tool-call-parser`` vLLM serves the family with.
     """
 
     name: str
@@ -40,6 +41,7 @@ class ChatFormat(Protocol):
     reasoning_history: ReasoningHistory
     tool_call_opener: str
     stop_tokens: tuple[str, ...]
+    vllm_tool_parser: str
 
     def detect(self, tokenizer: Any) -> bool:
         """Whether ``tokenizer`` (its special tokens or its template) belongs to this family."""

@@ -67,6 +67,7 @@ class DeepSeekV3Format:
     reasoning_history = ReasoningHistory.DROPPED
     tool_call_opener = CALLS_BEGIN + CALL_BEGIN
     stop_tokens: tuple[str, ...] = ()
+    vllm_tool_parser = "deepseek_v3"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:
         return vocab_has(tokenizer, CALLS_BEGIN) or CALLS_BEGIN in template_text(tokenizer)

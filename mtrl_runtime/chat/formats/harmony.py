@@ -74,6 +74,7 @@ class HarmonyFormat:
     reasoning_history = ReasoningHistory.DROPPED
     tool_call_opener = "<|channel|>commentary to=functions."
     stop_tokens = ("<|call|>", "<|return|>")
+    vllm_tool_parser = "openai"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:
         return vocab_has(tokenizer, "<|channel|>") or "<|channel|>" in template_text(tokenizer)

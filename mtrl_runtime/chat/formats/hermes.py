@@ -71,6 +71,7 @@ class HermesFormat:
     reasoning_history = ReasoningHistory.DROPPED
     tool_call_opener = "<tool_call>\n"
     stop_tokens: tuple[str, ...] = ()
+    vllm_tool_parser = "hermes"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:
         return vocab_has(tokenizer, "<|im_start|>") or "<tool_call>" in template_text(tokenizer)

@@ -57,6 +57,7 @@ class Llama3JsonFormat:
     reasoning_history = ReasoningHistory.NONE
     tool_call_opener = '{"name": "'
     stop_tokens = ("<|eom_id|>", "<|eot_id|>")
+    vllm_tool_parser = "llama3_json"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:
         return vocab_has(tokenizer, PYTHON_TAG, "<|eom_id|>") or "<|start_header_id|>" in template_text(tokenizer)

@@ -58,6 +58,7 @@ class MistralFormat:
     reasoning_history = ReasoningHistory.DROPPED
     tool_call_opener = TOOL_CALLS
     stop_tokens: tuple[str, ...] = ()
+    vllm_tool_parser = "mistral"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:
         return vocab_has(tokenizer, TOOL_CALLS) or "[TOOL_CALLS]" in template_text(tokenizer)

@@ -65,6 +65,7 @@ class Qwen3CoderFormat:
     reasoning_history = ReasoningHistory.DROPPED
     tool_call_opener = "<tool_call>\n<function="
     stop_tokens: tuple[str, ...] = ()
+    vllm_tool_parser = "qwen3_coder"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:
         return "<function=" in template_text(tokenizer)

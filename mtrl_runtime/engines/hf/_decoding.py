@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache
 
+from ._kv_buffer import KV_CACHES, mergeable
 from ._prefix_cache import KV
 from ._sampling import RowSampling
 
@@ -58,12 +59,14 @@ class DecodeBatch:
 
     @classmethod
     def prefill(
-        cls, model: Any, rows: list[Row], pad_id: int, device: torch.device, prefixes: Sequence[KV | None] = ()
+        cls, model: Any, rows: list[Row], pad_id: int, device: torch.device, prefixes: Sequence[KV | None] = (),
+        kv_cache: str = "preallocated",
     ) -> "DecodeBatch":
         """Run the prompts of ``rows`` through ``model``; ``prefixes[b]`` (optional) is reused KV of row b's
-        first prompt tokens, and only the tokens after it are fed."""
+        first prompt tokens, and only the tokens after it are fed. ``kv_cache`` names how the batch then holds
+        its KV (``_kv_buffer.KV_CACHES``: preallocated buffers, or transformers' per-step concatenation)."""
         cache, mask_BL, logits_BV = forward_prompts(model, [r.prompt_ids for r in rows], pad_id, device, prefixes)
-        return cls(rows, cache, mask_BL, logits_BV)
+        return cls(rows, KV_CACHES[kv_cache](cache), mask_BL, logits_BV)
 
     def decode(self, model: Any, tokens_B: list[int]) -> None:
         """Feed one new token per row; ``logits_BV`` becomes the logits after it."""
@@ -85,7 +88,7 @@ class DecodeBatch:
     def can_merge(self) -> bool:
         """Whether other rows can join this cache (only plain full-attention layers can be re-padded)."""
         layers = getattr(self.cache, "layers", None)
-        return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
+        return bool(layers) and all(mergeable(layer) for layer in layers)
 
     def merge(self, other: "DecodeBatch") -> None:
         """Append ``other``'s rows, left-padding the shorter cache so both have one length."""

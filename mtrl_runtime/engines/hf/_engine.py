@@ -11,13 +11,18 @@ Semantics worth knowing:
 
 - ``Generation.logprobs`` are log-softmax of the raw logits (temperature 1,
   no top-p) at each sampled token: what the trainer recomputes.
-- ``completion_ids`` end with the eos token, or with the token that
+- ``completion_ids`` end with the eos token, a ``request.stop_token_ids``
+  token (the chat format's, e.g. gpt-oss ``<|call|>``), or the token that
   completed a stop string (the stop string is not stripped here; the
   endpoint cuts the text).
 - ``Generation.policy_version`` is the version in effect when the request
   was prefilled. ``request.adapter``: this engine serves only its current
   weights; a request for another version is served with the current one
   (counted in ``stats.adapter_mismatches``), and the Generation says so.
+- ``generate_stream`` (``types.StreamingEngine``): the worker hands each
+  sampled token to the request's event loop (``loop.call_soon_threadsafe``)
+  in the decode step that sampled it; the row batches as any other, and the
+  final ``Generation`` is the one ``generate`` would return.
 
 Two ways to follow the trainer, use one: ``load_adapter(path, version)``
 loads a saved peft adapter onto the engine's own model; or an in-process
@@ -44,6 +49,13 @@ assignment to ``policy_version`` (``evaluation.base_policy`` does one),
 ``load_adapter`` and ``invalidate_prefix_cache``. A trainer that changes the
 shared weights calls one of them before releasing the lock; a row prefilled
 before a clear never stores its KV (the cache's epoch moved on).
+
+KV during decoding (``kv_cache``, default ``concat``): transformers'
+per-step concatenation, ``preallocated`` buffers a step writes one column
+into, or ``auto`` (preallocated except bf16/fp16 on CPU). Both give the
+same tokens and logprobs; which is faster in fp32 is not settled yet
+(``_kv_buffer`` and docs/performance.md give the two runs), so the default
+stays the path before.
 """
 
 from __future__ import annotations
@@ -53,15 +65,16 @@ import concurrent.futures
 import queue
 import threading
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from ...torch_support import plain_kv_cache
-from ...types import Generation, GenerationRequest
+from ...types import Generation, GenerationRequest, TokenDelta
 from .._checks import check_request
 from .._loading import resolve_model
 from .._stats import EngineClosedError, EngineStats
 from ._attention import use_short_query_attention
 from ._jobs import Call, Job
+from ._kv_buffer import resolve_kv_cache
 from ._lora_fold import LoraFold
 from ._prefix_cache import PrefixCache
 from ._pretrained import auto_dtype, default_eos_ids, load_lora_adapter, load_pretrained
@@ -86,12 +99,13 @@ class HFEngine(WorkerLoop):
         eos_token_ids: list[int] | tuple[int, ...] | None = None,
         num_threads: int | None = None,
         prefix_cache_tokens: int = 32768,
+        kv_cache: str = "concat",
     ) -> None:
         if dtype == "auto":
             dtype = auto_dtype(device)
         model, tokenizer = load_pretrained(Path(model_path), dtype, device)
         self._setup(model, tokenizer, max_batch_size, max_prefill_tokens, eos_token_ids, num_threads,
-                    prefix_cache_tokens)
+                    prefix_cache_tokens, kv_cache)
 
     @classmethod
     def from_objects(
@@ -104,16 +118,18 @@ class HFEngine(WorkerLoop):
         eos_token_ids: list[int] | tuple[int, ...] | None = None,
         num_threads: int | None = None,
         prefix_cache_tokens: int = 32768,
+        kv_cache: str = "concat",
     ) -> "HFEngine":
         """Serve an already built model (its device and dtype as they are), e.g. the tiny test model."""
         engine = cls.__new__(cls)
         engine._setup(model, tokenizer, max_batch_size, max_prefill_tokens, eos_token_ids, num_threads,
-                      prefix_cache_tokens)
+                      prefix_cache_tokens, kv_cache)
         return engine
 
     def _setup(
         self, model: Any, tokenizer: Any, max_batch_size: int, max_prefill_tokens: int,
         eos_token_ids: list[int] | tuple[int, ...] | None, num_threads: int | None, prefix_cache_tokens: int,
+        kv_cache: str = "concat",
     ) -> None:
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads: must be >= 1, got {num_threads}")
@@ -123,6 +139,7 @@ class HFEngine(WorkerLoop):
             raise ValueError(f"max_prefill_tokens: must be >= 1, got {max_prefill_tokens}")
         if not isinstance(prefix_cache_tokens, int) or prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens: must be an int >= 0 (0 disables), got {prefix_cache_tokens!r}")
+        self.kv_cache = resolve_kv_cache(kv_cache, model)  # how a decode batch holds its KV (see _kv_buffer)
         self._model = model
         self.tokenizer = tokenizer
         self.weights_lock = threading.RLock()
@@ -190,6 +207,24 @@ class HFEngine(WorkerLoop):
         except asyncio.CancelledError:
             job.cancelled = True  # the worker drops the row at its next step
             raise
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta | Generation]:
+        """Each token as the worker samples it (``types.StreamingEngine``), then the whole ``Generation``.
+
+        The row decodes in the shared batch like any other; closing the
+        iterator early drops it at the worker's next step.
+        """
+        self._check_request(request)
+        job = Job(request, asyncio.get_running_loop(), stream=True)
+        self._submit(job)
+        assert job.tokens is not None
+        try:
+            while (item := await job.tokens.get()) is not None:
+                yield TokenDelta((item[0],), (item[1],))
+            yield await job.future
+        finally:
+            if not job.future.done():
+                job.cancelled = True
 
     async def load_adapter(self, path: str, version: int) -> None:
         """Load the peft LoRA adapter folder ``path`` onto the base model as policy ``version``."""

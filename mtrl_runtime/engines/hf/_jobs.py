@@ -10,20 +10,34 @@ from ...types import Generation, GenerationRequest
 
 
 class Job:
-    """One request in flight: its future lives on the caller's loop, the worker settles it."""
+    """One request in flight: its future lives on the caller's loop, the worker settles it.
 
-    __slots__ = ("request", "future", "loop", "cancelled")
+    A streamed job (``stream=True``) also gets each sampled token on ``tokens``
+    as (id, logprob), then None once the future is settled.
+    """
 
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
+    __slots__ = ("request", "future", "loop", "cancelled", "tokens")
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop, stream: bool = False) -> None:
         self.request = request
         self.loop = loop
         self.future: asyncio.Future[Generation] = loop.create_future()
         self.cancelled = False  # set by the caller when it stops waiting; the worker drops the row
+        self.tokens: asyncio.Queue[tuple[int, float] | None] | None = asyncio.Queue() if stream else None
+
+    def emit(self, token: int, logprob: float) -> None:
+        """Hand one sampled token to a streaming caller (from the worker thread; a no-op for other jobs)."""
+        if self.tokens is None or self.cancelled:
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.tokens.put_nowait, (token, logprob))
+        except RuntimeError:  # the caller's loop is closed: nobody is waiting
+            pass
 
     def settle(self, result: Generation | None, error: BaseException | None = None) -> None:
         """Resolve the future from any thread (a no-op if it is already done)."""
         try:
-            self.loop.call_soon_threadsafe(_settle, self.future, result, error)
+            self.loop.call_soon_threadsafe(_settle, self.future, result, error, self.tokens)
         except RuntimeError:  # the caller's loop is closed: nobody is waiting
             pass
 
@@ -57,7 +71,11 @@ class Call:
             self.future.set_result(result)
 
 
-def _settle(future: asyncio.Future, result: Generation | None, error: BaseException | None) -> None:
+def _settle(
+    future: asyncio.Future, result: Generation | None, error: BaseException | None, tokens: asyncio.Queue | None = None
+) -> None:
+    if tokens is not None:  # after every token the worker emitted: the stream's end
+        tokens.put_nowait(None)
     if future.done():
         return
     if error is not None:

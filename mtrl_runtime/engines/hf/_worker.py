@@ -23,6 +23,7 @@ token per row, and resolves the rows that finished.
 from __future__ import annotations
 
 import queue
+import time
 from collections import deque
 
 import torch
@@ -95,7 +96,8 @@ class WorkerLoop:
                 for row in rows:
                     row.policy_version = self.policy_version
                     row.cache_epoch = self._prefix.epoch if self._prefix is not None else 0
-                new = prefill_rows(self._model, rows, self._prefix, self._pad_id, self.device, self.stats)
+                new = prefill_rows(self._model, rows, self._prefix, self._pad_id, self.device, self.stats,
+                                   kv_cache=self.kv_cache)
         except Exception as exc:  # these jobs fail; the running batch goes on
             for job in jobs:
                 job.settle(None, exc)
@@ -137,6 +139,7 @@ class WorkerLoop:
             row.logprobs.append(choice.logprobs_B[i])
             if choice.top_B[i] is not None:
                 row.top_logprobs.append(choice.top_B[i])
+            row.job.emit(choice.tokens_B[i], choice.logprobs_B[i])  # a streamed request gets it now
             reason = self._finish_reason(row)
             if row.job.cancelled:
                 continue
@@ -149,14 +152,17 @@ class WorkerLoop:
         if not batch.rows:
             return None
         with self.weights_lock:
+            started = time.perf_counter()
             batch.decode(self._model, [row.completion_ids[-1] for row in batch.rows])
+            self.stats.decode_s += time.perf_counter() - started
         self.stats.decode_passes += 1
         self.stats.rows_decoded += len(batch.rows)
         self.stats.max_rows = max(self.stats.max_rows, len(batch.rows))
         return batch
 
     def _finish_reason(self, row: Row) -> str | None:
-        if row.completion_ids[-1] in self.eos_token_ids:
+        last = row.completion_ids[-1]
+        if last in self.eos_token_ids or last in row.job.request.stop_token_ids:  # + the chat format's stop tokens
             return "stop"
         if row.stop:
             window = 4 * max(len(s) for s in row.stop) + 1  # a token holds >= 1 byte, a character <= 4

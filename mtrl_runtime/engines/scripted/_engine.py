@@ -3,10 +3,14 @@
 No model runs. A script is either a list of replies, consumed in order per
 rollout (each ``rollout_id`` has its own cursor), or a callable
 ``(request, prompt_text) -> str | ScriptedReply``. A reply is tokenized,
-gets the eos token appended, and receives deterministic logprobs in
+gets the eos token appended (or ends at its first ``request.stop_token_ids``
+token, as a model's generation stops there), and receives deterministic logprobs in
 (-3, 0) derived from each token and its position, so tests can check that
 logprobs flow through unchanged. Replies can delay (``asyncio.sleep``) or
-fail (raise ``ScriptedFailure``) for fault-injection tests.
+fail (raise ``ScriptedFailure``) for fault-injection tests. ``token_delay_s``
+spaces the tokens of every reply as a decoding model would: ``generate_stream``
+(``types.StreamingEngine``) yields them one by one, and ``generate`` takes as
+long to answer as the whole stream.
 
 Example::
 
@@ -22,9 +26,9 @@ import asyncio
 import json
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, Union
+from typing import Any, AsyncIterator, Callable, Sequence, Union
 
-from ...types import JSON, Generation, GenerationRequest
+from ...types import JSON, Generation, GenerationRequest, TokenDelta
 from .._stats import EngineClosedError
 
 
@@ -81,7 +85,8 @@ class ScriptedEngine:
     """Scripted completions per rollout (see the module docstring).
 
     ``fail_turns`` makes the listed turns (0-based, per rollout) raise;
-    ``delay_s`` delays every reply. ``calls`` counts generate calls.
+    ``delay_s`` delays every reply; ``token_delay_s`` each of its tokens
+    (a decode step). ``calls`` counts generate calls.
     ``served_model`` is what the server names as the model it serves.
     """
 
@@ -96,7 +101,10 @@ class ScriptedEngine:
         delay_s: float = 0.0,
         served_model: str = "scripted",
         context_length: int | None = None,
+        token_delay_s: float = 0.0,
     ) -> None:
+        if token_delay_s < 0:
+            raise ValueError(f"token_delay_s: must be >= 0, got {token_delay_s}")
         if not callable(script) and isinstance(script, (str, bytes)):
             raise TypeError("script: expected a list of replies or a callable, got a string")
         if tokenizer.eos_token_id is None:
@@ -108,6 +116,7 @@ class ScriptedEngine:
         self.policy_version = 0
         self.fail_turns = frozenset(fail_turns)
         self.delay_s = delay_s
+        self.token_delay_s = token_delay_s
         self.adapters: list[tuple[str, int]] = []  # (path, version) of every load_adapter call
         self.calls = 0
         self._cursor: dict[str | None, int] = defaultdict(int)
@@ -116,6 +125,24 @@ class ScriptedEngine:
         self._closed = False
 
     async def generate(self, request: GenerationRequest) -> Generation:
+        if self.token_delay_s <= 0:
+            return await self._whole(request)
+        generation = None
+        async for item in self.generate_stream(request):  # as long as the stream takes
+            generation = item
+        assert isinstance(generation, Generation)
+        return generation
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta | Generation]:
+        """The reply's tokens one by one, ``token_delay_s`` apart, then the whole ``Generation``."""
+        generation = await self._whole(request)
+        for token, logprob in zip(generation.completion_ids, generation.logprobs):
+            if self.token_delay_s > 0:
+                await asyncio.sleep(self.token_delay_s)
+            yield TokenDelta((token,), (logprob,))
+        yield generation
+
+    async def _whole(self, request: GenerationRequest) -> Generation:
         if self._closed:
             raise EngineClosedError("the scripted engine is closed")
         if request.sampling.max_tokens < 1:
@@ -165,6 +192,9 @@ class ScriptedEngine:
             ids = self._encode(text[:cut])
         else:
             ids = self._encode(text) + (self._eos,)
+        at = next((i for i, t in enumerate(ids) if t in request.stop_token_ids), None)
+        if at is not None:  # like the hf engine: a stop token (gpt-oss <|call|>, ...) is the last id, no eos after it
+            ids = ids[: at + 1]
         if len(ids) > s.max_tokens:
             ids, finish = ids[: s.max_tokens], "length"
         logprobs = tuple(scripted_logprob(t, i) for i, t in enumerate(ids))
@@ -197,6 +227,7 @@ def create(
     fail_turns: Sequence[int] = (),
     delay_s: float = 0.0,
     context_length: int | None = None,
+    token_delay_s: float = 0.0,
 ) -> ScriptedEngine:
     """The ``scripted`` factory. Tokenizer: given, else ``model``'s, else the tiny test tokenizer.
 
@@ -213,7 +244,8 @@ def create(
 
         tokenizer = tiny_tokenizer()
     return ScriptedEngine(tokenizer, script if script is not None else (lambda request, prompt: "DONE"),
-                          fail_turns=fail_turns, delay_s=delay_s, context_length=context_length)
+                          fail_turns=fail_turns, delay_s=delay_s, context_length=context_length,
+                          token_delay_s=token_delay_s)
 
 
 __all__ = [

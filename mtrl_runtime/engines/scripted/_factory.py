@@ -19,6 +19,7 @@ def create(
     fail_turns: Sequence[int] = (),
     delay_s: float = 0.0,
     context_length: int | None = None,
+    token_delay_s: float = 0.0,
 ) -> ScriptedEngine:
     """A scripted engine. ``script_file``: a JSON/YAML script (``_script_file``); ``script``: replies or a callable.
 
@@ -30,7 +31,7 @@ def create(
     if script_file is not None:
         script = load_script_file(script_file)
     engine = _create_scripted(model, script=script, tokenizer=tokenizer, fail_turns=fail_turns, delay_s=delay_s,
-                              context_length=context_length)
+                              context_length=context_length, token_delay_s=token_delay_s)
     source = f"script {script_file}" if script_file is not None else (
         "a script given in code" if script is not None else "every reply 'DONE'")
     tokens = f"tokenizer of {model}" if model is not None and tokenizer is None else "given/tiny tokenizer"

@@ -5,5 +5,6 @@ thread of its own (``_loop``).
 """
 
 from ._engine import VLLMEngine, VLLMRequestError, VLLMServerError, create
+from ._wire import completion_body
 
-__all__ = ["VLLMEngine", "VLLMRequestError", "VLLMServerError", "create"]
+__all__ = ["VLLMEngine", "VLLMRequestError", "VLLMServerError", "completion_body", "create"]

@@ -9,8 +9,9 @@ extension are the same for every engine. Semantics match the ``hf`` engine:
 
 - logprobs are those of the raw model distribution (the server runs with
   ``--logprobs-mode raw_logprobs``), whatever temperature or top-p sampled;
-- ``completion_ids`` end with the eos token, or with the token that
-  completed a stop string;
+- ``completion_ids`` end with the eos token, a ``request.stop_token_ids``
+  token (sent as vLLM's ``stop_token_ids``), or the token that completed a
+  stop string;
 - ``Generation.policy_version`` is the version whose weights produced it.
 
 Adapters: ``load_adapter(path, version)`` loads a peft LoRA folder as

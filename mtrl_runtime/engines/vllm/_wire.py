@@ -48,6 +48,8 @@ def completion_body(request: GenerationRequest, model_name: str, max_model_len: 
     }
     if s.stop:
         body["stop"] = list(s.stop)
+    if request.stop_token_ids:  # the chat format's stop tokens; vLLM keeps the stop id as the last token id
+        body["stop_token_ids"] = sorted(request.stop_token_ids)
     if s.seed is not None:
         body["seed"] = s.seed
     return body

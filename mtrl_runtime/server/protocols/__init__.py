@@ -16,7 +16,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-PROTOCOLS: dict[str, str] = {}
+PROTOCOLS: dict[str, str] = {
+    "openai_responses": ".openai_responses",
+    "anthropic_messages": ".anthropic_messages",
+    "bedrock_converse": ".bedrock_converse",
+}
 
 
 def protocol_module(name: str) -> Any:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ...types import Rollout, RolloutStatus, Task, ToolCall, Turn
+from ...types import ModelCall, Rollout, RolloutStatus, Task, ToolCall, Turn
 from .._codec import (
     check_int,
     check_metrics,
@@ -37,6 +37,7 @@ from .._codec import (
     status_of,
 )
 from .._export import rollout_record, write_jsonl
+from .._model_calls import decode_model_call, encode_model_call
 
 
 @dataclass
@@ -47,11 +48,14 @@ class _Recorded:
     token_hash: str
     turns: dict[int, Turn] = field(default_factory=dict)
     tool_calls: list[ToolCall] = field(default_factory=list)
+    model_calls: list[ModelCall] = field(default_factory=list)
     trained_step: int | None = None
 
     def full(self) -> Rollout:
         turns = tuple(self.turns[i] for i in sorted(self.turns))
-        return replace(self.rollout, turns=turns, tool_calls=tuple(self.tool_calls))
+        return replace(
+            self.rollout, turns=turns, tool_calls=tuple(self.tool_calls), model_calls=tuple(self.model_calls)
+        )
 
 
 class MemoryStore:
@@ -127,6 +131,19 @@ class MemoryStore:
 
     async def aadd_tool_call(self, call: ToolCall) -> int:
         return self.add_tool_call(call)
+
+    async def aadd_model_call(self, call: ModelCall) -> int:
+        """A non-policy model call of a rollout not yet trained; returns its sequence number in the rollout."""
+        row = encode_model_call(call)
+        with self._open():
+            recorded = self._recorded("model_call.rollout_id", row[0])
+            if recorded.trained_step is not None:
+                raise ValueError(
+                    f"rollout {row[0]!r} was trained at step {recorded.trained_step}; its model calls are fixed"
+                )
+            seq = len(recorded.model_calls)  # order of arrival, as the sqlite writer assigns it
+            recorded.model_calls.append(decode_model_call((row[0], seq, *row[1:])))
+            return seq
 
     def set_reward(
         self,

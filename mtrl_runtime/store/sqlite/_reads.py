@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Iterator
 
 from ...types import Rollout, Task, ToolCall, Turn
@@ -18,11 +19,12 @@ from .._codec import (
     empty_ids,
     ids_from_blob,
 )
+from ._model_calls import model_calls
 
 TURN_COLUMNS = (
     "rollout_id, idx, messages, tools, prompt_prefix_len, prompt_ids, completion_ids, logprobs, "
     "finish_reason, completion_text, tool_calls, policy_version, segment, break_reason, "
-    "malformed_tool_call, started_at, latency_s"
+    "malformed_tool_call, started_at, latency_s, reasoning, reasoning_tokens"
 )
 TOOL_CALL_COLUMNS = (
     "rollout_id, seq, call_id, name, arguments, result, error, status, latency_s, turn_index, started_at"
@@ -52,7 +54,7 @@ def rollout(conn: sqlite3.Connection, rollout_id: str, with_turns: bool) -> Roll
         return None
     if not with_turns:
         return decode_rollout(row)
-    return decode_rollout(row, turns(conn, rollout_id), tool_calls(conn, rollout_id))
+    return _with_model_calls(conn, decode_rollout(row, turns(conn, rollout_id), tool_calls(conn, rollout_id)))
 
 
 def rollouts(
@@ -69,7 +71,7 @@ def rollouts(
     rows = conn.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts{where} ORDER BY rowid", params).fetchall()
     if not with_turns:
         return [decode_rollout(row) for row in rows]
-    return [decode_rollout(row, turns(conn, row[0]), tool_calls(conn, row[0])) for row in rows]
+    return [_with_model_calls(conn, decode_rollout(row, turns(conn, row[0]), tool_calls(conn, row[0]))) for row in rows]
 
 
 def rollout_ids(conn: sqlite3.Connection, step: int | None) -> list[str]:
@@ -98,6 +100,11 @@ def tool_calls(conn: sqlite3.Connection, rollout_id: str) -> tuple[ToolCall, ...
         f"SELECT {TOOL_CALL_COLUMNS} FROM tool_calls WHERE rollout_id = ? ORDER BY seq", (rollout_id,)
     )
     return tuple(decode_tool_call(row) for row in rows)
+
+
+def _with_model_calls(conn: sqlite3.Connection, rollout: Rollout) -> Rollout:
+    calls = model_calls(conn, rollout.id)
+    return replace(rollout, model_calls=calls) if calls else rollout
 
 
 def count_turns(conn: sqlite3.Connection, rollout_id: str) -> int:

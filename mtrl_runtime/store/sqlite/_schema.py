@@ -1,6 +1,8 @@
 """The store's tables, its schema version, and opening a database (new or resumed).
 
-A turn's ``prompt_ids`` holds only the ids after ``prompt_prefix_len``; the
+Version 1 is ``_TABLES_V1``; each later version is a script in ``_MIGRATIONS``
+(a new database is created at version 1 and migrated, so old and new files
+end with the same tables). A turn's ``prompt_ids`` holds only the ids after ``prompt_prefix_len``; the
 first ``prompt_prefix_len`` ids are those of the previous turn's prompt +
 completion (sequence extension), so a rollout's prompts cost linear, not
 quadratic, space. JSON columns hold compact JSON text; id and logprob
@@ -13,7 +15,7 @@ import json
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 10_000
 
 _TABLES_V1 = """
@@ -94,7 +96,29 @@ CREATE INDEX metrics_by_name ON metrics(name, step);
 """
 
 # version -> script that brings a database from version - 1 to version.
-_MIGRATIONS: dict[int, str] = {}
+_MIGRATIONS: dict[int, str] = {
+    # 2: each turn's reasoning (``reasoning_content``) and its token count. A version-1 turn has none recorded
+    # apart: NULL and 0, while its completion_text (and completion_ids) still hold whatever the model wrote.
+    2: """
+ALTER TABLE turns ADD COLUMN reasoning TEXT;                            -- NULL: none, or a version-1 turn
+ALTER TABLE turns ADD COLUMN reasoning_tokens INTEGER NOT NULL DEFAULT 0;
+-- and each rollout's non-policy model calls (a judge, a planner: passed through, never trained); none in version 1
+CREATE TABLE model_calls (
+    rollout_id    TEXT NOT NULL REFERENCES rollouts(id),
+    seq           INTEGER NOT NULL,          -- order of arrival within the rollout
+    protocol      TEXT NOT NULL,             -- openai | anthropic | bedrock
+    model         TEXT,
+    latency_s     REAL NOT NULL,
+    started_at    REAL NOT NULL,
+    input_tokens  INTEGER,                   -- NULL: the response did not say
+    output_tokens INTEGER,
+    stream        INTEGER NOT NULL,
+    status        TEXT NOT NULL,
+    error         TEXT,
+    PRIMARY KEY (rollout_id, seq)
+);
+""",
+}
 
 
 def connect(path: Path) -> sqlite3.Connection:

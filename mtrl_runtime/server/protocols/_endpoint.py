@@ -1,0 +1,140 @@
+"""What every protocol's route shares: a plain ASGI endpoint that attributes, reads, answers and refuses.
+
+A protocol's endpoint is a Starlette ``Route`` whose app is a ``ProtocolEndpoint``
+(no FastAPI Request objects or dependency solving on a call every model turn
+makes, as for chat completions). One call: ``attribute_call`` names the
+rollout and the credential before the body is read (a stranger learns no
+schema), the rollout's token is checked, the body is read within the
+server's limits and decoded, and the protocol's ``answer`` translates it to
+``Coordinator.chat`` and back, or returns a ``Streamed`` answer that
+``server._streaming.stream_answer`` writes as its tokens are generated. A
+refusal (``MtrlError``) is written in the protocol's own error shape
+(``error_body``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ...coordinator import Coordinator
+from ...errors import BadRequest, MtrlError
+from ...types import SamplingParams
+from .._asgi import ClientGone, Receive, Send, read_body, request_headers, send_body
+from .._attribution import attribute_call, header, scope_peer
+from .._http import decode_json
+from .._streaming import EventWriter, Run, stream_answer
+
+JSON = b"application/json"
+EVENTS = b"text/event-stream"
+
+Answer = Callable[["Call"], Any]  # async: (call) -> (body bytes, content type), or Streamed
+ErrorBody = Callable[[MtrlError], tuple[bytes, dict[str, str]]]
+
+
+class Call:
+    """One request, attributed and decoded: the rollout (None: inference mode), its token, the JSON body."""
+
+    __slots__ = ("rollout_id", "token", "data", "headers")
+
+    def __init__(self, rollout_id: str | None, token: str | None, data: dict[str, Any], headers: dict[bytes, bytes]) -> None:
+        self.rollout_id = rollout_id
+        self.token = token
+        self.data = data
+        self.headers = headers
+
+
+class Streamed:
+    """A streamed answer: the call to run with a ``ChatStream`` and the protocol's events (``server._streaming``)."""
+
+    __slots__ = ("run", "events")
+
+    def __init__(self, run: Run, events: EventWriter) -> None:
+        self.run = run
+        self.events = events
+
+
+class ProtocolEndpoint:
+    """The ASGI app of one protocol path (see the module docstring).
+
+    ``token_header`` names a header carrying the credential instead of
+    ``Authorization: Bearer`` (Anthropic's SDK sends its key as ``x-api-key``);
+    the bearer header is read when it is absent.
+    """
+
+    def __init__(self, coordinator: Coordinator, answer: Answer, error_body: ErrorBody, token_header: bytes | None = None) -> None:
+        self.coordinator = coordinator
+        self.cfg = coordinator.server_config
+        self.answer = answer
+        self.error_body = error_body
+        self.token_header = token_header
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        try:
+            answer = await self._handle(scope, receive)
+            if isinstance(answer, Streamed):  # written as its tokens are generated; a refusal raises before
+                await stream_answer(answer.run, answer.events, self.coordinator.counters, receive, send)
+                return
+            body, content_type = answer
+            status, headers = 200, {}
+        except MtrlError as exc:
+            (body, headers), content_type, status = self.error_body(exc), JSON, exc.status
+        except ClientGone:
+            return
+        await send_body(send, status, body, content_type, headers)
+
+    async def _handle(self, scope: dict[str, Any], receive: Receive) -> tuple[bytes, bytes] | Streamed:
+        coordinator, cfg = self.coordinator, self.cfg
+        headers = request_headers(scope)
+        token = header(headers, self.token_header) if self.token_header is not None else None
+        path_rollout = scope.get("path_params", {}).get("rollout_id")
+        rollout_id, token = attribute_call(coordinator, path_rollout, headers, scope_peer(scope), token=token)
+        if rollout_id is not None:
+            coordinator.check_access(rollout_id, token)
+        raw = await read_body(receive, headers.get(b"content-length"), cfg.max_body_bytes)
+        data = decode_json(raw, cfg.max_string_chars)
+        return await self.answer(Call(rollout_id, token, data, headers))
+
+
+def check_counts(coordinator: Coordinator, messages: list, tools: list | None, messages_field: str, tools_field: str) -> None:
+    """The server's limits on messages and tools per request, named by the protocol's own fields."""
+    cfg = coordinator.server_config
+    if len(messages) > cfg.max_messages:
+        raise BadRequest(
+            f"{messages_field}: {len(messages)} messages after translation; the limit is {cfg.max_messages}",
+            param=messages_field,
+        )
+    if tools and len(tools) > cfg.max_tools:
+        raise BadRequest(f"{tools_field}: {len(tools)} tools; the limit is {cfg.max_tools}", param=tools_field)
+
+
+def sampling(
+    coordinator: Coordinator,
+    *,
+    temperature: float | None,
+    top_p: float | None,
+    max_tokens: int | None,
+    stop: list[str] | None,
+    max_tokens_field: str,
+    seed: int | None = None,
+) -> SamplingParams:
+    """A call's sampling over the run's defaults; a ``max_tokens`` above the server's cap is a 400 naming the field."""
+    default = coordinator.default_sampling
+    cap = coordinator.max_tokens_cap
+    if max_tokens is not None and max_tokens > cap:
+        raise BadRequest(f"{max_tokens_field}: {max_tokens} is above this server's limit of {cap}", param=max_tokens_field)
+    return SamplingParams(
+        temperature=default.temperature if temperature is None else temperature,
+        top_p=default.top_p if top_p is None else top_p,
+        max_tokens=max_tokens or default.max_tokens,
+        stop=tuple(stop or default.stop),
+        seed=default.seed if seed is None else seed,
+        max_tokens_requested=max_tokens is not None,
+    )
+
+
+def sse(event: str, payload: bytes) -> bytes:
+    """One server-sent event with a named type."""
+    return b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n"
+
+
+__all__ = ["Call", "EVENTS", "JSON", "ProtocolEndpoint", "Streamed", "check_counts", "sampling", "sse"]

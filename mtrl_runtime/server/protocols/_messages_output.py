@@ -1,0 +1,126 @@
+"""An answered call as an Anthropic ``message``, or as its server-sent events, and refusals in Anthropic's error shape.
+
+Content blocks, in the order the model wrote them: ``thinking`` (the
+reasoning; its ``signature`` is a fixed marker, as mtrl signs nothing, so
+that clients which keep only signed thinking echo it back), ``text``, then
+one ``tool_use`` per tool call (``id`` is the call's id, ``input`` its
+parsed arguments). ``stop_reason`` is ``tool_use``, ``max_tokens``,
+``stop_sequence`` (with the sequence) or ``end_turn``. The stream is Anthropic's: ``message_start``, per block
+``content_block_start`` / ``content_block_delta`` (``thinking_delta`` and
+``signature_delta``, ``text_delta``, ``input_json_delta``) /
+``content_block_stop``, ``message_delta`` (stop reason, output tokens),
+``message_stop``. ``message_events`` writes a finished message's events at
+once; the route streams them as tokens are decoded (``_messages_stream``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ...coordinator import ChatResult
+from ...errors import EngineFailure, MtrlError
+from ._endpoint import sse
+
+SIGNATURE = "mtrl-unsigned"
+
+_STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}
+
+# Anthropic's error types by HTTP status (what the SDK's exception classes are chosen by is the status itself)
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def content_blocks(result: ChatResult) -> list[dict[str, Any]]:
+    message = result.message
+    blocks: list[dict[str, Any]] = []
+    reasoning = message.get("reasoning_content")
+    if reasoning:
+        blocks.append({"type": "thinking", "thinking": reasoning, "signature": SIGNATURE})
+    content = message.get("content")
+    calls = message.get("tool_calls") or []
+    if content or not calls:
+        blocks.append({"type": "text", "text": content or ""})
+    for call in calls:
+        fn = call["function"]
+        arguments = orjson.loads(fn["arguments"]) if isinstance(fn["arguments"], str) else fn["arguments"]
+        if not isinstance(arguments, dict):
+            raise EngineFailure(
+                f"the model called {fn['name']!r} with arguments that are not a JSON object ({fn['arguments']!r:.80}); "
+                "Anthropic's tool_use input must be an object"
+            )
+        blocks.append({"type": "tool_use", "id": call["id"], "name": fn["name"], "input": arguments})
+    return blocks
+
+
+def message_object(message_id: str, model: str, result: ChatResult, stop_sequence: str | None = None) -> dict[str, Any]:
+    """The ``message``; ``stop_sequence`` is the request's stop sequence that ended the turn, if one did."""
+    stop_reason = "stop_sequence" if stop_sequence is not None else _STOP_REASONS.get(result.finish_reason, "end_turn")
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content_blocks(result),
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
+        "usage": {
+            "input_tokens": len(result.prompt_ids),
+            "output_tokens": len(result.generation.completion_ids),
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
+    }
+
+
+def message_events(message: dict[str, Any]) -> bytes:
+    """The finished ``message`` as Anthropic's event stream (see the module docstring)."""
+    events: list[bytes] = []
+
+    def emit(kind: str, **fields: Any) -> None:
+        events.append(sse(kind, orjson.dumps({"type": kind, **fields})))
+
+    usage = message["usage"]
+    emit("message_start", message={**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 0}})
+    for index, block in enumerate(message["content"]):
+        kind = block["type"]
+        if kind == "thinking":
+            emit("content_block_start", index=index, content_block={"type": "thinking", "thinking": "", "signature": ""})
+            emit("content_block_delta", index=index, delta={"type": "thinking_delta", "thinking": block["thinking"]})
+            emit("content_block_delta", index=index, delta={"type": "signature_delta", "signature": block["signature"]})
+        elif kind == "text":
+            emit("content_block_start", index=index, content_block={"type": "text", "text": ""})
+            emit("content_block_delta", index=index, delta={"type": "text_delta", "text": block["text"]})
+        else:  # tool_use
+            emit("content_block_start", index=index, content_block={**block, "input": {}})
+            emit("content_block_delta", index=index,
+                 delta={"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()})
+        emit("content_block_stop", index=index)
+    emit("message_delta", delta={"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
+         usage={"output_tokens": usage["output_tokens"]})
+    emit("message_stop")
+    return b"".join(events)
+
+
+def anthropic_error_body(exc: MtrlError) -> tuple[bytes, dict[str, str]]:
+    """Anthropic's error shape (``error.type``, ``error.message``), with the field at fault and the status beside them.
+
+    A 4xx is final, so ``x-should-retry: false`` stops the SDK's retries (it
+    retries 409s otherwise); a 5xx may pass, and is retried as usual.
+    """
+    kind = _ERROR_TYPES.get(exc.status, "api_error")
+    payload = {"type": "error", "error": {"type": kind, "message": exc.message, "param": exc.param, "code": exc.status}}
+    return orjson.dumps(payload), {"x-should-retry": "false"} if exc.status < 500 else {}
+
+
+__all__ = ["SIGNATURE", "anthropic_error_body", "content_blocks", "message_events", "message_object"]

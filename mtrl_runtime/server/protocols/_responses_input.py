@@ -1,0 +1,220 @@
+"""OpenAI Responses requests: the strict body schema, and input items as OpenAI chat messages.
+
+Known fields are validated (a wrong JSON type is refused, never coerced; the
+error names the field and the value); fields clients send that change
+nothing here are accepted and ignored. What mtrl cannot honour is refused
+with a 400 naming the field: non-function tools, images, files and audio,
+``background``, ``conversation``, stored ``prompt`` templates, item
+references.
+
+Input items become chat messages: ``message`` items (roles user, system,
+developer, assistant) keep their text; ``reasoning``, an assistant
+``message`` and the ``function_call`` items that follow one reply become one
+assistant message (``reasoning_content``, ``content``, ``tool_calls``);
+``function_call_output`` becomes a ``tool`` message.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ...errors import BadRequest
+from ...types import ChatOptions
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    def chat_tool(self) -> dict[str, Any]:
+        fn: dict[str, Any] = {"name": self.name}
+        if self.description is not None:
+            fn["description"] = self.description
+        fn["parameters"] = self.parameters if self.parameters is not None else {"type": "object", "properties": {}}
+        return {"type": "function", "function": fn}
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)  # no "yes" read as true, no true as 1
+
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    stream: bool = False
+    store: bool | None = None
+    previous_response_id: str | None = Field(default=None, min_length=1)
+    parallel_tool_calls: bool | None = None
+    metadata: dict[str, Any] | None = None
+    background: bool | None = None
+    conversation: Any = None
+    prompt: Any = None
+    seed: int | None = None  # mtrl extension, as on chat completions (the rollout's sampling seed)
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM / SGLang extension, as on chat completions
+
+    @model_validator(mode="after")
+    def _refused(self) -> "ResponsesRequest":
+        if self.background:
+            raise ValueError("background: true is not supported (responses are answered in the request); send background false")
+        if self.conversation is not None:
+            raise ValueError(
+                f"conversation: conversations are not supported (got {self.conversation!r:.80}); "
+                "continue with previous_response_id or send the whole input"
+            )
+        if self.prompt is not None:
+            raise ValueError(f"prompt: stored prompt templates are not supported (got {self.prompt!r:.80}); send instructions and input")
+        if isinstance(self.tool_choice, str) and self.tool_choice not in ("auto", "none", "required"):
+            raise ValueError(f"tool_choice must be 'auto', 'none', 'required' or a function object, got {self.tool_choice!r}")
+        return self
+
+    def options(self) -> ChatOptions:
+        """The tool choice as the coordinator takes it (``"none"`` is applied by dropping the tools)."""
+        choice = self.tool_choice
+        if isinstance(choice, dict):
+            name = choice.get("name")
+            if choice.get("type") != "function" or not isinstance(name, str) or not name:
+                raise BadRequest(
+                    f"tool_choice must be {{'type': 'function', 'name': ...}}, got {choice!r:.120}; "
+                    "only function tools are supported",
+                    param="tool_choice",
+                )
+            return ChatOptions(template_kwargs=self.chat_template_kwargs or {}, tool_choice="function", tool_name=name)
+        kind = "required" if choice == "required" else "auto"
+        return ChatOptions(template_kwargs=self.chat_template_kwargs or {}, tool_choice=kind)
+
+
+_TEXT_PARTS = ("input_text", "output_text", "text")
+_MESSAGE_ROLES = ("user", "system", "developer", "assistant")
+
+
+def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The request's input as OpenAI chat messages (see the module docstring); bad items are 400s naming them."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    out: list[dict[str, Any]] = []
+    turn: dict[str, Any] | None = None  # the assistant message being assembled from one reply's items
+
+    def close() -> None:
+        nonlocal turn
+        if turn is not None:
+            out.append(turn)
+            turn = None
+
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in _MESSAGE_ROLES:
+                raise BadRequest(f"{where}.role: expected one of {', '.join(_MESSAGE_ROLES)}, got {role!r}", param=f"{where}.role")
+            text = _text(item.get("content"), f"{where}.content")
+            if role != "assistant":
+                close()
+                out.append({"role": role, "content": text})
+                continue
+            if turn is not None and (turn["content"] is not None or "tool_calls" in turn):
+                close()
+            turn = turn or {"role": "assistant", "content": None}
+            turn["content"] = text
+        elif kind == "reasoning":
+            close()
+            turn = {"role": "assistant", "content": None}
+            reasoning = _reasoning_text(item, where)
+            if reasoning:
+                turn["reasoning_content"] = reasoning
+        elif kind == "function_call":
+            call_id, name, arguments = (_string(item, key, where) for key in ("call_id", "name", "arguments"))
+            turn = turn or {"role": "assistant", "content": None}
+            turn.setdefault("tool_calls", []).append(
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            )
+        elif kind == "function_call_output":
+            close()
+            call_id = _string(item, "call_id", where)
+            output = item.get("output")
+            text = output if isinstance(output, str) else _text(output, f"{where}.output")
+            out.append({"role": "tool", "tool_call_id": call_id, "content": text})
+        elif kind == "item_reference":
+            raise BadRequest(
+                f"{where}: item_reference ({item.get('id')!r}) is not supported; send the item itself, "
+                "or continue from a response with previous_response_id",
+                param=f"{where}.type",
+            )
+        else:
+            raise BadRequest(
+                f"{where}.type: {kind!r} items are not supported; mtrl takes message, reasoning, function_call "
+                "and function_call_output items (function tools only)",
+                param=f"{where}.type",
+            )
+    close()
+    return out
+
+
+def _string(item: dict[str, Any], key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise BadRequest(f"{where}.{key}: expected a string, got {value!r:.80}", param=f"{where}.{key}")
+    return value
+
+
+def _text(content: Any, where: str) -> str:
+    """Message content (a string or text parts) as one string; images, files and audio are refused."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(f"{where}: expected a string or a list of content parts, got {content!r:.80}", param=where)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+        elif kind in ("input_image", "input_file", "input_audio"):
+            raise BadRequest(
+                f"{where}[{j}]: {kind} parts are not supported: the policy mtrl serves reads text only; "
+                "send the content as input_text",
+                param=f"{where}[{j}].type",
+            )
+        else:
+            raise BadRequest(f"{where}[{j}]: expected a text part ({', '.join(_TEXT_PARTS)}), got {part!r:.80}", param=f"{where}[{j}]")
+    return "\n".join(texts)
+
+
+def _reasoning_text(item: dict[str, Any], where: str) -> str:
+    """A reasoning item's text: its ``content`` (reasoning_text parts) or else its ``summary`` texts."""
+    for key, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key)
+        if parts is None:
+            continue
+        if not isinstance(parts, list):
+            raise BadRequest(f"{where}.{key}: expected a list of {part_type} parts, got {parts!r:.80}", param=f"{where}.{key}")
+        texts = []
+        for j, part in enumerate(parts):
+            if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+                raise BadRequest(f"{where}.{key}[{j}]: expected a {part_type} part with text, got {part!r:.80}",
+                                 param=f"{where}.{key}[{j}]")
+            texts.append(part["text"])
+        if texts:
+            return "\n".join(texts)
+    if item.get("encrypted_content"):
+        raise BadRequest(
+            f"{where}.encrypted_content: encrypted reasoning cannot be read back into the policy's prompt; "
+            "send the reasoning as content or summary text",
+            param=f"{where}.encrypted_content",
+        )
+    return ""
+
+
+__all__ = ["FunctionTool", "ResponsesRequest", "input_messages"]

@@ -1,0 +1,115 @@
+"""Bedrock Converse: ``POST /model/{modelId}/converse`` and ``/model/{modelId}/converse-stream``.
+
+Also under ``/rollouts/{rollout_id}/...``, where ``mtrl_adapters`` sends the
+calls of a botocore ``bedrock-runtime`` client made inside a rollout
+(Strands' ``BedrockModel``, LangChain's ``ChatBedrockConverse``). The call is
+attributed like a chat completion (the path prefix or ``x-mtrl-rollout-id``)
+and carries the rollout's token as ``Authorization: Bearer``, in place of
+the AWS signature, which the adapter never computes. The body is
+translated (``_bedrock_translate``) onto ``Coordinator.chat``, the one
+capture path, so the turn is recorded token-in-token-out like a chat
+completion; ``modelId`` names the model the agent asked for and is not
+checked. ``converse-stream`` answers in Bedrock's event-stream framing
+(``_eventstream``), encoded once the reply is finished.
+
+Errors answer in the shape botocore reads (``x-amzn-ErrorType`` and a JSON
+``message``): ``ValidationException`` (400, naming the field and the
+value), ``AccessDeniedException`` (401/403), ``ResourceNotFoundException``,
+``ConflictException`` (an ended rollout, ``max_turns``),
+``ThrottlingException``, ``ModelErrorException`` (the engine failed).
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from fastapi import APIRouter
+from starlette.routing import Route
+
+from ...coordinator import Coordinator
+from ...errors import MtrlError
+from .._http import validate
+from . import _bedrock_translate as translate
+from ._bedrock_schemas import ConverseRequest
+from ._endpoint import JSON, Call, ProtocolEndpoint, check_counts, sampling
+from ._eventstream import CONTENT_TYPE as EVENT_STREAM
+
+PATHS = (
+    "/model/{model_id}/converse",
+    "/model/{model_id}/converse-stream",
+    "/rollouts/{rollout_id}/model/{model_id}/converse",
+    "/rollouts/{rollout_id}/model/{model_id}/converse-stream",
+)
+# Bedrock's error type for each status mtrl answers with (botocore names the exception after it)
+_ERROR_TYPES = {
+    400: "ValidationException",
+    401: "AccessDeniedException",
+    403: "AccessDeniedException",
+    404: "ResourceNotFoundException",
+    408: "ModelTimeoutException",
+    409: "ConflictException",
+    413: "ValidationException",
+    429: "ThrottlingException",
+    502: "ModelErrorException",
+    503: "ServiceUnavailableException",
+}
+
+
+def error_type(status: int) -> str:
+    """The Bedrock exception name botocore raises for an mtrl error of HTTP ``status``."""
+    return _ERROR_TYPES.get(status, "InternalServerException" if status >= 500 else "ValidationException")
+
+
+def error_body(exc: MtrlError) -> tuple[bytes, dict[str, str]]:
+    """Bedrock's error shape: the type in ``x-amzn-ErrorType``, the sentence in ``message``."""
+    return orjson.dumps({"message": exc.message}), {"x-amzn-errortype": error_type(exc.status)}
+
+
+class ConverseProtocol:
+    """Translates one Converse call (streamed or not) onto ``Coordinator.chat`` and back."""
+
+    def __init__(self, coordinator: Coordinator, stream: bool) -> None:
+        self.coordinator = coordinator
+        self.stream = stream
+
+    async def answer(self, call: Call) -> tuple[bytes, bytes]:
+        started = time.perf_counter()
+        coordinator = self.coordinator
+        body = validate(call.data, ConverseRequest)
+        messages = translate.chat_messages(body)
+        tools, options = translate.chat_tools(body)
+        check_counts(coordinator, messages, tools, "messages", "toolConfig.tools")
+        inference, fields = body.inferenceConfig, body.additionalModelRequestFields
+        params = sampling(
+            coordinator,
+            temperature=inference.temperature if inference else None,
+            top_p=inference.topP if inference else None,
+            max_tokens=inference.maxTokens if inference else None,
+            stop=inference.stopSequences if inference else None,
+            seed=fields.seed if fields else None,
+            max_tokens_field="inferenceConfig.maxTokens",
+        )
+        result = await coordinator.chat(call.rollout_id, call.token, messages, tools, params, options)
+        stop = translate.stop_reason(result, body, coordinator.tokenizer)
+        latency_ms = int((time.perf_counter() - started) * 1000)
+        if self.stream:
+            return translate.converse_events(result, stop, latency_ms), EVENT_STREAM
+        return translate.converse_json(result, stop, latency_ms), JSON
+
+
+def build_router(coordinator: Coordinator) -> APIRouter:
+    """The four Converse paths (a ``model_id`` may hold ``/``: an inference-profile or model ARN)."""
+    router = APIRouter()
+    endpoints = {
+        stream: ProtocolEndpoint(coordinator, ConverseProtocol(coordinator, stream).answer, error_body)
+        for stream in (False, True)
+    }
+    for path in PATHS:
+        endpoint = endpoints[path.endswith("-stream")]
+        route_path = path.replace("{model_id}", "{model_id:path}")
+        router.routes.append(Route(route_path, endpoint, methods=["POST"], include_in_schema=False))
+    return router
+
+
+__all__ = ["PATHS", "ConverseProtocol", "build_router", "error_body", "error_type"]

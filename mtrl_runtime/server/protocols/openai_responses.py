@@ -1,0 +1,108 @@
+"""OpenAI Responses: ``POST /v1/responses`` and ``POST /rollouts/{id}/v1/responses``, streamed and not.
+
+Each call goes through the one capture path (``Coordinator.chat``) and is
+recorded token-in-token-out as a chat completion is: ``instructions`` become
+the system message, the input items OpenAI chat messages
+(``_responses_input``), the answer a ``response`` object or its events
+(``_responses_output``). Errors are OpenAI's error shape, which the SDK reads.
+
+``previous_response_id`` continues a stored response of the same rollout:
+the new input is appended to that response's input and output (its
+``instructions`` are not inherited, as on OpenAI). ``store`` (default true)
+decides whether this response can be continued from; every call is recorded
+for training either way. An unknown id (never stored, stored with
+``store: false``, another rollout's, or one whose rollout has ended) is a 400
+naming it. A streamed answer leaves as its tokens are generated
+(``_responses_stream``).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import orjson
+from fastapi import APIRouter
+from starlette.routing import Route
+
+from ...coordinator import ChatResult, Coordinator
+from ...errors import BadRequest
+from .._http import error_body, validate
+from ...types import Generation
+from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, sampling
+from ._response_history import ResponseHistory
+from ._responses_input import ResponsesRequest, input_messages
+from ._responses_output import response_object
+from ._responses_stream import ResponsesEvents
+
+PATH = "/v1/responses"
+ROLLOUT_PATH = "/rollouts/{rollout_id}/v1/responses"
+PATHS = (PATH, ROLLOUT_PATH)
+
+
+class ResponsesProtocol:
+    """Translates Responses calls to ``Coordinator.chat`` and keeps the responses they may continue from."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.coordinator = coordinator
+        self.history = ResponseHistory(coordinator.live_rollout_ids, per_rollout=coordinator.config.core.max_turns + 1)
+
+    async def answer(self, call: Call) -> tuple[bytes, bytes] | Streamed:
+        coordinator = self.coordinator
+        body = validate(call.data, ResponsesRequest)
+        prior: tuple[dict[str, Any], ...] = ()
+        if body.previous_response_id is not None:
+            found = self.history.get(call.rollout_id, body.previous_response_id)
+            if found is None:
+                raise BadRequest(
+                    f"previous_response_id: no stored response {body.previous_response_id!r} in this rollout "
+                    "(responses are kept per rollout while it runs, and only with store true)",
+                    param="previous_response_id",
+                )
+            prior = found
+        new = input_messages(body.input)
+        conversation = [*prior, *new]
+        messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + conversation
+        if not messages:
+            raise BadRequest("input: no messages (an empty input with no instructions or previous response)", param="input")
+        tools = [t.chat_tool() for t in body.tools] if body.tools else None
+        check_counts(coordinator, messages, tools, "input", "tools")
+        params = sampling(coordinator, temperature=body.temperature, top_p=body.top_p,
+                          max_tokens=body.max_output_tokens, stop=None, seed=body.seed, max_tokens_field="max_output_tokens")
+        options = body.options()
+        chat_tools = None if body.tool_choice == "none" else tools
+        # unguessable: in inference mode, callers sharing the API key must not continue each other's conversations
+        response_id = f"resp_{secrets.token_hex(16)}"
+        store = body.store is not False
+        given_tools = call.data.get("tools") or []  # echoed as sent (validated above)
+        model = body.model or coordinator.model_name
+
+        def finish(result: ChatResult) -> dict[str, Any]:
+            if store:
+                self.history.put(call.rollout_id, response_id, (*conversation, result.message))
+            reasoning = result.message.get("reasoning_content")
+            reasoning_tokens = len(coordinator.renderer.encode(reasoning)) if reasoning else 0
+            return response_object(response_id, model, body, params, result, store, given_tools, reasoning_tokens)
+
+        if body.stream:  # written as the tokens are generated (server._streaming)
+            none = ChatResult({"role": "assistant", "content": None}, "stop", (), Generation((), (), "stop"), "")
+            pending = {**response_object(response_id, model, body, params, none, store, given_tools, 0),
+                       "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
+            return Streamed(lambda stream: coordinator.chat(call.rollout_id, call.token, messages, chat_tools, params,
+                                                            options, stream=stream),
+                            ResponsesEvents(pending, finish))
+        result = await coordinator.chat(call.rollout_id, call.token, messages, chat_tools, params, options)
+        return orjson.dumps(finish(result)), JSON
+
+
+def build_router(coordinator: Coordinator) -> APIRouter:
+    """Both Responses paths, as plain ASGI routes (see ``_endpoint``)."""
+    protocol = ResponsesProtocol(coordinator)
+    endpoint = ProtocolEndpoint(coordinator, protocol.answer, error_body)
+    router = APIRouter()
+    for path in PATHS:
+        router.routes.append(Route(path, endpoint, methods=["POST"], include_in_schema=False))
+    return router
+
+
+__all__ = ["PATH", "PATHS", "ROLLOUT_PATH", "ResponsesProtocol", "build_router"]

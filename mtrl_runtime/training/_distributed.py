@@ -1,0 +1,451 @@
+"""Data-parallel training across processes: torch FSDP2 (``fully_shard``), launched by ``torchrun``.
+
+``torchrun --nproc-per-node N -m mtrl_runtime.cli train config.yaml --agent ...``
+starts N processes. Rank 0, the leader, runs everything a one-process run
+runs (engine, coordinator, store, rollouts, MLflow); every rank holds one
+shard of the policy (FSDP2: each decoder layer and the root are
+``fully_shard`` units, parameters are DTensors split over the ranks). Each
+collective operation starts on the leader, which broadcasts a command (the
+step's samples, a folder to save to) that the other ranks, in ``follow()``,
+wait for; then every rank runs the same collective work.
+
+One step (``ShardedUpdate.step``, on every rank, on the same samples):
+
+- samples that train a token are sorted longest first and dealt out in
+  rounds of ``world_size``, one sample per rank per round, so each round's
+  rows have similar lengths; the ranks' micro-batch counts are equal by
+  construction (FSDP gathers each layer's parameters once per forward and
+  reduce-scatters its gradients once per backward: every rank must make
+  the same number of passes). A rank left without a sample in the last
+  round runs a padding pass: the shortest sample with an infinite loss
+  denominator, so its gradient is exactly zero;
+- each rank's loss is divided by the whole step's denominator (tokens or
+  sequences, ``_update.loss_normalizer``) and FSDP sums the gradients
+  (divide factor 1), so the gradient is that of the one-process step;
+- the gradient norm (clipping) is global, a non-finite loss or gradient
+  skips the step on every rank, AdamW updates each rank's shard.
+
+The adapter (or model) and the optimizer state are gathered for saving:
+LoRA gathers only the adapter weights. Launch, layout and memory:
+docs/scaling.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..diagnostics import NONFINITE_SKIPPED
+from ..types import Sample
+from ..engines import resolve_model
+from ._chunked import DecoderWithHead
+from ._fit import preflight_folder
+from ._policy import Policy, atomic_folder, policy_from_config
+from ._update import (TRAINER_STATE, WEIGHTS_FOLDER, NonFiniteWeights, PolicyUpdate, UpdateSettings,
+                      loss_normalizer,
+                      nonfinite_cause, nonfinite_rollouts)
+
+log = logging.getLogger("mtrl.train")
+
+# metrics that add up over ranks and rounds; every other ``train/`` metric is a per-token mean
+SUMMED = frozenset({
+    "train/loss", "train/tokens_forward", "train/tokens_real", "train/tokens_shared", "train/micro_batches",
+    "train/tokens_trained", "train/samples",
+})
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in the job: its rank, the world size, and the device it trains on."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+
+def launched_distributed(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` is that of a ``torchrun`` worker of a job of more than one process."""
+    return int(environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init_ranks(environ: Mapping[str, str] | None = None, backend: str | None = None) -> Ranks:
+    """Join the job ``torchrun`` started (its RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT).
+
+    ``backend``: nccl with CUDA, else gloo. Each process trains on
+    ``cuda:LOCAL_RANK`` (set as its current device), or on the CPU.
+    """
+    environ = os.environ if environ is None else environ
+    missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in environ]
+    if missing:
+        raise RuntimeError(f"distributed training: {', '.join(missing)} not set; launch with "
+                           "torchrun --nproc-per-node N -m mtrl_runtime.cli train ...")
+    local = int(environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend or ("nccl" if device.type == "cuda" else "gloo"))
+    return Ranks(dist.get_rank(), dist.get_world_size(), device)
+
+
+def join_torchrun(config: Any, environ: Mapping[str, str] | None = None) -> Ranks | None:
+    """Under torchrun (WORLD_SIZE > 1): join the job and check the batch splits over it; else None."""
+    environ = os.environ if environ is None else environ
+    if not launched_distributed(environ):
+        return None
+    check_world_divides(config.core.train_batch_size * config.core.group_size, int(environ["WORLD_SIZE"]))
+    return init_ranks(environ)
+
+
+def follow_training(config: Any, ranks: Ranks) -> int:
+    """A rank other than 0: build the run's policy, shard it with the others, run the leader's commands."""
+    folder = resolve_model(config.core.model)
+    preflight_folder(config, folder)
+    sharded = ShardedUpdate.build(policy_from_config(config, folder), UpdateSettings.from_config(config), ranks)
+    sharded.check_fits()
+    return sharded.follow()
+
+
+def check_world_divides(rollouts_per_step: int, world_size: int) -> None:
+    """A step's rollouts (train_batch_size x group_size) must split evenly over the ranks."""
+    if rollouts_per_step % world_size:
+        raise ValueError(
+            f"distributed training: world size {world_size} does not divide the batch of {rollouts_per_step} "
+            f"rollouts per step (core.train_batch_size x core.group_size); choose a batch that is a multiple "
+            f"of {world_size} or another --nproc-per-node"
+        )
+
+
+def shard_policy(policy: Policy) -> None:
+    """Make every rank's weights rank 0's, then shard the model in place with FSDP2.
+
+    Each decoder layer is one FSDP unit, the rest (embeddings, final norm,
+    head) the root's. LoRA's initialisation is random, so weights are
+    broadcast from rank 0 before sharding. Gradients are summed, not
+    averaged: each rank already divides its loss by the whole step's count.
+    """
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    model = policy.model
+    base = model.get_base_model() if policy.lora else model
+    with torch.no_grad():
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            dist.broadcast(tensor.data, src=0)
+    for layer in _decoder_layers(base):
+        fully_shard(layer)
+    fully_shard(model)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # a plain sum: gloo has no pre-multiplied sum
+
+
+def _decoder_layers(base: Any) -> list[torch.nn.Module]:
+    """The repeated blocks of a transformers causal LM (its decoder's ``layers``)."""
+    decoder = base.get_decoder() if isinstance(base, DecoderWithHead) else None
+    layers = decoder.layers if isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList) else None
+    if layers is None:
+        raise ValueError(f"distributed training: cannot find the decoder layers of {type(base).__name__} "
+                         "(expected get_decoder().layers, as transformers' causal LMs have)")
+    return list(layers)
+
+
+def deal_rounds(lengths: Sequence[int], world_size: int) -> list[list[int]]:
+    """Sample indices per round, one per rank: longest first, so a round's rows have similar lengths."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    return [order[start:start + world_size] for start in range(0, len(order), world_size)]
+
+
+class ShardedUpdate:
+    """A ``PolicyUpdate`` over an FSDP2-sharded policy; on the leader, each call leads the other ranks.
+
+    It answers what the loop, the checkpoints and ``PushedWeights`` ask of an
+    update (``step``, ``version``, ``save_checkpoint``, ``weights_finite``,
+    ``policy.save_weights``). The other ranks run ``follow()``.
+    """
+
+    def __init__(self, update: PolicyUpdate, ranks: Ranks) -> None:
+        """``update``: a PolicyUpdate built on a policy ``shard_policy`` sharded (``ShardedUpdate.build`` does both)."""
+        if update.settings.logprob_chunk_tokens:
+            raise ValueError("ShardedUpdate: build the PolicyUpdate with logprob_chunk_tokens=0 "
+                             "(chunked logprobs call the decoder and the LM head apart, outside FSDP's root unit); "
+                             "ShardedUpdate.build does")
+        self.update = update
+        self.ranks = ranks
+        self.policy = _LeaderPolicy(self)
+        self._failed = False  # a led command raised: the ranks are out of step (see stop)
+        self._commands: dict[str, Callable[[Any], Any]] = {
+            "step": self._step,
+            "save_weights": self._save_weights,
+            "save_checkpoint": self._save_checkpoint,
+            "weights_finite": lambda _: self._weights_finite(),
+        }
+
+    @classmethod
+    def build(cls, policy: Policy, settings: UpdateSettings, ranks: Ranks) -> "ShardedUpdate":
+        """Shard ``policy`` (every rank) and wrap its update.
+
+        Log-probabilities are computed unchunked (the model's own forward, logits at
+        the trained positions only): the chunked path calls the decoder and the LM
+        head as two modules, and FSDP gathers the root's weights (embeddings, head)
+        only around the whole model's forward.
+        """
+        shard_policy(policy)
+        return cls(PolicyUpdate(policy, replace(settings, logprob_chunk_tokens=0)), ranks)
+
+    @property
+    def version(self) -> int:
+        return self.update.version
+
+    @property
+    def skipped_nonfinite(self) -> int:
+        return self.update.skipped_nonfinite
+
+    def check_fits(self) -> None:
+        """This rank's step fits its device (``PolicyUpdate.check_fits``; the estimate counts whole weights)."""
+        self.update.check_fits()
+
+    # -- the leader's calls: each broadcasts its command, then runs it here too ------------------
+
+    def step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        return self._lead("step", list(samples))
+
+    def save_weights(self, folder: str | Path) -> Path:
+        return self._lead("save_weights", str(folder))
+
+    def save_checkpoint(self, folder: str | Path) -> Path:
+        return self._lead("save_checkpoint", str(folder))
+
+    def weights_finite(self) -> bool:
+        return self._lead("weights_finite", None)
+
+    def load_checkpoint(self, folder: str | Path) -> None:
+        raise NotImplementedError(
+            f"resume under torchrun is not supported yet (checkpoint {folder}): resume the run in one process "
+            "(mtrl train --resume), or start a new run_dir"
+        )
+
+    def stop(self) -> None:
+        """Release the other ranks from ``follow()`` (the leader calls it once, at the end).
+
+        After a command failed here the other ranks may be inside one of its
+        collectives: nothing is sent, the leader's process exits with the
+        error and torchrun stops the others.
+        """
+        if not self._failed:
+            _broadcast(("stop", None))
+
+    def _lead(self, name: str, argument: Any) -> Any:
+        if not self.ranks.leader:
+            raise RuntimeError(f"ShardedUpdate.{name}: only rank 0 leads; rank {self.ranks.rank} runs follow()")
+        _broadcast((name, argument))
+        try:
+            return self._commands[name](argument)
+        except BaseException:
+            self._failed = True
+            raise
+
+    # -- the other ranks ----------------------------------------------------------------------------
+
+    def follow(self) -> int:
+        """Run the leader's commands until it says stop; returns how many ran."""
+        ran = 0
+        while True:
+            name, argument = _broadcast(None)
+            if name == "stop":
+                return ran
+            self._commands[name](argument)
+            ran += 1
+
+    # -- the collective work, on every rank ------------------------------------------------------
+
+    def _step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        start = time.perf_counter()
+        update = self.update
+        poisoned = nonfinite_rollouts(samples)
+        if poisoned:  # the same verdict on every rank: they all hold the same samples
+            return self._skipped(samples, "advantages", poisoned, start, {"train/tokens_trained": 0.0})
+        kept = [s for s in samples if any(s.loss_mask_T[1:])]
+        normalizer = loss_normalizer(kept, update.settings.loss.aggregation)
+        with update.weights_lock, self._training_mode():
+            update.optimizer.zero_grad(set_to_none=True)
+            local = self._backward(kept, normalizer)
+            metrics = self._combine(local)
+            if metrics["train/tokens_trained"] > 0:
+                params = update.policy.trainable_parameters()
+                grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, update.settings.max_grad_norm))
+                bad = nonfinite_cause(metrics["train/loss"], float(grad_norm))
+                if bad is not None:
+                    update.optimizer.zero_grad(set_to_none=True)
+                    return self._skipped(samples, bad, sorted({s.rollout_id for s in samples}), start, metrics)
+                metrics["train/grad_norm"] = float(grad_norm)
+                update.optimizer.step()
+                update.version += 1
+            update.optimizer.zero_grad(set_to_none=True)
+        metrics["train/policy_version"] = float(update.version)
+        metrics["train/world_size"] = float(self.ranks.world_size)
+        metrics["train/step_seconds"] = time.perf_counter() - start
+        return metrics
+
+    def _backward(self, kept: Sequence[Sample], normalizer: float) -> list[dict[str, float]]:
+        """This rank's share of the step's gradients; its metrics per real round."""
+        if not kept:
+            return []
+        lengths = [len(s.token_ids_T) for s in kept]
+        shortest = kept[min(range(len(kept)), key=lambda i: lengths[i])]
+        out = []
+        for round_ in deal_rounds(lengths, self.ranks.world_size):
+            if self.ranks.rank < len(round_):
+                out.append(self.update.backward([kept[round_[self.ranks.rank]]], normalizer=normalizer))
+            else:  # padding pass: the same collectives as the other ranks, a zero gradient
+                self.update.backward([shortest], normalizer=math.inf)
+        return out
+
+    def _combine(self, rounds: Sequence[dict[str, float]]) -> dict[str, float]:
+        """The step's metrics over every rank's rounds: sums, or per-token means weighted by trained tokens."""
+        sums: dict[str, float] = {}
+        for metrics in rounds:
+            tokens = metrics["train/tokens_trained"]
+            for name, value in metrics.items():
+                sums[name] = sums.get(name, 0.0) + (value if name in SUMMED else value * tokens)
+        gathered: list[Any] = [None] * self.ranks.world_size
+        dist.all_gather_object(gathered, sums)
+        total: dict[str, float] = {name: 0.0 for name in SUMMED}
+        for part in gathered:
+            for name, value in part.items():
+                total[name] = total.get(name, 0.0) + value
+        trained = max(total["train/tokens_trained"], 1.0)
+        return {name: value if name in SUMMED else value / trained for name, value in total.items()}
+
+    def _skipped(self, samples: Sequence[Sample], cause: str, rollout_ids: Sequence[str], start: float,
+                 metrics: dict[str, float]) -> dict[str, float]:
+        self.update.skipped_nonfinite += 1
+        if self.ranks.leader:
+            log.warning("mtrl: update skipped: non-finite %s (policy version stays %d); rollouts: %s",
+                        cause, self.update.version, ", ".join(rollout_ids[:10]))
+        out = {k: v for k, v in metrics.items() if math.isfinite(v)}
+        out.update({NONFINITE_SKIPPED: 1.0, "train/skipped": 1.0, "train/samples": float(len(samples)),
+                    "train/policy_version": float(self.update.version),
+                    "train/step_seconds": time.perf_counter() - start})
+        return out
+
+    @contextlib.contextmanager
+    def _training_mode(self) -> Iterator[None]:
+        self.update.policy.model.train()
+        try:
+            yield
+        finally:
+            self.update.policy.model.eval()
+
+    def _weights_finite(self) -> bool:
+        local = all(bool(torch.isfinite(_local(p)).all()) for p in self.update.policy.trainable_parameters())
+        flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=self.ranks.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    # -- gathering for saves ----------------------------------------------------------------------
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """Every rank gathers; rank 0 gets the trained weights as full CPU tensors (LoRA: the adapter only).
+
+        Names are the model's own state-dict names, as ``save_pretrained`` expects.
+        """
+        policy = self.update.policy
+        names = {id(p): name for name, p in policy.model.named_parameters()}
+        wanted = policy.trainable_parameters() if policy.lora else list(policy.model.parameters())
+        state = {}
+        for param in wanted:
+            full = _full(param.detach())
+            if self.ranks.leader:
+                state[names[id(param)]] = full.cpu()
+        return state
+
+    def _save_weights(self, folder: str) -> Path:
+        state = self.full_state()
+        if self.ranks.leader:
+            policy = self.update.policy
+            with atomic_folder(folder) as tmp:
+                policy.model.save_pretrained(tmp, state_dict=state)
+                if policy.tokenizer is not None and not policy.lora:
+                    policy.tokenizer.save_pretrained(tmp)
+        return Path(folder)
+
+    def _save_checkpoint(self, folder: str) -> Path:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        if not self._weights_finite():
+            raise NonFiniteWeights(f"refusing to write checkpoint {folder}: the policy holds non-finite weights")
+        update = self.update
+        with update.weights_lock:
+            optimizer = get_optimizer_state_dict(
+                update.policy.model, update.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
+            self._save_weights(str(Path(folder) / WEIGHTS_FOLDER))
+        if self.ranks.leader:  # the format of a one-process checkpoint: ``PolicyUpdate.load_checkpoint`` reads it
+            state = {"optimizer": _indexed(optimizer), "version": update.version, "world_size": self.ranks.world_size}
+            torch.save(state, Path(folder) / TRAINER_STATE)
+        return Path(folder)
+
+
+class _LeaderPolicy:
+    """What ``PushedWeights`` and the trainer's finish call on ``update.policy``: saving, led from rank 0."""
+
+    def __init__(self, sharded: ShardedUpdate) -> None:
+        self._sharded = sharded
+
+    @property
+    def lora(self) -> bool:
+        return self._sharded.update.policy.lora
+
+    def save_weights(self, folder: str | Path) -> Path:
+        return self._sharded.save_weights(folder)
+
+
+def _indexed(optimizer_state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state keyed by parameter names (DCP's full state) keyed by position, as ``Optimizer.state_dict``."""
+    order = [name for group in optimizer_state["param_groups"] for name in group["params"]]
+    index = {name: i for i, name in enumerate(order)}
+    return {
+        "state": {index[name]: value for name, value in optimizer_state["state"].items()},
+        "param_groups": [{**group, "params": [index[n] for n in group["params"]]}
+                         for group in optimizer_state["param_groups"]],
+    }
+
+
+def _broadcast(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value on every rank (a collective); a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+__all__ = ["Ranks", "SUMMED", "ShardedUpdate", "check_world_divides", "deal_rounds", "follow_training", "init_ranks",
+           "join_torchrun", "launched_distributed", "shard_policy"]

@@ -1,0 +1,142 @@
+"""FSDP2 data-parallel training at world size 2 (gloo, CPU) equals the one-process step.
+
+The job is a real ``torchrun`` of ``tests/_fsdp_ranks.py``: two processes,
+FSDP2-sharded tiny Qwen3 (hidden 64, 2 layers), LoRA and full fine-tuning,
+two steps (the second with an odd number of samples, so one rank runs a
+padding pass). The loss of each step, the weights after both, the saved
+adapter / model and the checkpoint's optimizer state must equal those of
+``PolicyUpdate`` in this process on the same samples.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtrl_runtime.training import (PolicyUpdate, UpdateSettings, build_policy, check_world_divides, deal_rounds,
+                                   launched_distributed)
+from mtrl_runtime.types import Sample
+
+RANKS = Path(__file__).resolve().parent / "_fsdp_ranks.py"
+VOCAB = 300
+LR = 1e-2
+TOL = dict(rtol=1e-4, atol=1e-6)
+# AdamW's first step moves each weight by about lr * sign(grad): a gradient that is float noise in both
+# layouts (~1e-9) may move by a different fraction of lr, so single weights are compared to 2% of a step
+# and the mean difference to 1e-4 of a step
+WEIGHT_TOL = dict(rtol=1e-4, atol=0.02 * LR)
+
+
+def tiny_qwen3(folder: Path) -> Path:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
+                         max_position_embeddings=512, pad_token_id=0)
+    Qwen3ForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def make_samples(count: int, seed: int) -> list[Sample]:
+    """Rows of different lengths sharing a 20-token opening, a prompt part and a trained part each."""
+    rng = random.Random(seed)
+    opening = tuple(rng.randrange(1, VOCAB) for _ in range(20))
+    samples = []
+    for i in range(count):
+        prompt = rng.randrange(2, 12)
+        answer = rng.randrange(4, 30)
+        ids = opening + tuple(rng.randrange(1, VOCAB) for _ in range(prompt + answer))
+        mask = (0,) * (len(opening) + prompt) + (1,) * answer
+        samples.append(Sample(
+            rollout_id=f"r{seed}-{i}", group_id="g", segment=0, token_ids_T=ids, loss_mask_T=mask,
+            behaviour_logprobs_T=tuple(-rng.uniform(4.0, 7.0) if m else 0.0 for m in mask),
+            advantages_T=tuple((1.0 if i % 2 else -0.5) if m else 0.0 for m in mask),
+            policy_version_T=tuple(0 if m else -1 for m in mask),
+        ))
+    return samples
+
+
+def one_process(model: Path, steps: list[list[Sample]], lora: bool) -> tuple[list[dict], dict, PolicyUpdate]:
+    torch.manual_seed(1234)  # rank 0's seed in _fsdp_ranks: the same LoRA initialisation
+    policy = build_policy(model, lora=lora, rank=4, alpha=8, device="cpu")
+    update = PolicyUpdate(policy, UpdateSettings(precision="fp32", learning_rate=LR))
+    metrics = [update.step(samples) for samples in steps]
+    state = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    return metrics, state, update
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    case = tmp_path_factory.mktemp("fsdp")
+    model = tiny_qwen3(case / "model")
+    steps = [make_samples(6, seed=1), make_samples(5, seed=2)]
+    torch.save(steps, case / "steps.pt")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
+           str(RANKS), str(case)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return case, model, steps
+
+
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_world_size_2_equals_one_process(job, kind):
+    case, model, steps = job
+    ranks = torch.load(case / f"{kind}.pt", weights_only=False)
+    metrics, state, update = one_process(model, steps, lora=kind == "lora")
+    for step, (mine, theirs) in enumerate(zip(ranks["metrics"], metrics)):
+        assert mine["train/world_size"] == 2.0
+        assert mine["train/tokens_trained"] == theirs["train/tokens_trained"] > 0
+        assert mine["train/policy_version"] == step + 1
+        assert mine["train/loss"] == pytest.approx(theirs["train/loss"], rel=1e-4, abs=1e-6), step
+        assert mine["train/grad_norm"] == pytest.approx(theirs["train/grad_norm"], rel=1e-4), step
+        assert mine["train/ratio_mean"] == pytest.approx(theirs["train/ratio_mean"], rel=1e-4), step
+    gathered = ranks["state"]
+    assert set(gathered) == set(state)
+    moved = 0
+    before = initial_weights(model, kind)
+    for name, value in state.items():
+        torch.testing.assert_close(gathered[name], value, **WEIGHT_TOL, msg=name)
+        assert float((gathered[name] - value).abs().mean()) < 1e-4 * LR, name
+        moved += int(float((value - before[name]).abs().mean()) > 0.1 * LR)
+    assert moved == len(state)  # the steps changed the weights: the comparison is not between two untouched models
+
+    # what the leader saved loads into a one-process policy with the same weights
+    torch.manual_seed(99)
+    fresh = build_policy(model, lora=kind == "lora", rank=4, alpha=8, device="cpu")
+    fresh.load_weights(case / f"{kind}-weights")
+    for name, param in fresh.model.named_parameters():
+        if name in state:
+            torch.testing.assert_close(param.detach(), gathered[name], **TOL, msg=name)
+
+    # the checkpoint is a one-process checkpoint: its optimizer moments are those of the one-process run
+    fresh_update = PolicyUpdate(fresh, UpdateSettings(precision="fp32", learning_rate=LR))
+    fresh_update.load_checkpoint(case / f"{kind}-checkpoint")
+    assert fresh_update.version == 2
+    for mine, theirs in zip(fresh_update.optimizer.state_dict()["state"].values(),
+                            update.optimizer.state_dict()["state"].values()):
+        torch.testing.assert_close(mine["exp_avg"], theirs["exp_avg"], **TOL)
+        torch.testing.assert_close(mine["exp_avg_sq"], theirs["exp_avg_sq"], rtol=1e-4, atol=1e-9)
+
+
+def initial_weights(model: Path, kind: str) -> dict[str, torch.Tensor]:
+    torch.manual_seed(1234)
+    policy = build_policy(model, lora=kind == "lora", rank=4, alpha=8, device="cpu")
+    return {n: p.detach() for n, p in policy.model.named_parameters() if p.requires_grad}
+
+
+def test_world_size_that_does_not_divide_the_batch_is_refused():
+    check_world_divides(64, 4)
+    with pytest.raises(ValueError, match=r"world size 3 does not divide the batch of 64 rollouts"):
+        check_world_divides(64, 3)
+
+
+def test_rounds_deal_one_sample_per_rank_longest_first():
+    assert deal_rounds([5, 9, 7, 3, 8], 2) == [[1, 4], [2, 0], [3]]
+    assert deal_rounds([], 2) == []
+    assert launched_distributed({"WORLD_SIZE": "2"}) and not launched_distributed({})
