@@ -22,16 +22,13 @@ import; without the ``anthropic`` package it does nothing.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
-import threading
 from typing import Any
 
-from ._context import RolloutContext, current_rollout
+from ._context import RolloutContext
+from ._sdk_redirect import wrap_build_request
 from .wire import HEADER_ROLLOUT_ID
 
-_INSTALL_LOCK = threading.Lock()
-_MARK = "__mtrl_rollout_redirect__"
 _SAMPLED = {"temperature", "top_p", "max_tokens", "seed"}  # the rollout's sampling fields (seed: an mtrl extension)
 
 
@@ -41,22 +38,7 @@ def instrument_anthropic() -> bool:
         return False
     from anthropic import _base_client
 
-    with _INSTALL_LOCK:
-        original = _base_client.BaseClient._build_request
-        if getattr(original, _MARK, False):
-            return False
-
-        @functools.wraps(original)
-        def _build_request(self: Any, options: Any, *, retries_taken: int = 0) -> Any:
-            ctx = current_rollout()
-            if ctx is not None:
-                redirect_anthropic_options(self, options, ctx)
-            return original(self, options, retries_taken=retries_taken)
-
-        setattr(_build_request, _MARK, True)
-        _build_request.__mtrl_original__ = original  # type: ignore[attr-defined]
-        _base_client.BaseClient._build_request = _build_request
-        return True
+    return wrap_build_request(_base_client.BaseClient, redirect_anthropic_options)
 
 
 def redirect_anthropic_options(client: Any, options: Any, ctx: RolloutContext) -> None:

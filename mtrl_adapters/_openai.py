@@ -20,15 +20,12 @@ import, and calling it again does nothing.
 
 from __future__ import annotations
 
-import functools
-import threading
 from typing import Any
 
-from ._context import RolloutContext, current_rollout
+from ._context import RolloutContext
+from ._sdk_redirect import wrap_build_request
 from .wire import HEADER_ROLLOUT_ID
 
-_INSTALL_LOCK = threading.Lock()
-_MARK = "__mtrl_rollout_redirect__"
 _SAMPLED_PATHS = ("chat/completions", "completions", "responses")  # the routes the coordinator samples on
 _MAX_TOKENS_FIELDS = {"responses": "max_output_tokens"}  # the route's name for max_tokens, where it differs
 
@@ -39,22 +36,7 @@ def instrument_openai() -> bool:
         from openai import _base_client
     except ImportError:
         return False
-    with _INSTALL_LOCK:
-        original = _base_client.BaseClient._build_request
-        if getattr(original, _MARK, False):
-            return False
-
-        @functools.wraps(original)
-        def _build_request(self: Any, options: Any, *, retries_taken: int = 0) -> Any:
-            ctx = current_rollout()
-            if ctx is not None:
-                redirect_options(self, options, ctx)
-            return original(self, options, retries_taken=retries_taken)
-
-        setattr(_build_request, _MARK, True)
-        _build_request.__mtrl_original__ = original  # type: ignore[attr-defined]
-        _base_client.BaseClient._build_request = _build_request
-        return True
+    return wrap_build_request(_base_client.BaseClient, redirect_options)
 
 
 def redirect_options(client: Any, options: Any, ctx: RolloutContext) -> None:
