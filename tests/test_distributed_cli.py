@@ -41,7 +41,7 @@ def test_torchrun_trains_a_run_over_two_ranks(tmp_path, tiny_model_dir):
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
-    assert "trained steps 0..1" in done.stdout, done.stdout[-3000:]
+    assert "trained steps 1..2" in done.stdout, done.stdout[-3000:]
 
     store = open_store(tmp_path / "run" / "trajectories.db")
     try:

@@ -149,7 +149,7 @@ def _demo(args: argparse.Namespace) -> int:
     with _agent_logs(args.agent_logs):
         result = trainer.train(progress=True)
     training_s = time.perf_counter() - started
-    console.print(f"trained steps {result.start_step}..{result.final_step - 1}; adapter: {result.output_adapter_path}")
+    console.print(f"trained steps {result.start_step + 1}..{result.final_step}; adapter: {result.output_adapter_path}")
 
     evaluator = MultiTurnRLEvaluator(
         model=trainer,

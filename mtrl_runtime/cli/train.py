@@ -75,7 +75,7 @@ def _train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(stopped_message(config, started, resume_command(args)), file=sys.stderr, flush=True)
         return 130
-    print(f"mtrl: trained steps {result.start_step}..{result.final_step - 1}; adapter: {result.output_adapter_path}")
+    print(f"mtrl: trained steps {result.start_step + 1}..{result.final_step}; adapter: {result.output_adapter_path}")
     if result.tracking_uri and result.tracking_uri.startswith("sqlite:///"):
         print(f"mtrl: open the run with: mlflow ui --backend-store-uri {result.tracking_uri}")
     return 0
