@@ -69,6 +69,6 @@ def _cpu_model() -> str:
             for line in f:
                 if line.startswith("model name"):
                     return line.split(":", 1)[1].strip()
-    except OSError:
+    except OSError:  # no /proc/cpuinfo (not Linux): the platform's own name below is the answer, nothing is lost
         pass
     return platform.processor() or platform.machine()

@@ -28,7 +28,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,10 +35,7 @@ from endpoint_overhead import (  # noqa: E402  (the shared load generator)
     MESSAGES,
     ROOT,
     TOOLS,
-    Connection,
-    complete_rollouts,
-    cpu_seconds,
-    create_rollouts,
+    first_turns,
     pct,
     start_server,
 )
@@ -68,28 +64,9 @@ def bodies() -> dict[str, tuple[str, bytes, bytes]]:
 
 async def run_protocol(port: int, pid: int, n: int, concurrency: int, path: str, body: bytes, marker: bytes) -> dict:
     """``n`` first turns of ``n`` fresh rollouts on one protocol; latencies and the server's CPU time."""
-    created = await create_rollouts(port, n)  # untimed
-    conns = [await Connection.open(port) for _ in range(concurrency)]
-    latencies: list[float] = []
-    errors = 0
-    queue = list(created)
-
-    async def worker(conn: Connection) -> None:
-        nonlocal errors
-        while queue:
-            rollout = queue.pop()
-            t0 = time.perf_counter()
-            status, answer = await conn.post(f"/rollouts/{rollout['rollout_id']}{path}", body, rollout["token"])
-            latencies.append(time.perf_counter() - t0)
-            errors += status != 200 or (marker not in answer[-400:])
-
-    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
-    await asyncio.gather(*(worker(conn) for conn in conns))
-    wall, cpu = time.perf_counter() - t0, cpu_seconds(pid) - cpu0
-    for conn in conns:
-        conn.close()
-    await complete_rollouts(port, created)
-    return {"latencies": latencies, "cpu_s": cpu, "wall_s": wall, "errors": errors}
+    run = await first_turns(port, pid, n, concurrency, path, body,
+                            lambda status, answer: status == 200 and marker in answer[-400:])
+    return {key: run[key] for key in ("latencies", "cpu_s", "wall_s", "errors")}
 
 
 def summary(runs: list[dict]) -> dict:

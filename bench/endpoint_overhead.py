@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any, Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,11 +159,13 @@ async def complete_rollouts(port: int, created: list[dict]) -> None:
     conn.close()
 
 
-async def through_endpoint(port: int, pid: int, n: int, concurrency: int, stream: bool) -> dict[str, float]:
-    """``n`` first turns of ``n`` fresh rollouts, from ``concurrency`` clients each on its own connection."""
-    created = await create_rollouts(port, n)  # untimed
-    body = json.dumps({"model": "policy", "messages": MESSAGES, "tools": TOOLS, "max_tokens": 64, "stream": stream,
-                       **({"stream_options": {"include_usage": True}} if stream else {})}).encode()
+async def first_turns(
+    port: int, pid: int, n: int, concurrency: int, path: str, body: bytes, ok: Callable[[int, bytes], bool]
+) -> dict[str, Any]:
+    """``n`` first turns of ``n`` fresh rollouts (POST ``/rollouts/{id}{path}``), from ``concurrency`` clients each
+    on its own connection; the latencies, wall time, the server's and this client's CPU seconds, and the answers
+    ``ok`` refused. Creating and completing the rollouts is untimed (memory is read with nothing live)."""
+    created = await create_rollouts(port, n)
     conns = [await Connection.open(port) for _ in range(concurrency)]
     latencies: list[float] = []
     errors = 0
@@ -173,23 +176,34 @@ async def through_endpoint(port: int, pid: int, n: int, concurrency: int, stream
         while queue:
             rollout = queue.pop()
             t0 = time.perf_counter()
-            status, answer = await conn.post(f"/rollouts/{rollout['rollout_id']}/v1/chat/completions", body, rollout["token"])
+            status, answer = await conn.post(f"/rollouts/{rollout['rollout_id']}{path}", body, rollout["token"])
             latencies.append(time.perf_counter() - t0)
-            errors += status != 200 or not answer.rstrip().endswith(b"[DONE]" if stream else b"}")
+            errors += not ok(status, answer)
 
     cpu0, client0, t0 = cpu_seconds(pid), time.process_time(), time.perf_counter()
     await asyncio.gather(*(worker(conn) for conn in conns))
     wall, cpu, client = time.perf_counter() - t0, cpu_seconds(pid) - cpu0, time.process_time() - client0
     for conn in conns:
         conn.close()
-    await complete_rollouts(port, created)  # untimed: memory is read with nothing live
+    await complete_rollouts(port, created)
+    return {"latencies": latencies, "wall_s": wall, "cpu_s": cpu, "client_cpu_s": client, "errors": errors}
+
+
+async def through_endpoint(port: int, pid: int, n: int, concurrency: int, stream: bool) -> dict[str, float]:
+    """``n`` first turns of ``n`` fresh rollouts, from ``concurrency`` clients each on its own connection."""
+    body = json.dumps({"model": "policy", "messages": MESSAGES, "tools": TOOLS, "max_tokens": 64, "stream": stream,
+                       **({"stream_options": {"include_usage": True}} if stream else {})}).encode()
+    end = b"[DONE]" if stream else b"}"
+    run = await first_turns(port, pid, n, concurrency, "/v1/chat/completions", body,
+                            lambda status, answer: status == 200 and answer.rstrip().endswith(end))
+    latencies = run["latencies"]
     return {
         "p50_ms": pct(latencies, 0.5) * 1e3,
         "p99_ms": pct(latencies, 0.99) * 1e3,
-        "server_cpu_ms_per_call": cpu / n * 1e3,
-        "client_cpu_ms_per_call": client / n * 1e3,
-        "calls_per_s": n / wall,
-        "errors": errors,
+        "server_cpu_ms_per_call": run["cpu_s"] / n * 1e3,
+        "client_cpu_ms_per_call": run["client_cpu_s"] / n * 1e3,
+        "calls_per_s": n / run["wall_s"],
+        "errors": run["errors"],
     }
 
 

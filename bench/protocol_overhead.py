@@ -22,16 +22,12 @@ import asyncio
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 
 from endpoint_overhead import (
     MESSAGES,
     TOOLS,
-    Connection,
-    complete_rollouts,
-    cpu_seconds,
-    create_rollouts,
+    first_turns,
     pct,
     start_server,
 )
@@ -59,27 +55,8 @@ async def measure(port: int, pid: int, protocol: str, n: int, concurrency: int) 
     """``n`` first turns of ``n`` fresh rollouts in ``protocol``, from ``concurrency`` clients."""
     path, payload = BODIES[protocol]
     body = json.dumps(payload).encode()
-    created = await create_rollouts(port, n)  # untimed
-    conns = [await Connection.open(port) for _ in range(concurrency)]
-    latencies: list[float] = []
-    errors = 0
-    queue = list(created)
-
-    async def worker(conn: Connection) -> None:
-        nonlocal errors
-        while queue:
-            rollout = queue.pop()
-            t0 = time.perf_counter()
-            status, _ = await conn.post(f"/rollouts/{rollout['rollout_id']}/{path}", body, rollout["token"])
-            latencies.append(time.perf_counter() - t0)
-            errors += status != 200
-
-    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
-    await asyncio.gather(*(worker(conn) for conn in conns))
-    wall, cpu = time.perf_counter() - t0, cpu_seconds(pid) - cpu0
-    for conn in conns:
-        conn.close()
-    await complete_rollouts(port, created)
+    run = await first_turns(port, pid, n, concurrency, f"/{path}", body, lambda status, _: status == 200)
+    latencies, wall, cpu, errors = run["latencies"], run["wall_s"], run["cpu_s"], run["errors"]
     return {"p50_ms": pct(latencies, 0.5) * 1e3, "p99_ms": pct(latencies, 0.99) * 1e3,
             "server_cpu_ms_per_call": cpu / n * 1e3, "calls_per_s": n / wall, "errors": errors}
 
