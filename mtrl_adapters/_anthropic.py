@@ -26,7 +26,7 @@ import importlib.util
 from typing import Any
 
 from ._context import RolloutContext
-from ._sdk_redirect import wrap_build_request
+from ._sdk_redirect import relative_path, wrap_build_request
 from .wire import HEADER_ROLLOUT_ID
 
 _SAMPLED = {"temperature", "top_p", "max_tokens", "seed"}  # the rollout's sampling fields (seed: an mtrl extension)
@@ -45,7 +45,7 @@ def redirect_anthropic_options(client: Any, options: Any, ctx: RolloutContext) -
     """Point one request's options at the rollout (in place: the client copies options per attempt)."""
     from anthropic._types import Omit
 
-    path = _relative_path(client, options.url)
+    path = relative_path(client, options.url, "anthropic")
     options.url = f"{ctx.endpoint.rstrip('/')}/rollouts/{ctx.rollout_id}/{path}"
     headers = dict(options.headers or {})
     for name in list(headers):
@@ -57,23 +57,6 @@ def redirect_anthropic_options(client: Any, options: Any, ctx: RolloutContext) -
     options.headers = headers
     if ctx.sampling and isinstance(options.json_data, dict) and path.split("?")[0].endswith("messages"):
         options.json_data = {**options.json_data, **{k: v for k, v in ctx.sampling.items() if k in _SAMPLED}}
-
-
-def _relative_path(client: Any, url: str) -> str:
-    """The request's path below the client's base URL; absolute URLs elsewhere are refused."""
-    import httpx
-
-    parsed = httpx.URL(url)
-    if parsed.is_relative_url:
-        return url.lstrip("/")
-    base = str(client.base_url)
-    if url.startswith(base):
-        return url[len(base):].lstrip("/")
-    raise RuntimeError(
-        f"an anthropic request inside a rollout names the absolute URL {url!r}, outside the client's "
-        f"base_url {base!r}; mtrl redirects only calls below base_url, and will not send this one "
-        "with the rollout's token or your API key"
-    )
 
 
 __all__ = ["instrument_anthropic", "redirect_anthropic_options"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._context import RolloutContext
-from ._sdk_redirect import wrap_build_request
+from ._sdk_redirect import relative_path, wrap_build_request
 from .wire import HEADER_ROLLOUT_ID
 
 _SAMPLED_PATHS = ("chat/completions", "completions", "responses")  # the routes the coordinator samples on
@@ -43,7 +43,7 @@ def redirect_options(client: Any, options: Any, ctx: RolloutContext) -> None:
     """Point one request's options at the rollout (in place: the client copies options per attempt)."""
     from openai._types import Omit
 
-    path = _relative_path(client, options.url)
+    path = relative_path(client, options.url, "openai")
     options.url = f"{ctx.base_url}/{path}"
     headers = dict(options.headers or {})
     for name in list(headers):
@@ -55,23 +55,6 @@ def redirect_options(client: Any, options: Any, ctx: RolloutContext) -> None:
     options.headers = headers
     if ctx.sampling and isinstance(options.json_data, dict) and path.startswith(_SAMPLED_PATHS):
         options.json_data = _with_sampling(options.json_data, ctx.sampling, _MAX_TOKENS_FIELDS.get(path))
-
-
-def _relative_path(client: Any, url: str) -> str:
-    """The request's path below the client's base URL; absolute URLs elsewhere are refused."""
-    import httpx
-
-    parsed = httpx.URL(url)
-    if parsed.is_relative_url:
-        return url.lstrip("/")
-    base = str(client.base_url)
-    if url.startswith(base):
-        return url[len(base):].lstrip("/")
-    raise RuntimeError(
-        f"an openai request inside a rollout names the absolute URL {url!r}, outside the client's "
-        f"base_url {base!r}; mtrl redirects only calls below base_url, and will not send this one "
-        "with the rollout's token or your API key"
-    )
 
 
 def _with_sampling(body: dict[str, Any], sampling: Any, max_tokens_field: str | None = None) -> dict[str, Any]:

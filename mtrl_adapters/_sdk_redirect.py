@@ -40,4 +40,21 @@ def wrap_build_request(base_client: type, redirect: Redirect) -> bool:
         return True
 
 
-__all__ = ["Redirect", "wrap_build_request"]
+def relative_path(client: Any, url: str, sdk: str) -> str:
+    """The request's path below the client's base URL; an absolute URL elsewhere is refused, naming ``sdk``."""
+    import httpx
+
+    parsed = httpx.URL(url)
+    if parsed.is_relative_url:
+        return url.lstrip("/")
+    base = str(client.base_url)
+    if url.startswith(base):
+        return url[len(base):].lstrip("/")
+    raise RuntimeError(
+        f"an {sdk} request inside a rollout names the absolute URL {url!r}, outside the client's "
+        f"base_url {base!r}; mtrl redirects only calls below base_url, and will not send this one "
+        "with the rollout's token or your API key"
+    )
+
+
+__all__ = ["Redirect", "relative_path", "wrap_build_request"]
