@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .algorithms import ADVANTAGES, LOSSES
 from .chat.formats import CHAT_FORMATS
-from .engines import ENGINES
+from .engines import ENGINES, POOL_OPTIONS, check_pool_options
 from .registry import Registry
 from .types import SamplingParams
 
@@ -223,8 +223,14 @@ class MtrlConfig(_Section):
     def _vllm_rules(self) -> "MtrlConfig":
         """Full fine-tuning cannot reach a vLLM server; its ``keep_versions`` follows the staleness bound."""
         if self.core.engine != "vllm":
+            named = [key for key in POOL_OPTIONS if key in self.advanced.engine_options]
+            if named:
+                raise ValueError(f"advanced.engine_options.{named[0]}: {self.advanced.engine_options[named[0]]!r} "
+                                 f"asks for several vLLM servers, but core.engine is {self.core.engine!r}; "
+                                 "use core.engine: vllm or drop it")
             return self
         advanced = self.advanced
+        check_pool_options(advanced.engine_options, "advanced.engine_options.")  # servers, urls, gpus_per_server
         if advanced.full_finetune:
             raise ValueError(
                 "advanced.full_finetune: true with core.engine: 'vllm' is not supported: mtrl pushes each new "

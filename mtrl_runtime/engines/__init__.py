@@ -13,8 +13,9 @@ import importlib
 from typing import Any
 
 from ._loading import ModelNotFoundError, atomic_folder, default_cache_dir, resolve_model
+from ._pool_options import POOL_OPTIONS, check_pool_options
 from ._registry import ENGINES, EngineFactory, create_engine
-from ._stats import EngineClosedError, EngineStats
+from ._stats import EngineClosedError, EngineStats, ServerStats
 
 _LAZY = {  # name -> the engine folder that defines it
     "HFEngine": ".hf",
@@ -48,14 +49,17 @@ __all__ = [
     "EngineStats",
     "HFEngine",
     "ModelNotFoundError",
+    "POOL_OPTIONS",
     "ScriptExhausted",
     "ScriptedEngine",
     "ScriptedFailure",
     "ScriptedReply",
+    "ServerStats",
     "VLLMEngine",
     "VLLMRequestError",
     "VLLMServerError",
     "atomic_folder",
+    "check_pool_options",
     "create_engine",
     "default_cache_dir",
     "resolve_model",

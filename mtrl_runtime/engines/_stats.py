@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class EngineClosedError(RuntimeError):
@@ -25,6 +25,8 @@ class EngineStats:
     prompt_tokens: int = 0  # prompt tokens of admitted requests
     prefill_tokens: int = 0  # tokens computed by prefill passes (shared prefixes once, padding not counted)
     prefix_hit_tokens: int = 0  # prompt tokens whose KV came from a stored or shared prefix
+    repins: int = 0  # rollouts moved to another server because theirs left rotation (their prefix cache lost)
+    servers: list["ServerStats"] = field(default_factory=list)  # one per server of a pool (vllm servers: N / urls)
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -32,4 +34,19 @@ class EngineStats:
         return self.prefix_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-__all__ = ["EngineClosedError", "EngineStats"]
+@dataclass
+class ServerStats:
+    """One server of an engine pool: its requests, those in flight, the rollouts pinned to it, whether it serves."""
+
+    name: str
+    url: str = ""
+    requests: int = 0  # requests sent to it
+    in_flight: int = 0  # requests it is answering now
+    pinned: int = 0  # rollouts pinned to it now
+    repins: int = 0  # rollouts re-pinned onto it after their server left rotation (their prefix cache lost)
+    failures: int = 0  # requests that failed on it
+    live: bool = True  # in rotation
+    down_reason: str | None = None  # why it left rotation (its death, a failed adapter load)
+
+
+__all__ = ["EngineClosedError", "EngineStats", "ServerStats"]

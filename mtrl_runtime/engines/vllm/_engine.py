@@ -14,6 +14,12 @@ extension are the same for every engine. Semantics match the ``hf`` engine:
   stop string;
 - ``Generation.policy_version`` is the version whose weights produced it.
 
+Streaming (``types.StreamingEngine``): ``generate_stream`` sends the same
+body with ``"stream": true`` and yields a ``TokenDelta`` per token as vLLM's
+events arrive (``_stream``), then the Generation ``generate`` would return.
+Closing the iterator early closes the HTTP stream, and vLLM aborts the
+request (its ``vllm:num_requests_running`` drops).
+
 Adapters: ``load_adapter(path, version)`` loads a peft LoRA folder as
 ``v{version}`` (``/v1/load_lora_adapter``; the server runs with
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``). New requests wait while it loads.
@@ -43,17 +49,19 @@ import asyncio
 import inspect
 import weakref
 from collections import Counter
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, AsyncIterator, Mapping
 
 import httpx
 
-from ...types import Generation, GenerationRequest
+from ...types import Generation, GenerationRequest, TokenDelta
 from .._loading import resolve_model
 from .._stats import EngineClosedError, EngineStats
 from ._loop import LoopThread
 from ._server import VLLMServer, VLLMServerError, find_vllm_python
+from ._stream import CompletionStream, stream_body
 from ._wire import VLLMRequestError, answer_error, check_request, completion_body, parse_generation, transport_error
 
 _DEATH_GRACE_S = 3.0  # after a broken connection, how long to wait for the server process to show it died
@@ -152,6 +160,16 @@ class VLLMEngine:
         self._check_open()
         return await self._runner.run(self._generate(request))
 
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta | Generation]:
+        """Each token as vLLM streams it (``types.StreamingEngine``), then the whole ``Generation``.
+
+        Closing the iterator early closes the HTTP stream, which makes vLLM abort the request.
+        """
+        check_request(request)
+        self._check_open()
+        async for item in self._runner.stream(self._stream(request)):
+            yield item
+
     async def load_adapter(self, path: str, version: int) -> None:
         """Load the peft LoRA folder ``path`` as policy ``version``; new requests wait meanwhile."""
         if not isinstance(version, int) or version < 0:
@@ -187,11 +205,7 @@ class VLLMEngine:
             self._open.set()
 
     async def _generate(self, request: GenerationRequest) -> Generation:
-        await self._wait_serving()
-        version, name = self._route(request.adapter)
-        epoch = self._epoch
-        self._in_flight[version] += 1
-        try:
+        async with self._serving(request) as (version, name, epoch):
             body = {**completion_body(request, name, self.max_model_len), **self.extra_body}
             try:
                 response = await self._http.post(self.url + "/v1/completions", json=body)
@@ -200,15 +214,45 @@ class VLLMEngine:
             if response.status_code >= 500:  # vLLM answers 500 when its engine core died, then exits
                 raise await self._failure(epoch, VLLMRequestError(answer_error(response)))
             generation = parse_generation(response, version, request.sampling.top_logprobs)
+        self.stats.generations += 1
+        self.stats.tokens += len(generation.completion_ids)
+        return generation
+
+    async def _stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta | Generation]:
+        async with self._serving(request) as (version, name, epoch):
+            body = {**stream_body(request, name, self.max_model_len), **self.extra_body}
+            parser = CompletionStream(version, request.sampling.top_logprobs)
+            try:
+                async with self._http.stream("POST", self.url + "/v1/completions", json=body) as response:
+                    if response.status_code != 200:
+                        await response.aread()
+                        error = VLLMRequestError(answer_error(response))
+                        raise (await self._failure(epoch, error)) if response.status_code >= 500 else error
+                    async for line in response.aiter_lines():
+                        for delta in parser.feed(line):
+                            yield delta
+            except httpx.HTTPError as exc:
+                raise await self._failure(epoch, transport_error(exc, self.url, self.request_timeout_s)) from None
+            generation = parser.result()
+        self.stats.generations += 1
+        self.stats.tokens += len(generation.completion_ids)
+        yield generation
+
+    @asynccontextmanager
+    async def _serving(self, request: GenerationRequest) -> AsyncIterator[tuple[int, str, int]]:
+        """Wait until requests may go out; the serving version, model name and server epoch, counted in flight."""
+        await self._wait_serving()
+        version, name = self._route(request.adapter)
+        epoch = self._epoch
+        self._in_flight[version] += 1
+        try:
+            yield version, name, epoch
         finally:
             self._in_flight[version] -= 1
             if self._in_flight[version] <= 0:
                 del self._in_flight[version]
                 if self._stale():
                     self._in_background(self._unload_stale())
-        self.stats.generations += 1
-        self.stats.tokens += len(generation.completion_ids)
-        return generation
 
     async def _load_adapter(self, folder: Path, version: int) -> None:
         if version in self._adapters:
@@ -374,9 +418,4 @@ def _consume_error(task: asyncio.Task) -> None:
         task.exception()  # a failed background unload or restart is reported by the next request
 
 
-def create(model: str | None, **options: Any) -> VLLMEngine:
-    """The ``vllm`` factory: ``VLLMEngine(model, **options)``."""
-    return VLLMEngine(model, **options)
-
-
-__all__ = ["VLLMEngine", "VLLMRequestError", "VLLMServerError", "create"]
+__all__ = ["VLLMEngine", "VLLMRequestError", "VLLMServerError"]

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Coroutine, TypeVar
+from typing import Any, AsyncGenerator, AsyncIterator, Coroutine, TypeVar
 
 T = TypeVar("T")
+_CLOSE_WAIT_S = 10.0  # how long closing a stream waits for the generator's cleanup on the thread's loop
 
 
 class LoopThread:
@@ -29,6 +30,67 @@ class LoopThread:
         if self.on_loop():
             return await coro
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    async def stream(self, agen: AsyncGenerator[T, None]) -> AsyncIterator[T]:
+        """Iterate ``agen`` on the thread's loop, handing each item to the caller's loop as it is made.
+
+        ``agen``'s error is raised to the caller. Closing the returned iterator
+        early (``aclose``, or cancelling its consumer) cancels ``agen`` where it
+        waits and returns once its cleanup ran (at most ``_CLOSE_WAIT_S``).
+        """
+        if self.on_loop():
+            try:
+                async for item in agen:
+                    yield item
+            finally:
+                await agen.aclose()
+            return
+        caller = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+        def hand(kind: str, value: Any = None) -> None:
+            try:
+                caller.call_soon_threadsafe(queue.put_nowait, (kind, value))
+            except RuntimeError:
+                pass  # the caller's loop is closed: nobody is waiting for the item
+
+        async def pump() -> None:
+            try:
+                async for item in agen:
+                    hand("item", item)
+                hand("end")
+            except Exception as exc:
+                hand("error", exc)
+            finally:
+                await agen.aclose()
+                hand("closed")
+
+        future = asyncio.run_coroutine_threadsafe(pump(), self.loop)
+        closed = False
+        try:
+            while True:
+                kind, value = await queue.get()
+                if kind == "item":
+                    yield value
+                elif kind == "error":
+                    raise value
+                elif kind == "end":
+                    return
+                else:
+                    closed = True
+                    return
+        finally:
+            future.cancel()  # a no-op once pump() returned
+            if not closed:
+
+                async def cleaned_up() -> None:
+                    while (await queue.get())[0] != "closed":
+                        pass
+
+                try:
+                    await asyncio.wait_for(cleaned_up(), _CLOSE_WAIT_S)
+                except asyncio.TimeoutError:
+                    pass
 
     def on_loop(self) -> bool:
         try:

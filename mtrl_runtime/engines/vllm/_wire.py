@@ -64,7 +64,19 @@ def parse_generation(response: httpx.Response, version: int, top_k: int) -> Gene
     logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
     if ids is None or logprobs is None or len(ids) != len(logprobs):
         raise VLLMRequestError(f"the vLLM server's answer lacks token ids or logprobs: {str(choice)[:500]}")
-    finish = choice.get("finish_reason")
+    return generation(ids, logprobs, choice.get("finish_reason"), version,
+                      choice["logprobs"].get("top_logprobs") if top_k > 0 else None, top_k)
+
+
+def generation(
+    ids: Sequence[int],
+    logprobs: Sequence[float],
+    finish: str | None,
+    version: int,
+    top_entries: Sequence[Mapping[str, float] | None] | None,
+    top_k: int,
+) -> Generation:
+    """The Generation of a finished completion (whole or streamed); a finish other than stop/length raises."""
     if finish not in ("stop", "length"):
         raise VLLMRequestError(f"the vLLM server ended the completion with finish_reason={finish!r}")
     return Generation(
@@ -72,7 +84,7 @@ def parse_generation(response: httpx.Response, version: int, top_k: int) -> Gene
         logprobs=tuple(float(lp) for lp in logprobs),
         finish_reason=finish,
         policy_version=version,
-        top_logprobs_T=top_logprobs(choice["logprobs"].get("top_logprobs"), top_k) if top_k > 0 else None,
+        top_logprobs_T=top_logprobs(top_entries, top_k) if top_k > 0 else None,
     )
 
 
@@ -102,5 +114,5 @@ def answer_error(response: httpx.Response) -> str:
     return f"the vLLM server answered {response.status_code}: {response.text[:2000]}"
 
 
-__all__ = ["VLLMRequestError", "answer_error", "check_request", "completion_body", "parse_generation",
+__all__ = ["VLLMRequestError", "answer_error", "check_request", "completion_body", "generation", "parse_generation",
            "top_logprobs", "transport_error"]
