@@ -5,7 +5,9 @@
 ``model_dtype``, never from a flag it was asked for): one name, or a mapping
 of side or model -> name when sides differ. The block also says whether this
 CPU computes bf16 natively (``cpu_native_bf16``), because a bf16 figure from a
-CPU without AVX512-BF16/AMX measures an emulation.
+CPU without AVX512-BF16/AMX measures an emulation. ``device="cuda"`` adds
+the GPU's name, memory, compute capability and CUDA version
+(``device_info``).
 """
 
 from __future__ import annotations
@@ -34,10 +36,30 @@ def cpu_bf16() -> dict[str, Any]:
     return {"cpu_native_bf16": cpu_has_native_bf16(), **flags}
 
 
+def device_info(device: str) -> dict[str, Any]:
+    """The device a bench ran on: ``{"type": "cpu"}``, or a CUDA device's name, memory, capability, CUDA version."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return {"type": dev.type}
+    props = torch.cuda.get_device_properties(dev)
+    return {
+        "type": "cuda",
+        "name": props.name,
+        "memory_gb": round(props.total_memory / 2**30, 1),
+        "capability": f"{props.major}.{props.minor}",
+        "count": torch.cuda.device_count(),
+        "torch_cuda": torch.version.cuda,
+    }
+
+
 def machine_info(
     load_before: tuple[float, ...], load_after: tuple[float, ...], threads: int, *, dtype: str | Mapping[str, str],
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """The ``machine`` block of a results file (``threads``: the engine's CPU threads; ``dtype``: see above)."""
+    """The ``machine`` block of a results file (``threads``: the engine's CPU threads; ``dtype``: see above;
+    ``device``: where the model ran, ``device_info``)."""
     import torch
 
     if not dtype or (not isinstance(dtype, str) and not all(isinstance(v, str) and v for v in dtype.values())):
@@ -50,6 +72,7 @@ def machine_info(
         "cpu_model": _cpu_model(),
         **cpu_bf16(),
         "dtype": dtype if isinstance(dtype, str) else dict(dtype),
+        "device": device_info(device),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in load_after],
     }

@@ -102,13 +102,16 @@ def worker(case: Path, mode: str, kind: str) -> None:
     starts it again, so each rank's CPU time of the timed steps is measured
     apart from the warm-up.
     """
-    from mtrl_runtime.training import PolicyUpdate, ShardedUpdate, build_policy, init_ranks
+    from mtrl_runtime.training import PolicyUpdate, ShardedUpdate, build_policy, build_sharded_policy, init_ranks
 
     torch.set_num_threads(1)
     steps = torch.load(case / "steps.pt", weights_only=False)
     ranks = init_ranks() if mode == "fsdp" else None
     torch.manual_seed(7)
-    policy = build_policy(case / "model", lora=kind == "lora", rank=16, alpha=32, device="cpu")
+    if ranks is None:
+        policy = build_policy(case / "model", lora=kind == "lora", rank=16, alpha=32, device="cpu")
+    else:  # only rank 0 reads the weights (and draws the LoRA initialisation); every rank fills its shards
+        policy, initial = build_sharded_policy(case / "model", ranks.leader, lora=kind == "lora", rank=16, alpha=32)
     names = [n for n, p in policy.model.named_parameters() if p.requires_grad]
     if ranks is None:
         update: Any = PolicyUpdate(policy, settings())
@@ -116,7 +119,7 @@ def worker(case: Path, mode: str, kind: str) -> None:
         state = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
         others = 0.0
     else:
-        update = ShardedUpdate.build(policy, settings(), ranks)
+        update = ShardedUpdate.build(policy, settings(), ranks, initial)
         if not ranks.leader:
             update.follow()  # the warm-up step
             started = time.process_time()

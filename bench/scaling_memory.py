@@ -88,16 +88,20 @@ def measure_child(folder: Path, rows: int, length: int, mode: str) -> None:
     """One process of the measured part: load, (shard), reset the peak, one LoRA step, report."""
     import torch
 
-    from mtrl_runtime.training import PolicyUpdate, ShardedUpdate, UpdateSettings, build_policy, init_ranks
+    from mtrl_runtime.training import (PolicyUpdate, ShardedUpdate, UpdateSettings, build_policy,
+                                       build_sharded_policy, init_ranks)
     from mtrl_runtime.types import Sample
 
     torch.set_num_threads(1)
     ranks = init_ranks() if mode == "fsdp" else None
     torch.manual_seed(0)
-    policy = build_policy(folder / "model", lora=True, rank=32, alpha=64, device="cpu")
     settings = UpdateSettings(precision="fp32", gradient_checkpointing="off", fit_memory=False, logprob_chunk_tokens=0,
                               micro_batch_tokens=length)
-    update: Any = PolicyUpdate(policy, settings) if ranks is None else ShardedUpdate.build(policy, settings, ranks)
+    if ranks is None:
+        update: Any = PolicyUpdate(build_policy(folder / "model", lora=True, rank=32, alpha=64, device="cpu"), settings)
+    else:  # only rank 0 reads the weights; every rank fills its shards from them
+        policy, initial = build_sharded_policy(folder / "model", ranks.leader, lora=True, rank=32, alpha=64)
+        update = ShardedUpdate.build(policy, settings, ranks, initial)
     rng = random.Random(0)
     samples = []
     for i in range(rows):

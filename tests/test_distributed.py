@@ -3,9 +3,11 @@
 The job is a real ``torchrun`` of ``tests/_fsdp_ranks.py``: two processes,
 FSDP2-sharded tiny Qwen3 (hidden 64, 2 layers), LoRA and full fine-tuning,
 two steps (the second with an odd number of samples, so one rank runs a
-padding pass). The loss of each step, the weights after both, the saved
+padding pass). Only rank 0 reads the model's weights (the others build it on
+the meta device and receive their shards). The loss of each step, the weights after both, the saved
 adapter / model and the checkpoint's optimizer state must equal those of
-``PolicyUpdate`` in this process on the same samples.
+``PolicyUpdate`` in this process on the same samples; so must a step taken
+after resuming from that checkpoint under torchrun.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.training import (PolicyUpdate, UpdateSettings, build_policy, check_world_divides, deal_rounds,
-                                   launched_distributed)
+                                   join_torchrun, launched_distributed, rank_device)
 from mtrl_runtime.types import Sample
 
 RANKS = Path(__file__).resolve().parent / "_fsdp_ranks.py"
@@ -122,6 +125,122 @@ def test_world_size_2_equals_one_process(job, kind):
                             update.optimizer.state_dict()["state"].values()):
         torch.testing.assert_close(mine["exp_avg"], theirs["exp_avg"], **TOL)
         torch.testing.assert_close(mine["exp_avg_sq"], theirs["exp_avg_sq"], rtol=1e-4, atol=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_resume_under_torchrun_equals_resume_in_one_process(job, kind):
+    """The world-size-2 checkpoint loaded into a freshly sharded policy (rank 0 reads it, each rank keeps its
+    shard) and stepped again equals the same checkpoint loaded and stepped in one process: the weights and the
+    optimizer moments (AdamW's step after the load depends on them) were both restored."""
+    case, model, steps = job
+    resumed = torch.load(case / f"{kind}-resumed.pt", weights_only=False)
+    torch.manual_seed(99)
+    policy = build_policy(model, lora=kind == "lora", rank=4, alpha=8, device="cpu")
+    update = PolicyUpdate(policy, UpdateSettings(precision="fp32", learning_rate=LR))
+    update.load_checkpoint(case / f"{kind}-checkpoint")
+    assert resumed["version_loaded"] == update.version == 2
+    theirs = update.step(steps[0])
+    mine = resumed["metrics"]
+    assert mine["train/policy_version"] == theirs["train/policy_version"] == 3
+    assert mine["train/loss"] == pytest.approx(theirs["train/loss"], rel=1e-4, abs=1e-6)
+    assert mine["train/grad_norm"] == pytest.approx(theirs["train/grad_norm"], rel=1e-4)
+    state = {n: p.detach() for n, p in policy.model.named_parameters() if p.requires_grad}
+    assert set(resumed["state"]) == set(state)
+    for name, value in state.items():
+        torch.testing.assert_close(resumed["state"][name], value, **WEIGHT_TOL, msg=name)
+
+
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_only_rank_0_reads_the_weights(job, kind):
+    """Rank 1 built the model on the meta device: it opened no weight file and held no parameter memory before
+    sharding, then only its shards (about half the model); its embeddings stay tied to the head and its
+    non-persistent buffers (rotary inv_freq, left uninitialised by to_empty) are those of a real load."""
+    from transformers import Qwen3ForCausalLM
+
+    case, model, _ = job
+    leader = torch.load(case / f"{kind}-rank0.pt", weights_only=False)
+    follower = torch.load(case / f"{kind}-rank1.pt", weights_only=False)
+    assert any(read.startswith("from_pretrained") for read in leader["reads"]), leader["reads"]  # the hook works
+    assert any(read.endswith(".safetensors") for read in leader["reads"]), leader["reads"]
+    assert follower["reads"] == []
+    assert follower["held_before_shard"] == 0
+    whole = sum(p.numel() * p.element_size() for p in Qwen3ForCausalLM.from_pretrained(model).parameters())
+    assert 0.4 * whole < follower["held_after"] < 0.6 * whole, (follower["held_after"], whole)
+    assert leader["tied"] and follower["tied"]
+    real = dict(Qwen3ForCausalLM.from_pretrained(model).named_buffers())
+    assert set(follower["buffers"]) == set(real) and "model.rotary_emb.inv_freq" in real
+    for name, value in real.items():
+        torch.testing.assert_close(follower["buffers"][name], value, rtol=0, atol=0, msg=name)
+
+
+def test_the_reference_copy_on_rank_1_is_the_loaded_model(job):
+    """Full fine-tuning with a KL term keeps an unsharded frozen copy: rank 1 fills it whole from rank 0's
+    weights and buffers, its embeddings tied to its head as in the loaded model."""
+    from transformers import Qwen3ForCausalLM
+
+    case, model, _ = job
+    held = torch.load(case / "reference-rank1.pt", weights_only=False)
+    real = Qwen3ForCausalLM.from_pretrained(model)
+    assert held["tied"]
+    assert set(held["state"]) == set(real.state_dict()) and set(held["buffers"]) == set(dict(real.named_buffers()))
+    for name, value in [*real.state_dict().items(), *real.named_buffers()]:
+        torch.testing.assert_close(held["state"].get(name, held["buffers"].get(name)), value, rtol=0, atol=0,
+                                   msg=name)
+
+
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_the_fit_check_counts_one_rank_share(job, kind):
+    """Before loading (``folder_plan``) and after sharding (the rank's own estimate), a rank counts its shards
+    of the weights and of the gradients + AdamW state, plus the whole weights FSDP gathers at once; so a free
+    memory that holds one rank's share but not the whole model passes at world size 2 and fails in one process."""
+    from mtrl_runtime.training import StepDoesNotFit, folder_plan
+    from mtrl_runtime.training._fit import check_fits
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    case, model, _ = job
+    deep = case / f"deep-{kind}"  # a config only: the plan counts on the meta device; 16 layers, so that two
+    Qwen3Config(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=16,  # gathered at
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32).save_pretrained(deep)  # once are few
+    config = MtrlConfig.from_dict({"core": {"model": str(deep), "lora_rank": 4},
+                                   "advanced": {"full_finetune": kind == "full", "train_device": "cpu",
+                                                "precision": "fp32", "gradient_checkpointing": "off"}})
+    whole, share = folder_plan(config, deep), folder_plan(config, deep, world_size=2)
+    assert share.parameters == -(-whole.parameters // 2) and share.trainable == -(-whole.trainable // 2)
+    assert share.weights == pytest.approx(whole.weights / 2, abs=1) and share.optimizer == whole.optimizer // 2
+    assert whole.gathered == 0 and 0 < share.gathered < whole.weights
+    need_whole = whole.need(64, loaded=False, optimizer_ready=False)
+    need_share = share.need(64, loaded=False, optimizer_ready=False)
+    assert need_share < need_whole
+    free = int((need_share + need_whole) / 2 / 0.9)  # check_fits plans on 90% of the free memory
+    check_fits(share, 64, free, torch.device("cpu"), loaded=False)
+    with pytest.raises(StepDoesNotFit, match="does not fit in cpu memory"):
+        check_fits(whole, 64, free, torch.device("cpu"), loaded=False)
+    # the sharded rank's own estimate (PolicyUpdate.check_fits) counts its shards, not the whole model
+    every = sum(p.numel() for p in Qwen3ForCausalLM.from_pretrained(model).parameters())
+    built = torch.load(case / f"{kind}-rank1.pt", weights_only=False)["estimate"]
+    assert 0.4 * every < built["parameters"] < 0.6 * every and built["gathered"] > 0
+
+
+def test_an_explicit_gpu_under_torchrun_is_refused_before_joining():
+    environ = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    config = MtrlConfig.from_dict({"core": {"train_batch_size": 2, "group_size": 2},
+                                   "advanced": {"train_device": "cuda:0"}})
+    with pytest.raises(ValueError, match=r"advanced.train_device: 'cuda:0' under torchrun would put every rank on "
+                                         r"that one device; each rank trains on cuda:LOCAL_RANK: set "
+                                         r"advanced.train_device to cuda"):
+        join_torchrun(config, environ)
+    assert not torch.distributed.is_initialized()
+
+
+def test_each_rank_trains_on_its_own_device():
+    assert rank_device("cpu", 3) == torch.device("cpu")
+    if torch.cuda.is_available():
+        assert rank_device("auto", 0) == torch.device("cuda", 0)
+    else:
+        assert rank_device("auto", 1) == torch.device("cpu")
+        with pytest.raises(ValueError, match=r"LOCAL_RANK 1 needs cuda:1, but torch sees 0 CUDA device"):
+            rank_device("cuda", 1)
 
 
 def initial_weights(model: Path, kind: str) -> dict[str, torch.Tensor]:

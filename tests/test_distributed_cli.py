@@ -56,6 +56,18 @@ def test_torchrun_trains_a_run_over_two_ranks(tmp_path, tiny_model_dir):
     policy.load_weights(adapter)  # the gathered adapter fits the model
     assert (tmp_path / "run" / "checkpoints" / "step-000002" / "policy" / "trainer_state.pt").is_file()
 
+    # resumed under torchrun: rank 0 reads the checkpoint, each rank loads its shard, the run goes on
+    done = subprocess.run(cmd + ["--resume", "--max-steps", "3"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
+    assert "trained steps 3..3" in done.stdout, done.stdout[-3000:]
+    store = open_store(tmp_path / "run" / "trajectories.db")
+    try:
+        assert [(s, v) for s, _, v in store.metric_history("train/world_size")] == [(0, 2.0), (1, 2.0), (2, 2.0)]
+        assert [v for _, _, v in store.metric_history("train/policy_version")] == [1.0, 2.0, 3.0]
+    finally:
+        store.close()
+
 
 def test_a_world_size_that_does_not_divide_the_batch_fails_before_joining():
     cfg = MtrlConfig.coerce({"core": {"group_size": 3, "train_batch_size": 2}})

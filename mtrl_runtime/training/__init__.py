@@ -1,63 +1,39 @@
 """Training: the policy update (LoRA or full), sync/async loops, checkpoints, the trainer.
 
 Rollouts are collected by the floor below (``mtrl_runtime.rollouts``).
+
+Names load on first use (PEP 562), as at the package root: ``from
+mtrl_runtime.training import PolicyUpdate`` imports the update and the
+policy only, not the loop, the trainer and the server they run (FastAPI,
+uvicorn, MLflow), so a machine with torch and transformers alone can take
+a training step (``bench/gpu.py``).
 """
 
-from ._policy import DEFAULT_TARGET_MODULES, Policy, atomic_folder, build_policy, policy_from_config, train_device
-from ._packing import plan_micro_batches
-from ._fit import StepDoesNotFit, preflight_folder
-from ._update import WEIGHTS_FOLDER, PolicyUpdate, UpdateSettings, resolve_autocast
-from ._batch import PreparedBatch, prepare_batch, staleness
-from ._checkpoint import CHECKPOINTS, POLICY_FOLDER, CheckpointState, Checkpoints, StepRecord
-from ._loop import StepReport, TrainingLoop, off_policy_bound
-from ._metrics import reward_function_metrics, rollout_metrics
-from ._resume import ResumePlan, plan_resume
-from ._trainer import MultiTurnRLTrainer, TrainingResult
-from ._weights import PushedWeights, SharedWeights, shares_model
-from ._distributed import (Ranks, ShardedUpdate, check_world_divides, deal_rounds, follow_training, init_ranks,
-                           join_torchrun, launched_distributed, shard_policy)
+from __future__ import annotations
 
-__all__ = [
-    "Ranks",
-    "ShardedUpdate",
-    "check_world_divides",
-    "deal_rounds",
-    "follow_training",
-    "join_torchrun",
-    "init_ranks",
-    "launched_distributed",
-    "shard_policy",
-    "CHECKPOINTS",
-    "POLICY_FOLDER",
-    "WEIGHTS_FOLDER",
-    "train_device",
-    "DEFAULT_TARGET_MODULES",
-    "CheckpointState",
-    "Checkpoints",
-    "MultiTurnRLTrainer",
-    "Policy",
-    "PolicyUpdate",
-    "PreparedBatch",
-    "PushedWeights",
-    "ResumePlan",
-    "SharedWeights",
-    "StepDoesNotFit",
-    "StepRecord",
-    "StepReport",
-    "TrainingLoop",
-    "TrainingResult",
-    "UpdateSettings",
-    "atomic_folder",
-    "build_policy",
-    "off_policy_bound",
-    "plan_micro_batches",
-    "plan_resume",
-    "policy_from_config",
-    "preflight_folder",
-    "prepare_batch",
-    "resolve_autocast",
-    "reward_function_metrics",
-    "rollout_metrics",
-    "shares_model",
-    "staleness",
-]
+from ..lazy import lazy_exports
+
+# public name -> the module that defines it (relative to this package)
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("DEFAULT_TARGET_MODULES", "Policy", "atomic_folder", "build_policy", "policy_from_config",
+                     "train_device"), "._policy"),
+    "plan_micro_batches": "._packing",
+    **dict.fromkeys(("StepDoesNotFit", "folder_plan", "preflight_folder"), "._fit"),
+    **dict.fromkeys(("InitialWeights", "build_sharded_policy", "materialise"), "._rank0_weights"),
+    **dict.fromkeys(("WEIGHTS_FOLDER", "PolicyUpdate", "UpdateSettings", "resolve_autocast"), "._update"),
+    **dict.fromkeys(("PreparedBatch", "prepare_batch", "staleness"), "._batch"),
+    **dict.fromkeys(("CHECKPOINTS", "POLICY_FOLDER", "CheckpointState", "Checkpoints", "StepRecord"), "._checkpoint"),
+    **dict.fromkeys(("StepReport", "TrainingLoop", "off_policy_bound"), "._loop"),
+    **dict.fromkeys(("reward_function_metrics", "rollout_metrics"), "._metrics"),
+    **dict.fromkeys(("ResumePlan", "plan_resume"), "._resume"),
+    **dict.fromkeys(("MultiTurnRLTrainer", "TrainingResult"), "._trainer"),
+    **dict.fromkeys(("PushedWeights", "SharedWeights", "shares_model"), "._weights"),
+    **dict.fromkeys(("Ranks", "ShardedUpdate", "check_world_divides", "deal_rounds", "follow_training", "init_ranks",
+                     "join_torchrun", "launched_distributed", "rank_device", "shard_policy",
+                     "sharded_update_from_config"), "._distributed"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

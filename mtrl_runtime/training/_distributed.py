@@ -4,7 +4,9 @@
 starts N processes. Rank 0, the leader, runs everything a one-process run
 runs (engine, coordinator, store, rollouts, MLflow); every rank holds one
 shard of the policy (FSDP2: each decoder layer and the root are
-``fully_shard`` units, parameters are DTensors split over the ranks). Each
+``fully_shard`` units, parameters are DTensors split over the ranks). Only
+rank 0 reads the model's weights; every rank builds the policy on the meta
+device, shards it and receives its shards from rank 0 (``_rank0_weights``). Each
 collective operation starts on the leader, which broadcasts a command (the
 step's samples, a folder to save to) that the other ranks, in ``follow()``,
 wait for; then every rank runs the same collective work.
@@ -26,8 +28,11 @@ One step (``ShardedUpdate.step``, on every rank, on the same samples):
   skips the step on every rank, AdamW updates each rank's shard.
 
 The adapter (or model) and the optimizer state are gathered for saving:
-LoRA gathers only the adapter weights. Launch, layout and memory:
-docs/scaling.md.
+LoRA gathers only the adapter weights. A resume (``load_checkpoint``) is the
+other way round: rank 0 reads the one-process checkpoint
+(``_sharded_checkpoint``) and DCP broadcasts it, each rank keeping its shard.
+Each rank trains on ``cuda:LOCAL_RANK`` or the CPU (``rank_device``).
+Launch, layout and memory: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -49,7 +54,9 @@ from ..types import Sample
 from ..engines import resolve_model
 from ._chunked import DecoderWithHead
 from ._fit import preflight_folder
-from ._policy import Policy, atomic_folder, policy_from_config
+from ._policy import Policy, atomic_folder, policy_settings
+from ._rank0_weights import InitialWeights, build_sharded_policy, materialise
+from ._sharded_checkpoint import indexed_optimizer_state, load_from_rank0, read_checkpoint
 from ._update import (TRAINER_STATE, WEIGHTS_FOLDER, NonFiniteWeights, PolicyUpdate, UpdateSettings,
                       loss_normalizer,
                       nonfinite_cause, nonfinite_rollouts)
@@ -81,44 +88,86 @@ def launched_distributed(environ: Mapping[str, str]) -> bool:
     return int(environ.get("WORLD_SIZE", "1")) > 1
 
 
-def init_ranks(environ: Mapping[str, str] | None = None, backend: str | None = None) -> Ranks:
+def rank_device(train_device: str, local_rank: int) -> torch.device:
+    """The device a torchrun rank trains on, from ``advanced.train_device``.
+
+    ``auto`` is ``cuda:LOCAL_RANK`` when torch sees CUDA, else the CPU;
+    ``cuda`` is ``cuda:LOCAL_RANK``; ``cpu`` is the CPU. An explicit
+    ``cuda:N`` would put every rank on that one GPU, so it is an error.
+    """
+    if train_device not in ("auto", "cpu", "cuda"):
+        raise ValueError(
+            f"advanced.train_device: {train_device!r} under torchrun would put every rank on that one device; "
+            "each rank trains on cuda:LOCAL_RANK: set advanced.train_device to cuda (or auto), and choose the "
+            "GPUs with CUDA_VISIBLE_DEVICES")
+    if train_device == "cpu" or (train_device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if local_rank >= count:
+        raise ValueError(
+            f"advanced.train_device: {train_device!r} under torchrun: rank with LOCAL_RANK {local_rank} needs "
+            f"cuda:{local_rank}, but torch sees {count} CUDA device(s); launch at most {count} processes per "
+            "node (--nproc-per-node), or set advanced.train_device to cpu")
+    return torch.device("cuda", local_rank)
+
+
+def init_ranks(environ: Mapping[str, str] | None = None, backend: str | None = None,
+               train_device: str = "auto") -> Ranks:
     """Join the job ``torchrun`` started (its RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT).
 
     ``backend``: nccl with CUDA, else gloo. Each process trains on
-    ``cuda:LOCAL_RANK`` (set as its current device), or on the CPU.
+    ``rank_device(train_device, LOCAL_RANK)``: ``cuda:LOCAL_RANK`` (set as its
+    current device, so the policy's ``cuda`` means that one), or the CPU.
     """
     environ = os.environ if environ is None else environ
     missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in environ]
     if missing:
         raise RuntimeError(f"distributed training: {', '.join(missing)} not set; launch with "
                            "torchrun --nproc-per-node N -m mtrl_runtime.cli train ...")
-    local = int(environ["LOCAL_RANK"])
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
+    device = rank_device(train_device, int(environ["LOCAL_RANK"]))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group(backend or ("nccl" if device.type == "cuda" else "gloo"))
     return Ranks(dist.get_rank(), dist.get_world_size(), device)
 
 
 def join_torchrun(config: Any, environ: Mapping[str, str] | None = None) -> Ranks | None:
-    """Under torchrun (WORLD_SIZE > 1): join the job and check the batch splits over it; else None."""
+    """Under torchrun (WORLD_SIZE > 1): check the batch splits over the job and each rank has its own device
+    (``rank_device``), then join it; else None."""
     environ = os.environ if environ is None else environ
     if not launched_distributed(environ):
         return None
     check_world_divides(config.core.train_batch_size * config.core.group_size, int(environ["WORLD_SIZE"]))
-    return init_ranks(environ)
+    rank_device(config.advanced.train_device, int(environ.get("LOCAL_RANK", "0")))  # a bad setting fails before joining
+    return init_ranks(environ, train_device=config.advanced.train_device)
 
 
 def follow_training(config: Any, ranks: Ranks) -> int:
     """A rank other than 0: build the run's policy, shard it with the others, run the leader's commands."""
     folder = resolve_model(config.core.model)
-    preflight_folder(config, folder)
-    sharded = ShardedUpdate.build(policy_from_config(config, folder), UpdateSettings.from_config(config), ranks)
+    preflight_folder(config, folder, world_size=ranks.world_size)
+    sharded = sharded_update_from_config(config, folder, ranks)
     sharded.check_fits()
-    return sharded.follow()
+    ran = sharded.follow()
+    leave_job()
+    return ran
+
+
+def leave_job() -> None:
+    """Leave the job together: no rank tears its connections down while another still uses them (a rank that
+    exits first can abort the others' gloo threads: "terminate called without an active exception")."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def sharded_update_from_config(config: Any, folder: str | Path, ranks: Ranks) -> "ShardedUpdate":
+    """The run's sharded update on every rank: only rank 0 reads ``folder``'s weights (``_rank0_weights``)."""
+    settings = policy_settings(config, folder)
+    del settings["device"]  # every rank fills its shards on its own device (ranks.device)
+    policy, initial = build_sharded_policy(folder, ranks.leader, **settings)
+    return ShardedUpdate.build(policy, UpdateSettings.from_config(config), ranks, initial)
 
 
 def check_world_divides(rollouts_per_step: int, world_size: int) -> None:
@@ -131,21 +180,19 @@ def check_world_divides(rollouts_per_step: int, world_size: int) -> None:
         )
 
 
-def shard_policy(policy: Policy) -> None:
-    """Make every rank's weights rank 0's, then shard the model in place with FSDP2.
+def shard_policy(policy: Policy, initial: InitialWeights, device: torch.device) -> None:
+    """Shard a policy built on the meta device (``build_sharded_policy``) with FSDP2, then fill this rank's
+    shards with rank 0's weights (``materialise``); rank 0's loaded copy is released after.
 
     Each decoder layer is one FSDP unit, the rest (embeddings, final norm,
-    head) the root's. LoRA's initialisation is random, so weights are
-    broadcast from rank 0 before sharding. Gradients are summed, not
-    averaged: each rank already divides its loss by the whole step's count.
+    head) the root's. Gradients are summed, not averaged: each rank already
+    divides its loss by the whole step's count. A frozen reference copy (full
+    fine-tuning with a KL term) is not sharded: every rank fills a whole copy.
     """
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     model = policy.model
     base = model.get_base_model() if policy.lora else model
-    with torch.no_grad():
-        for tensor in list(model.parameters()) + list(model.buffers()):
-            dist.broadcast(tensor.data, src=0)
     for layer in _decoder_layers(base):
         fully_shard(layer)
     fully_shard(model)
@@ -153,6 +200,10 @@ def shard_policy(policy: Policy) -> None:
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)  # a plain sum: gloo has no pre-multiplied sum
+    materialise(model, initial, device)
+    if policy.reference_model is not None:
+        materialise(policy.reference_model, initial, device)
+    initial.release()
 
 
 def _decoder_layers(base: Any) -> list[torch.nn.Module]:
@@ -194,18 +245,21 @@ class ShardedUpdate:
             "save_weights": self._save_weights,
             "save_checkpoint": self._save_checkpoint,
             "weights_finite": lambda _: self._weights_finite(),
+            "load_checkpoint": self._load_checkpoint,
         }
 
     @classmethod
-    def build(cls, policy: Policy, settings: UpdateSettings, ranks: Ranks) -> "ShardedUpdate":
-        """Shard ``policy`` (every rank) and wrap its update.
+    def build(cls, policy: Policy, settings: UpdateSettings, ranks: Ranks,
+              initial: InitialWeights) -> "ShardedUpdate":
+        """Shard ``policy``, built on the meta device, fill it with rank 0's ``initial`` weights (every rank:
+        ``build_sharded_policy`` gives both) and wrap its update.
 
         Log-probabilities are computed unchunked (the model's own forward, logits at
         the trained positions only): the chunked path calls the decoder and the LM
         head as two modules, and FSDP gathers the root's weights (embeddings, head)
         only around the whole model's forward.
         """
-        shard_policy(policy)
+        shard_policy(policy, initial, ranks.device)
         return cls(PolicyUpdate(policy, replace(settings, logprob_chunk_tokens=0)), ranks)
 
     @property
@@ -217,7 +271,8 @@ class ShardedUpdate:
         return self.update.skipped_nonfinite
 
     def check_fits(self) -> None:
-        """This rank's step fits its device (``PolicyUpdate.check_fits``; the estimate counts whole weights)."""
+        """This rank's step fits its device (``PolicyUpdate.check_fits``; the estimate counts this rank's shards
+        and the whole weights of the FSDP units gathered at once)."""
         self.update.check_fits()
 
     # -- the leader's calls: each broadcasts its command, then runs it here too ------------------
@@ -235,13 +290,12 @@ class ShardedUpdate:
         return self._lead("weights_finite", None)
 
     def load_checkpoint(self, folder: str | Path) -> None:
-        raise NotImplementedError(
-            f"resume under torchrun is not supported yet (checkpoint {folder}): resume the run in one process "
-            "(mtrl train --resume), or start a new run_dir"
-        )
+        """Restore a checkpoint (one written here, or by one process): rank 0 reads it, every rank loads its shard."""
+        self._lead("load_checkpoint", str(folder))
 
-    def stop(self) -> None:
-        """Release the other ranks from ``follow()`` (the leader calls it once, at the end).
+    def stop(self, leave: bool = False) -> None:
+        """Release the other ranks from ``follow()`` (the leader calls it once, at the end); with ``leave``, then
+        leave the job with them (``leave_job``: ``follow_training`` does the same on the other ranks).
 
         After a command failed here the other ranks may be inside one of its
         collectives: nothing is sent, the leader's process exits with the
@@ -249,6 +303,8 @@ class ShardedUpdate:
         """
         if not self._failed:
             _broadcast(("stop", None))
+            if leave:
+                leave_job()
 
     def _lead(self, name: str, argument: Any) -> Any:
         if not self.ranks.leader:
@@ -397,9 +453,34 @@ class ShardedUpdate:
             )
             self._save_weights(str(Path(folder) / WEIGHTS_FOLDER))
         if self.ranks.leader:  # the format of a one-process checkpoint: ``PolicyUpdate.load_checkpoint`` reads it
-            state = {"optimizer": _indexed(optimizer), "version": update.version, "world_size": self.ranks.world_size}
+            state = {"optimizer": indexed_optimizer_state(optimizer), "version": update.version,
+                     "world_size": self.ranks.world_size}
             torch.save(state, Path(folder) / TRAINER_STATE)
         return Path(folder)
+
+    def _load_checkpoint(self, folder: str) -> None:
+        """Rank 0 reads the weights and optimizer state (the one-process format) and broadcasts them; each rank
+        keeps its shard (DCP's ``broadcast_from_rank0``). A checkpoint rank 0 cannot read fails on every rank."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        update = self.update
+        weights: dict[str, torch.Tensor] = {}
+        optimizer: dict[str, Any] = {}
+        verdict: tuple[int, str | None] = (0, None)
+        if self.ranks.leader:
+            try:
+                weights, optimizer, version = read_checkpoint(Path(folder), update)
+                verdict = (version, None)
+            except Exception as error:  # every rank must hear of it, or the others wait in the broadcasts below
+                verdict = (0, f"{type(error).__name__}: {error}")
+        version, error = _broadcast(verdict)
+        if error is not None:
+            raise RuntimeError(f"resume under torchrun: rank 0 could not read checkpoint {folder}: {error}")
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        with update.weights_lock:
+            load_from_rank0(update.policy.model, weights, strict=False)  # LoRA: the adapter only
+            set_optimizer_state_dict(update.policy.model, update.optimizer, optimizer, options=options)
+        update.version = version
 
 
 class _LeaderPolicy:
@@ -414,17 +495,6 @@ class _LeaderPolicy:
 
     def save_weights(self, folder: str | Path) -> Path:
         return self._sharded.save_weights(folder)
-
-
-def _indexed(optimizer_state: dict[str, Any]) -> dict[str, Any]:
-    """An optimizer state keyed by parameter names (DCP's full state) keyed by position, as ``Optimizer.state_dict``."""
-    order = [name for group in optimizer_state["param_groups"] for name in group["params"]]
-    index = {name: i for i, name in enumerate(order)}
-    return {
-        "state": {index[name]: value for name, value in optimizer_state["state"].items()},
-        "param_groups": [{**group, "params": [index[n] for n in group["params"]]}
-                         for group in optimizer_state["param_groups"]],
-    }
 
 
 def _broadcast(obj: Any) -> Any:
@@ -448,4 +518,4 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["Ranks", "SUMMED", "ShardedUpdate", "check_world_divides", "deal_rounds", "follow_training", "init_ranks",
-           "join_torchrun", "launched_distributed", "shard_policy"]
+           "join_torchrun", "launched_distributed", "rank_device", "shard_policy", "sharded_update_from_config"]

@@ -155,14 +155,17 @@ def build_policy(
 
 def policy_from_config(config: Any, model: str | Path | Any, tokenizer: Any | None = None) -> Policy:
     """``build_policy`` with the LoRA settings of an ``MtrlConfig``; ``model`` is a folder or a model."""
+    return build_policy(model, tokenizer, **policy_settings(config, model))
+
+
+def policy_settings(config: Any, model: str | Path | Any) -> dict[str, Any]:
+    """``build_policy``'s keyword arguments from an ``MtrlConfig`` (``model``: a folder or a model)."""
     core, advanced = config.core, config.advanced
     base_dtype = torch.float32
     if isinstance(model, (str, Path)) and not advanced.full_finetune:
         compute = resolve_autocast(advanced.precision, train_device(advanced.train_device))
         base_dtype = frozen_base_dtype(advanced.frozen_base_dtype, folder_dtype(Path(model)), compute)
-    return build_policy(
-        model,
-        tokenizer,
+    return dict(
         lora=not advanced.full_finetune,
         rank=core.lora_rank,
         alpha=core.lora_alpha,
@@ -288,4 +291,5 @@ __all__ = [
     "build_policy",
     "folder_dtype",
     "policy_from_config",
+    "policy_settings",
 ]

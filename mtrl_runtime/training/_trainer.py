@@ -36,7 +36,7 @@ from ..rollouts import HEARTBEAT_S, RolloutStack, TaskSchedule, executor_kind, l
 from ..tracking import Tracker
 from ..types import RolloutExecutor, Task
 from ._checkpoint import Checkpoints
-from ._distributed import Ranks, ShardedUpdate
+from ._distributed import Ranks, ShardedUpdate, sharded_update_from_config
 from ._fit import preflight_folder
 from ._loop import StepReport, TrainingLoop
 from ._policy import policy_from_config
@@ -202,12 +202,11 @@ class _Run:
                     f"advanced.full_finetune: true needs an engine that serves the trainer's own model (hf); "
                     f"{type(engine).__name__} receives each new policy version as a LoRA adapter folder")
             folder = resolve_model(config.core.model)
-            preflight_folder(config, folder)  # before loading it
-            policy = policy_from_config(config, folder)
+            preflight_folder(config, folder, world_size=1 if self.ranks is None else self.ranks.world_size)
             if self.ranks is None:
-                self.update = PolicyUpdate(policy, settings)
-            else:  # every rank holds a shard; this one leads the others through each step and save
-                self.update = ShardedUpdate.build(policy, settings, self.ranks)
+                self.update = PolicyUpdate(policy_from_config(config, folder), settings)
+            else:  # every rank holds a shard, only this one reads the weights; it leads each step and save
+                self.update = sharded_update_from_config(config, folder, self.ranks)
             self.update.check_fits()
             # the engine reloads its kept versions from these folders after a restart: keep as many
             keep = max(2, int(config.advanced.engine_options.get("keep_versions", 2)))
@@ -288,8 +287,8 @@ class _Run:
         if self.weights is not None:
             await asyncio.to_thread(self.weights.close)
             self.weights = None
-        if isinstance(self.update, ShardedUpdate):  # release the other ranks from follow_training
-            self.update.stop()
+        if isinstance(self.update, ShardedUpdate):  # release the other ranks from follow_training, and leave the job
+            self.update.stop(leave=True)
             self.update = None
         if self.stack is not None:
             await self.stack.close()

@@ -175,6 +175,22 @@ class PolicyUpdate:
         """Whether every trainable weight is a finite number."""
         return all(bool(torch.isfinite(p).all()) for p in self.policy.trainable_parameters())
 
+    def trained_logprobs(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
+        """The trainer's log-probability of each sample's trained tokens (positions t >= 1 with
+        ``loss_mask_T[t] == 1``, in order), computed as a step computes them (same precision, chunking,
+        eval mode) but without gradients, one sample at a time: what the loss compares with
+        ``behaviour_logprobs_T`` (the engine/trainer logprob gap, ``bench/gpu.py``)."""
+        device = self.policy.device
+        out: list[tuple[float, ...]] = []
+        with self.weights_lock, torch.no_grad():
+            for sample in samples:
+                ids_BT = torch.tensor([sample.token_ids_T], dtype=torch.long, device=device)
+                keep_K = torch.nonzero(torch.tensor(sample.loss_mask_T[1:], device=device)).squeeze(-1)
+                logprobs_BK = self._logprobs(self.policy.model, ids_BT, torch.ones_like(ids_BT), keep_K,
+                                             ids_BT[:, 1:][:, keep_K])
+                out.append(tuple(logprobs_BK[0].float().cpu().tolist()))
+        return out
+
     def backward(self, samples: Sequence[Sample], normalizer: float | None = None) -> dict[str, float]:
         """Accumulate the step's gradients into ``.grad`` (no optimizer step); return metrics.
 
