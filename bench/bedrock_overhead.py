@@ -1,23 +1,28 @@
-"""What the Bedrock Converse paths cost per call, against chat completions, side by side in one run.
+"""What the Bedrock Converse paths cost per call, against chat completions answered the same way, in one run.
 
 One ``mtrl serve`` on the scripted engine (the model costs nothing), the
 load generator of ``bench/endpoint_overhead.py`` (a raw keep-alive HTTP/1.1
 client, one connection per concurrent client). Each call is the first turn
 of a fresh rollout with the same conversation (a system prompt, a user
-message, two tools), sent as:
+message, two tools). Like is compared with like, in two pairs:
 
-- ``chat``: ``POST /rollouts/{id}/v1/chat/completions`` (the baseline);
-- ``converse``: ``POST /rollouts/{id}/model/{modelId}/converse``;
-- ``converse-stream``: ``POST /rollouts/{id}/model/{modelId}/converse-stream``
-  (Bedrock's event-stream framing, encoded from the finished reply).
+- ``converse`` (``POST /rollouts/{id}/model/{modelId}/converse``, one JSON
+  answer) against ``chat`` (``/v1/chat/completions``, not streamed);
+- ``converse-stream`` (``.../converse-stream``, Bedrock's event-stream
+  framing, token by token) against ``chat-stream`` (``/v1/chat/completions``
+  with ``stream: true`` and the usage chunk, Server-Sent Events token by
+  token). The scripted engine has no per-token delay, so the events leave
+  as fast as the server writes them.
 
-At 1 and 32 clients, each protocol runs twice, in alternating order, and the
-two runs are pooled, so slow drift of a shared machine falls on all three.
-Reported per protocol: p50/p99 latency, the server's CPU per call (from
-/proc, robust to other load), calls per second; and each Converse path's
-ratio to chat (goal: within 1.3x).
+At 1 and 32 clients, each pair runs in ``--rounds`` interleaved rounds
+(``_rounds``: the order swapped every round, ``--requests / --rounds`` calls
+a run), so drift of the shared machine's load falls on both sides alike.
+Reported per protocol: p50/p95 latency and the server's CPU per call (from
+/proc, robust to other load), pooled over the rounds, each as a ratio to its
+baseline (goal: within 1.3x), and the median and range of the ratios paired
+round by round (the spread a single pair of runs would have shown).
 
-    .venv/bin/python bench/bedrock_overhead.py [--requests 1000]
+    .venv/bin/python bench/bedrock_overhead.py [--requests 1000] [--rounds 5] [--out PATH]
 """
 
 from __future__ import annotations
@@ -26,127 +31,145 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from endpoint_overhead import (  # noqa: E402  (the shared load generator)
+from _machine import load_note, machine_info
+from _rounds import Run, interleaved, paired, pooled
+from endpoint_overhead import (
     MESSAGES,
     ROOT,
     TOOLS,
     first_turns,
-    pct,
     start_server,
 )
 
 RESULTS = ROOT / "bench" / "results" / "bedrock_overhead.json"
 MODEL_ID = "us.anthropic.claude-sonnet-4-20250514-v1:0"
-CLIENTS = {"clients_1": 1, "clients_32": 32}
+SETTINGS = {"clients_1": 1, "clients_32": 32}
+PAIRS = {"converse": "chat", "converse-stream": "chat-stream"}  # protocol -> its baseline
 GOAL = 1.3
 
 
-def bodies() -> dict[str, tuple[str, bytes, bytes]]:
-    """Per protocol: the path below /rollouts/{id}, the body, and the bytes a whole answer ends with or holds."""
+def requests() -> dict[str, tuple[str, bytes, bytes]]:
+    """Per protocol: the path below /rollouts/{id}, the body, and the bytes a whole answer ends with."""
     chat = {"model": "policy", "messages": MESSAGES, "tools": TOOLS, "max_tokens": 64}
+    chat_stream = {**chat, "stream": True, "stream_options": {"include_usage": True}}
     system = [{"text": m["content"]} for m in MESSAGES if m["role"] == "system"]
     messages = [{"role": m["role"], "content": [{"text": m["content"]}]} for m in MESSAGES if m["role"] != "system"]
     tools = [{"toolSpec": {"name": t["function"]["name"], "description": t["function"]["description"],
                            "inputSchema": {"json": t["function"]["parameters"]}}} for t in TOOLS]
-    converse = {"messages": messages, "system": system, "toolConfig": {"tools": tools},
-                "inferenceConfig": {"maxTokens": 64}}
+    converse = json.dumps({"messages": messages, "system": system, "toolConfig": {"tools": tools},
+                           "inferenceConfig": {"maxTokens": 64}}).encode()
     return {
         "chat": ("/v1/chat/completions", json.dumps(chat).encode(), b"}"),
-        "converse": (f"/model/{MODEL_ID}/converse", json.dumps(converse).encode(), b"}"),
-        "converse-stream": (f"/model/{MODEL_ID}/converse-stream", json.dumps(converse).encode(), b"metadata"),
+        "converse": (f"/model/{MODEL_ID}/converse", converse, b"}"),
+        "chat-stream": ("/v1/chat/completions", json.dumps(chat_stream).encode(), b"data: [DONE]"),
+        # the last event of a ConverseStream answer is `metadata` (usage, latency); its frame ends in a CRC
+        "converse-stream": (f"/model/{MODEL_ID}/converse-stream", converse, b"metadata"),
     }
 
 
-async def run_protocol(port: int, pid: int, n: int, concurrency: int, path: str, body: bytes, marker: bytes) -> dict:
-    """``n`` first turns of ``n`` fresh rollouts on one protocol; latencies and the server's CPU time."""
-    run = await first_turns(port, pid, n, concurrency, path, body,
-                            lambda status, answer: status == 200 and marker in answer[-400:])
-    return {key: run[key] for key in ("latencies", "cpu_s", "wall_s", "errors")}
+async def measure(port: int, pid: int, protocol: str, n: int, concurrency: int) -> Run:
+    """``n`` first turns of ``n`` fresh rollouts in ``protocol``, from ``concurrency`` clients."""
+    path, body, end = requests()[protocol]
+    if protocol == "converse-stream":
+        def ok(status: int, answer: bytes) -> bool:
+            return status == 200 and end in last_frame_headers(answer)
+    else:
+        def ok(status: int, answer: bytes) -> bool:
+            return status == 200 and answer.rstrip().endswith(end)
+    return await first_turns(port, pid, n, concurrency, path, body, ok)
 
 
-def summary(runs: list[dict]) -> dict:
-    latencies = [x for r in runs for x in r["latencies"]]
-    calls = len(latencies)
+def last_frame_headers(answer: bytes) -> bytes:
+    """The header bytes of an event stream's last frame, b"" unless the frames' lengths tile ``answer`` exactly."""
+    at, headers = 0, b""
+    while at + 12 <= len(answer):  # prelude: total length, headers length, prelude CRC (big-endian u32 each)
+        total, size = int.from_bytes(answer[at:at + 4], "big"), int.from_bytes(answer[at + 4:at + 8], "big")
+        if total < 16 or at + total > len(answer):
+            return b""
+        headers, at = answer[at + 12:at + 12 + size], at + total
+    return headers if at == len(answer) else b""
+
+
+def compared(runs: list[Run], base: list[Run]) -> dict:
+    """One protocol's pooled figures, their ratios to its baseline's, and the ratios paired round by round."""
+    f, b = pooled(runs), pooled(base)
     return {
-        "p50_ms": pct(latencies, 0.5) * 1e3,
-        "p99_ms": pct(latencies, 0.99) * 1e3,
-        "server_cpu_ms_per_call": sum(r["cpu_s"] for r in runs) / calls * 1e3,
-        "calls_per_s": calls / sum(r["wall_s"] for r in runs),
-        "calls": calls,
-        "errors": sum(r["errors"] for r in runs),
+        **f,
+        "p50_ratio": f["p50_ms"] / b["p50_ms"],
+        "p95_ratio": f["p95_ms"] / b["p95_ms"],
+        "cpu_ratio": f["server_cpu_ms_per_call"] / b["server_cpu_ms_per_call"],
+        "paired_p50_ratio": paired(runs, base, "p50_ms"),
+        "paired_cpu_ratio": paired(runs, base, "server_cpu_ms_per_call"),
     }
 
 
-async def main(n: int) -> dict:
+async def main(n: int, rounds: int) -> dict:
+    per_run = max(1, n // rounds)
+    load_before = os.getloadavg()
     results: dict = {
-        "requests_per_protocol_and_setting": 2 * n,
-        "machine": f"{os.cpu_count()} cores",
-        "dtype": "none (scripted engine: no model runs)",
+        "requests_per_protocol_and_setting": per_run * rounds, "rounds": rounds, "requests_per_run": per_run,
         "engine": "scripted (no model runs)",
         "client": "bench/endpoint_overhead.py's raw asyncio HTTP/1.1 client, keep-alive, one connection per client",
-        "loadavg_start": os.getloadavg(),
+        "pairs": PAIRS, "order": "each pair [baseline, protocol], swapped every round (bench/_rounds.py)",
         "settings": {},
     }
-    protocols = bodies()
     with tempfile.TemporaryDirectory() as tmp:
         proc, port = start_server(Path(tmp))
         try:
-            for name, (path, body, marker) in protocols.items():  # warm-up: every path's code and caches
-                await run_protocol(port, proc.pid, 200, 8, path, body, marker)
-            for setting, clients in CLIENTS.items():
-                runs: dict[str, list[dict]] = {name: [] for name in protocols}
-                for order in (list(protocols), list(reversed(protocols))):
-                    for name in order:
-                        path, body, marker = protocols[name]
-                        runs[name].append(await run_protocol(port, proc.pid, n, clients, path, body, marker))
-                figures = {name: summary(r) for name, r in runs.items()}
-                chat = figures["chat"]
-                for name in ("converse", "converse-stream"):
-                    f = figures[name]
-                    f["ratio_to_chat"] = {
-                        "server_cpu_per_call": f["server_cpu_ms_per_call"] / chat["server_cpu_ms_per_call"],
-                        "p50_latency": f["p50_ms"] / chat["p50_ms"],
-                        "calls_per_s": chat["calls_per_s"] / f["calls_per_s"],  # > 1: slower than chat
-                    }
-                results["settings"][setting] = figures
+            for protocol in requests():  # warm-up: every route's first calls (imports, caches)
+                await measure(port, proc.pid, protocol, 200, 8)
+            for name, concurrency in SETTINGS.items():
+                setting: dict = {"baselines": {}, "protocols": {}}
+                for protocol, baseline in PAIRS.items():
+                    runs = await interleaved(lambda p: measure(port, proc.pid, p, per_run, concurrency),
+                                             [baseline, protocol], rounds)
+                    setting["baselines"][baseline] = pooled(runs[baseline])
+                    setting["protocols"][protocol] = {"baseline": baseline,
+                                                      **compared(runs[protocol], runs[baseline])}
+                results["settings"][name] = setting
         finally:
             proc.terminate()
             proc.wait(10)
-    results["loadavg_end"] = os.getloadavg()
+    load_after = os.getloadavg()
+    results["machine"] = machine_info(load_before, load_after, 0, dtype="none (scripted engine: no model runs)")
+    results["note"] = load_note(load_before, load_after, "latencies are upper bounds; read the ratios")
     return results
 
 
 def report(results: dict) -> None:
-    print(f"Bedrock Converse vs chat completions, scripted engine, {results['requests_per_protocol_and_setting']} "
-          f"calls per protocol and setting (load average {results['loadavg_start'][0]:.1f} at start, "
-          f"{results['loadavg_end'][0]:.1f} at end)")
-    print(f"{'clients':>8} {'protocol':>16} {'p50':>9} {'p99':>9} {'server CPU/call':>16} {'calls/s':>8} "
-          f"{'CPU ratio':>10} {'p50 ratio':>10} {'1/throughput ratio':>19}")
-    for setting, figures in results["settings"].items():
-        for name, f in figures.items():
-            r = f.get("ratio_to_chat")
-            ratios = (f"{r['server_cpu_per_call']:>10.2f} {r['p50_latency']:>10.2f} {r['calls_per_s']:>19.2f}"
-                      if r else f"{'':>10} {'':>10} {'':>19}")
-            print(f"{setting.removeprefix('clients_'):>8} {name:>16} {f['p50_ms']:>7.3f}ms {f['p99_ms']:>7.3f}ms "
-                  f"{f['server_cpu_ms_per_call']:>14.3f}ms {f['calls_per_s']:>8.0f} {ratios}"
-                  + (f"  ({f['errors']} errors)" if f["errors"] else ""))
-    worst = max(f["ratio_to_chat"]["server_cpu_per_call"] for figures in results["settings"].values()
-                for f in figures.values() if "ratio_to_chat" in f)
-    print(f"goal: server CPU per Converse call within {GOAL}x of chat completions: worst {worst:.2f}x "
-          f"({'met' if worst <= GOAL else 'missed'})")
+    m = results["machine"]
+    print(f"Bedrock Converse vs chat completions answered alike, scripted engine, "
+          f"{results['requests_per_protocol_and_setting']} calls per protocol and setting in {results['rounds']} "
+          f"interleaved rounds; {m['cpu_model']}, {m['cpus']} cores, load average {m['loadavg_before'][0]:.1f} "
+          f"at start, {m['loadavg_after'][0]:.1f} at end")
+    print(f"{'clients':>8} {'protocol':>16} {'p50':>10} {'x base':>7} {'p95':>10} {'x base':>7} {'server CPU/call':>16} "
+          f"{'x base':>7} {'errors':>7}   paired by round, median [range]: p50, CPU")
+    for name, s in results["settings"].items():
+        label = name.removeprefix("clients_")
+        for protocol, r in s["protocols"].items():
+            b = s["baselines"][r["baseline"]]
+            print(f"{label:>8} {r['baseline']:>16} {b['p50_ms']:>8.3f}ms {'1.00':>7} {b['p95_ms']:>8.3f}ms {'1.00':>7} "
+                  f"{b['server_cpu_ms_per_call']:>14.3f}ms {'1.00':>7} {b['errors']:>7}")
+            pp, pc = r["paired_p50_ratio"], r["paired_cpu_ratio"]
+            print(f"{label:>8} {protocol:>16} {r['p50_ms']:>8.3f}ms {r['p50_ratio']:>7.2f} {r['p95_ms']:>8.3f}ms "
+                  f"{r['p95_ratio']:>7.2f} {r['server_cpu_ms_per_call']:>14.3f}ms {r['cpu_ratio']:>7.2f} {r['errors']:>7}   "
+                  f"{pp['median']:.2f} [{pp['min']:.2f}..{pp['max']:.2f}], {pc['median']:.2f} [{pc['min']:.2f}..{pc['max']:.2f}]")
+    every = [(name, p, r) for name, s in results["settings"].items() for p, r in s["protocols"].items()]
+    over = [f"{p} at {name.removeprefix('clients_')} client(s): {key} {r[key]:.2f}x"
+            for name, p, r in every for key in ("p50_ratio", "p95_ratio", "cpu_ratio") if r[key] > GOAL]
+    print(f"goal: within {GOAL}x of the baseline: " + ("met" if not over else "missed: " + "; ".join(over)))
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=1000, help="calls per protocol, setting and round (2 rounds)")
+    parser.add_argument("--requests", type=int, default=1000, help="calls per protocol and setting, over all rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per pair and setting (see _rounds)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON results")
     args = parser.parse_args()
-    out = asyncio.run(main(args.requests))
+    out = asyncio.run(main(args.requests, args.rounds))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
     report(out)

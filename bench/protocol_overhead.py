@@ -5,14 +5,16 @@ same conversation (a system prompt, a user message, two tools) sent as an
 OpenAI chat completion, an OpenAI Responses call and an Anthropic Messages
 call, each the first turn of a fresh rollout, from 1 and from 32 concurrent
 clients. The load generator is ``endpoint_overhead``'s (raw keep-alive
-HTTP/1.1, one connection per client). Chat completions is measured before
-and after the protocols in each setting; the baseline is the mean of both,
-so drift of the shared machine's load shows as the gap between them.
-Reported per protocol: p50 latency and the server's CPU per call (from
-/proc, robust to other load), each as a ratio to chat completions (goal:
-within 1.3x).
+HTTP/1.1, one connection per client). In each setting the three protocols
+run in ``--rounds`` interleaved rounds (``_rounds``: the order rotated every
+round, ``--requests / --rounds`` calls a run), so drift of the shared
+machine's load falls on all three alike. Reported per protocol: p50/p95
+latency and the server's CPU per call (from /proc, robust to other load),
+pooled over the rounds, each as a ratio to chat completions (goal: within
+1.3x), and the median and range of the ratios paired round by round (the
+spread a single pair of runs would have shown).
 
-    .venv/bin/python bench/protocol_overhead.py [--requests 1000]
+    .venv/bin/python bench/protocol_overhead.py [--requests 1000] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ import os
 import tempfile
 from pathlib import Path
 
+from _rounds import Run, interleaved, paired, pooled
 from endpoint_overhead import (
     MESSAGES,
     TOOLS,
     first_turns,
-    pct,
     start_server,
 )
 
@@ -47,40 +49,42 @@ BODIES = {
                    "input_schema": t["function"]["parameters"]} for t in TOOLS],
     }),
 }
-ORDER = ["chat_completions", "openai_responses", "anthropic_messages", "chat_completions"]
 SETTINGS = {"clients_1": 1, "clients_32": 32}
 
 
-async def measure(port: int, pid: int, protocol: str, n: int, concurrency: int) -> dict[str, float]:
+async def measure(port: int, pid: int, protocol: str, n: int, concurrency: int) -> Run:
     """``n`` first turns of ``n`` fresh rollouts in ``protocol``, from ``concurrency`` clients."""
     path, payload = BODIES[protocol]
     body = json.dumps(payload).encode()
-    run = await first_turns(port, pid, n, concurrency, f"/{path}", body, lambda status, _: status == 200)
-    latencies, wall, cpu, errors = run["latencies"], run["wall_s"], run["cpu_s"], run["errors"]
-    return {"p50_ms": pct(latencies, 0.5) * 1e3, "p99_ms": pct(latencies, 0.99) * 1e3,
-            "server_cpu_ms_per_call": cpu / n * 1e3, "calls_per_s": n / wall, "errors": errors}
+    return await first_turns(port, pid, n, concurrency, f"/{path}", body, lambda status, _: status == 200)
 
 
-async def main(n: int) -> dict:
-    results: dict = {"requests_per_run": n, "machine": f"{os.cpu_count()} cores",
-                     "dtype": "none (scripted engine: no model runs)", "loadavg_start": os.getloadavg(),
-                     "order": ORDER, "settings": {}}
+async def main(n: int, rounds: int) -> dict:
+    per_run = max(1, n // rounds)
+    results: dict = {"requests_per_protocol_and_setting": per_run * rounds, "rounds": rounds, "requests_per_run": per_run,
+                     "machine": f"{os.cpu_count()} cores", "dtype": "none (scripted engine: no model runs)",
+                     "loadavg_start": os.getloadavg(), "order": f"{list(BODIES)}, rotated by one every round",
+                     "settings": {}}
     with tempfile.TemporaryDirectory() as tmp:
         proc, port = start_server(Path(tmp))
         try:
             for protocol in BODIES:  # warm-up: every route's first calls (imports, caches)
                 await measure(port, proc.pid, protocol, 200, 8)
             for name, concurrency in SETTINGS.items():
-                runs = [(protocol, await measure(port, proc.pid, protocol, n, concurrency)) for protocol in ORDER]
-                chat = [r for p, r in runs if p == "chat_completions"]
-                base = {k: (chat[0][k] + chat[1][k]) / 2 for k in ("p50_ms", "server_cpu_ms_per_call")}
-                setting: dict = {"chat_completions_runs": chat, "baseline": base, "protocols": {}}
-                for protocol, r in runs:
+                runs = await interleaved(lambda p: measure(port, proc.pid, p, per_run, concurrency), list(BODIES), rounds)
+                chat = runs["chat_completions"]
+                base = pooled(chat)
+                setting: dict = {"baseline": base, "protocols": {}}
+                for protocol, r in runs.items():
                     if protocol != "chat_completions":
+                        f = pooled(r)
                         setting["protocols"][protocol] = {
-                            **r,
-                            "p50_ratio": r["p50_ms"] / base["p50_ms"],
-                            "cpu_ratio": r["server_cpu_ms_per_call"] / base["server_cpu_ms_per_call"],
+                            **f,
+                            "p50_ratio": f["p50_ms"] / base["p50_ms"],
+                            "p95_ratio": f["p95_ms"] / base["p95_ms"],
+                            "cpu_ratio": f["server_cpu_ms_per_call"] / base["server_cpu_ms_per_call"],
+                            "paired_p50_ratio": paired(r, chat, "p50_ms"),
+                            "paired_cpu_ratio": paired(r, chat, "server_cpu_ms_per_call"),
                         }
                 results["settings"][name] = setting
         finally:
@@ -91,28 +95,33 @@ async def main(n: int) -> dict:
 
 
 def report(results: dict) -> None:
-    print(f"protocol overhead vs chat completions, scripted engine, {results['requests_per_run']} calls per run "
+    print(f"protocol overhead vs chat completions, scripted engine, {results['requests_per_protocol_and_setting']} calls "
+          f"per protocol and setting in {results['rounds']} interleaved rounds "
           f"(load average {results['loadavg_start'][0]:.1f} at start, {results['loadavg_end'][0]:.1f} at end)")
-    print(f"{'clients':>8} {'protocol':>20} {'p50':>9} {'x chat':>7} {'server CPU/call':>16} {'x chat':>7} {'errors':>7}")
+    print(f"{'clients':>8} {'protocol':>20} {'p50':>9} {'x chat':>7} {'p95':>9} {'x chat':>7} {'server CPU/call':>16} "
+          f"{'x chat':>7} {'errors':>7}   paired by round, median [range]: p50, CPU")
     for name, s in results["settings"].items():
         label = name.removeprefix("clients_")
-        chat = s["chat_completions_runs"]
-        print(f"{label:>8} {'chat_completions':>20} {s['baseline']['p50_ms']:>7.3f}ms {'1.00':>7} "
-              f"{s['baseline']['server_cpu_ms_per_call']:>14.3f}ms {'1.00':>7} {chat[0]['errors'] + chat[1]['errors']:>7}"
-              f"   (runs before/after: {chat[0]['server_cpu_ms_per_call']:.3f}/{chat[1]['server_cpu_ms_per_call']:.3f} ms CPU)")
+        b = s["baseline"]
+        print(f"{label:>8} {'chat_completions':>20} {b['p50_ms']:>7.3f}ms {'1.00':>7} {b['p95_ms']:>7.3f}ms {'1.00':>7} "
+              f"{b['server_cpu_ms_per_call']:>14.3f}ms {'1.00':>7} {b['errors']:>7}")
         for protocol, r in s["protocols"].items():
-            print(f"{label:>8} {protocol:>20} {r['p50_ms']:>7.3f}ms {r['p50_ratio']:>7.2f} "
-                  f"{r['server_cpu_ms_per_call']:>14.3f}ms {r['cpu_ratio']:>7.2f} {r['errors']:>7}")
-    worst = max(r["cpu_ratio"] for s in results["settings"].values() for r in s["protocols"].values())
-    print(f"goal: server CPU per call within 1.3x of chat completions: worst {worst:.2f}x")
+            pp, pc = r["paired_p50_ratio"], r["paired_cpu_ratio"]
+            print(f"{label:>8} {protocol:>20} {r['p50_ms']:>7.3f}ms {r['p50_ratio']:>7.2f} {r['p95_ms']:>7.3f}ms "
+                  f"{r['p95_ratio']:>7.2f} {r['server_cpu_ms_per_call']:>14.3f}ms {r['cpu_ratio']:>7.2f} {r['errors']:>7}   "
+                  f"{pp['median']:.2f} [{pp['min']:.2f}..{pp['max']:.2f}], {pc['median']:.2f} [{pc['min']:.2f}..{pc['max']:.2f}]")
+    every = [r for s in results["settings"].values() for r in s["protocols"].values()]
+    print(f"goal: within 1.3x of chat completions: worst server CPU per call {max(r['cpu_ratio'] for r in every):.2f}x, "
+          f"worst pooled p50 {max(r['p50_ratio'] for r in every):.2f}x")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--requests", type=int, default=1000, help="calls per protocol and setting, over all rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per setting (see _rounds)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON results")
     args = parser.parse_args()
-    out = asyncio.run(main(args.requests))
+    out = asyncio.run(main(args.requests, args.rounds))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
     report(out)

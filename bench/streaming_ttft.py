@@ -13,7 +13,13 @@ The requests alternate, so load on the shared machine hits both sides
 alike. Also reported: the engine's mean decode step (the floor a first
 delta cannot beat by much: prefill + one step + the endpoint's overhead).
 
-    .venv/bin/python bench/streaming_ttft.py [--rounds 6] [--max-tokens 96]
+``--protocol converse-stream`` measures Bedrock's pair instead:
+``converse-stream`` (AWS event-stream framing, parsed with botocore's own
+``EventStreamBuffer``; first text = the first ``contentBlockDelta`` with
+text or reasoning) against ``converse``; the tokens are compared from the
+turns the store recorded.
+
+    .venv/bin/python bench/streaming_ttft.py [--rounds 6] [--max-tokens 96] [--protocol chat|converse-stream]
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.types import Task
 
 RESULTS = Path(__file__).resolve().parent / "results" / "streaming_ttft.json"
+CONVERSE_RESULTS = RESULTS.with_name("streaming_ttft.converse-stream.json")
 MESSAGES = [{"role": "user", "content": "Write a short story about an aircraft inspector who finds something odd."}]
 
 
@@ -72,6 +79,47 @@ def whole(client: httpx.Client, url: str, token: str, body: dict[str, Any]) -> d
             "completion_ids": r.json()["choices"][0]["token_ids"]}
 
 
+def converse_streamed(client: httpx.Client, url: str, token: str, body: dict[str, Any]) -> dict[str, Any]:
+    from botocore.eventstream import EventStreamBuffer  # the parser boto3 reads Bedrock's stream with
+
+    started = time.perf_counter()
+    first_byte = first_text = None
+    buffer = EventStreamBuffer()
+    with client.stream("POST", url + "-stream", json=body, headers={"authorization": f"Bearer {token}"}) as r:
+        r.raise_for_status()
+        for chunk in r.iter_raw():
+            now = time.perf_counter() - started
+            if first_byte is None:
+                first_byte = now
+            buffer.add_data(chunk)
+            for message in buffer:
+                if first_text is None and message.headers.get(":event-type") == "contentBlockDelta":
+                    delta = json.loads(message.payload)["delta"]
+                    if delta.get("text") or delta.get("reasoningContent"):
+                        first_text = now
+    return {"first_byte_s": first_byte, "first_text_s": first_text, "total_s": time.perf_counter() - started}
+
+
+def converse_whole(client: httpx.Client, url: str, token: str, body: dict[str, Any]) -> dict[str, Any]:
+    started = time.perf_counter()
+    r = client.post(url, json=body, headers={"authorization": f"Bearer {token}"})
+    r.raise_for_status()
+    total = time.perf_counter() - started
+    return {"first_byte_s": total, "first_text_s": total, "total_s": total}
+
+
+def request(protocol: str, rollout_id: str, max_tokens: int, seed: int) -> tuple[str, dict[str, Any], Any, Any]:
+    """The path, body and the (streamed, whole) callers of one request of ``protocol``."""
+    if protocol == "converse-stream":
+        body = {"messages": [{"role": "user", "content": [{"text": MESSAGES[0]["content"]}]}],
+                "inferenceConfig": {"maxTokens": max_tokens, "temperature": 1.0},
+                "additionalModelRequestFields": {"seed": seed}}
+        return f"/rollouts/{rollout_id}/model/m/converse", body, converse_streamed, converse_whole
+    body = {"model": "m", "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 1.0, "seed": seed,
+            "return_token_ids": True}
+    return f"/rollouts/{rollout_id}/v1/chat/completions", body, streamed, whole
+
+
 def main(args: argparse.Namespace) -> dict[str, Any]:
     engine = HFEngine(resolve_model("smollm2-135m"), dtype=args.dtype, num_threads=args.threads,
                       prefix_cache_tokens=0)  # every request prefills its whole prompt, as a first turn does
@@ -85,13 +133,14 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     try:
         with httpx.Client(timeout=600) as client:
             for i in range(args.rounds + 1):  # round 0 warms up and is not counted
-                body = {"model": "m", "messages": MESSAGES, "max_tokens": args.max_tokens, "temperature": 1.0,
-                        "seed": 1000 + i, "return_token_ids": True}
                 got = {}
-                for name, call in (("streamed", streamed), ("whole", whole)) if i % 2 else (("whole", whole), ("streamed", streamed)):
+                for name in ("streamed", "whole") if i % 2 else ("whole", "streamed"):
                     rollout = coordinator.create_rollout(Task(id=f"t{i}", prompt="q"))
-                    url = f"{handle.url}/rollouts/{rollout.rollout_id}/v1/chat/completions"
-                    got[name] = call(client, url, rollout.token, body)
+                    path, body, *calls = request(args.protocol, rollout.rollout_id, args.max_tokens, 1000 + i)
+                    got[name] = calls[name == "whole"](client, handle.url + path, rollout.token, body)
+                    # the tokens the turn recorded (chat completions also returns them, compared below)
+                    stored = list(coordinator.recorded(rollout.rollout_id).turns[0].completion_ids)
+                    assert got[name].setdefault("completion_ids", stored) == stored, "returned ids differ from the turn's"
                 same = same and got["streamed"].pop("completion_ids") == got["whole"].pop("completion_ids")
                 if i:
                     for name in sides:
@@ -110,6 +159,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     summary = {name: {key: median(name, key) for key in ("first_byte_s", "first_text_s", "total_s")} for name in sides}
     return {
         "benchmark": "streaming_ttft",
+        "protocol": args.protocol,
         "model": f"SmolLM2-135M-Instruct ({dtype}), hf engine, prefix cache off",
         "workload": {"rounds": args.rounds, "max_tokens": args.max_tokens, "sampling": "temperature 1, seeded",
                      "prompt": MESSAGES[0]["content"]},
@@ -126,6 +176,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
 def report(data: dict[str, Any]) -> None:
     m = data["median"]
+    print(f"protocol: {data['protocol']}")
     for name in ("streamed", "whole"):
         print(f"{name:>9}: first byte {m[name]['first_byte_s']:.3f} s, first text {m[name]['first_text_s']:.3f} s, "
               f"total {m[name]['total_s']:.3f} s")
@@ -143,8 +194,11 @@ if __name__ == "__main__":
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--protocol", choices=("chat", "converse-stream"), default="chat",
+                        help="chat completions (stream: true vs not) or Bedrock converse-stream vs converse")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    args.out = args.out or (CONVERSE_RESULTS if args.protocol == "converse-stream" else RESULTS)
     data = main(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=2) + "\n")

@@ -22,8 +22,10 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
+from ._aiobotocore import instrument_aiobotocore
 from ._anthropic import instrument_anthropic
 from ._bedrock import instrument_bedrock
+from ._litellm import instrument_litellm
 from ._client import RolloutError, describe_error
 from ._context import RolloutContext, activate, current_rollout, deactivate, policy_model_ids
 from ._openai import instrument_openai
@@ -62,10 +64,13 @@ def rollout(
 
 
 def instrument() -> None:
-    """Install the model-call redirects (openai, anthropic, botocore) and, when LangChain is loaded, the tool-call callbacks."""
+    """Install the model-call redirects (openai, anthropic, botocore, aiobotocore), LiteLLM's guard when it is
+    loaded, and, when LangChain is loaded, the tool-call callbacks."""
     instrument_openai()
     instrument_anthropic()
     instrument_bedrock()
+    instrument_aiobotocore()
+    instrument_litellm()
     instrument_selective()
     if "langchain_core" in sys.modules:
         from .langgraph import instrument_langchain

@@ -139,6 +139,22 @@ def check_attribution(store: Any, spec: RolloutSpec, *, crash_ok: bool = True) -
     return rollout
 
 
+def refuse_network(monkeypatch: Any) -> list[str]:
+    """Refuse (and list) every name lookup but loopback, so a call slipping past mtrl fails instead of passing."""
+    contacted: list[str] = []
+    real = socket.getaddrinfo
+
+    def guarded(host: Any, *args: Any, **kwargs: Any) -> Any:
+        name = host.decode() if isinstance(host, bytes) else str(host)
+        if name not in ("127.0.0.1", "localhost", "::1"):
+            contacted.append(name)
+            raise OSError(f"test guard: no network, refused a lookup of {name}")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", guarded)
+    return contacted
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -32,7 +32,7 @@ from mtrl_runtime.server import create_app, start_server
 from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.types import Task
 
-MAX_EXAMPLES = 20  # per operation and mode: 13 operations x positive, 9 POSTs x negative
+MAX_EXAMPLES = 20  # per operation and mode: 22 operations x positive, 18 POSTs x negative
 SEED = 20260101
 CALL_TIMEOUT_S = 10.0
 
@@ -83,7 +83,18 @@ OPERATIONS = [
     "GET /rollouts/{rollout_id}",
     "POST /complete-rollout",
     "POST /update-reward",
+    # the protocols (server/protocols/), published with the request models their routes validate against
+    "POST /v1/responses",
+    "POST /rollouts/{rollout_id}/v1/responses",
+    "POST /v1/messages",
+    "POST /rollouts/{rollout_id}/v1/messages",
+    "POST /model/{model_id}/converse",
+    "POST /model/{model_id}/converse-stream",
+    "POST /rollouts/{rollout_id}/model/{model_id}/converse",
+    "POST /rollouts/{rollout_id}/model/{model_id}/converse-stream",
 ]
+HEADER_ATTRIBUTED = {"/v1/chat/completions", "/v1/responses", "/v1/messages", "/model/{model_id}/converse",
+                     "/model/{model_id}/converse-stream"}
 _turn = itertools.count()
 TALLY: Counter[str] = Counter()  # "<operation> <mode> -> <status>": requests sent
 
@@ -95,6 +106,15 @@ def test_the_schema_is_published_and_lists_every_route(fuzz_server: Any, api_sch
     assert labels == sorted(OPERATIONS)
 
 
+def test_a_protocol_without_an_openapi_entry_cannot_be_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mtrl_runtime.server import protocols
+    from mtrl_runtime.server.protocols import _openapi
+
+    monkeypatch.setitem(protocols.PROTOCOLS, "new_protocol", ".openai_responses")
+    with pytest.raises(ValueError, match=r"\['new_protocol'\] have no OpenAPI entry"):
+        _openapi.openapi_paths()
+
+
 def _aim_at_a_real_rollout(case: Any, handle: Any) -> None:
     """Every other case names a fresh live rollout and carries its token."""
     if next(_turn) % 2:
@@ -104,7 +124,7 @@ def _aim_at_a_real_rollout(case: Any, handle: Any) -> None:
     headers["authorization"] = f"Bearer {created.token}"
     if "rollout_id" in (case.path_parameters or {}):
         case.path_parameters = {**case.path_parameters, "rollout_id": created.rollout_id}
-    elif case.operation.path == "/v1/chat/completions":
+    elif case.operation.path in HEADER_ATTRIBUTED:
         headers["x-mtrl-rollout-id"] = created.rollout_id
     elif isinstance(case.body, dict) and "TrajectoryId" in case.body:
         case.body = {**case.body, "TrajectoryId": created.rollout_id}
@@ -120,7 +140,8 @@ def _check(case: Any, handle: Any, mode: Any) -> None:
     # the status is one the schema declares, and a 4xx body has the published error shape
     case.validate_response(response, checks=[status_code_conformance, response_schema_conformance])
     if 400 <= response.status_code < 500:
-        message = response.json()["error"]["message"]
+        body = response.json()  # OpenAI's and Anthropic's shape: error.message; Bedrock's: message
+        message = body["error"]["message"] if "error" in body else body["message"]
         assert len(message) > 10, (label, response.text[:500])
 
 
@@ -141,6 +162,23 @@ def test_every_route_answers_below_500_and_names_every_4xx(label: str, mode: Any
         _check(case, fuzz_server, mode)
 
     fuzz()
+
+
+@pytest.mark.parametrize("body, member", [
+    ({"messages": [{"role": "user", "content": [{"text": "hi"}]}],
+      "toolConfig": {"tools": [{"toolSpec": {"name": "t", "inputSchema": {"json": {}}}}], "toolChoice": {"tool": None}}},
+     "toolChoice's tool is null"),
+    ({"messages": [{"role": "user", "content": [{"text": None}]}]}, "content block's text is null"),
+    ({"messages": [{"role": "user", "content": [{"text": "hi"}]}], "system": [{"text": None}]}, "system block's text is null"),
+], ids=["tool-choice", "content-block", "system-block"])
+def test_a_converse_union_member_sent_as_null_is_a_400_naming_it(fuzz_server: Any, body: Any, member: str) -> None:
+    """Found by the fuzz: ``{"tool": null}`` passed as a one-member union and failed in the translation (a 500)."""
+    created = fuzz_server.coordinator.create_rollout(Task(id="null-member", prompt="q"))
+    response = httpx.post(f"{fuzz_server.url}/rollouts/{created.rollout_id}/model/m/converse", json=body,
+                          headers={"authorization": f"Bearer {created.token}"}, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.headers["x-amzn-errortype"] == "ValidationException"
+    assert member in response.json()["message"]
 
 
 # ---------------------------------------------------------------- request limits

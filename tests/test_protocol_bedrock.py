@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,8 @@ import httpx
 import pytest
 
 from _adapter_support import (
-    ERROR_KEY, OFFSET, TOOLS, add, afinish_episode, check_attribution, key_of, lookup, policy, specs, tasks, value_of,
+    ERROR_KEY, OFFSET, TOOLS, add, afinish_episode, check_attribution, key_of, lookup, policy, refuse_network, specs,
+    tasks, value_of,
 )
 from mtrl_adapters import UncapturedBedrockCall, rollout, rollout_scope
 from mtrl_runtime.config import MtrlConfig
@@ -67,17 +67,7 @@ def aws(monkeypatch):
         monkeypatch.setenv(name, value)
     for name in ("AWS_PROFILE", "AWS_BEARER_TOKEN_BEDROCK", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         monkeypatch.delenv(name, raising=False)
-    contacted: list[str] = []
-    real = socket.getaddrinfo
-
-    def guarded(host: Any, *args: Any, **kwargs: Any) -> Any:
-        name = host.decode() if isinstance(host, bytes) else str(host)
-        if name not in ("127.0.0.1", "localhost", "::1"):
-            contacted.append(name)
-            raise OSError(f"test guard: no network, refused a lookup of {name}")
-        return real(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", guarded)
+    contacted = refuse_network(monkeypatch)
     yield contacted
     assert contacted == [], f"hosts other than mtrl were contacted: {contacted}"
 
@@ -411,7 +401,8 @@ def test_stream_events_reasoning_text_and_forced_tool_choice(bedrock_served, aws
 
 
 def test_tool_result_status_error_and_reasoning_history_reach_the_prompt(bedrock_served, aws):
-    """An assistant turn's reasoning and an error tool result, as Strands echoes them, in the recorded messages."""
+    """An assistant turn's reasoning and an error tool result, as Strands echoes them, in the recorded messages
+    (the result's text unchanged, its failure flag kept: server/protocols/_tool_results.py)."""
     handle = bedrock_served()
     client = _client()
     [spec] = specs(handle, tasks(2)[1:])
@@ -435,7 +426,7 @@ def test_tool_result_status_error_and_reasoning_history_reach_the_prompt(bedrock
     assert turn.messages[1:] == (
         {"role": "assistant", "content": "Looking.", "reasoning_content": "look it up",
          "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "lookup", "arguments": {"key": "K01"}}}]},
-        {"role": "tool", "content": 'Error: no such table\n{"code":7}', "tool_call_id": "t1", "name": "lookup"},
+        {"role": "tool", "content": 'no such table\n{"code":7}', "tool_call_id": "t1", "name": "lookup", "status": "error"},
         {"role": "user", "content": "Try again."},
     )
 

@@ -13,7 +13,10 @@ rendered by any chat template:
   (``tool_calls`` and ``reasoning_content`` only when there are some; each ``{"id"?, "type": "function", "function":
   {"name": str, "arguments": dict | str}}``, arguments parsed from JSON when
   they hold an object, else kept as the string sent);
-- ``{"role": "tool", "content": str, "tool_call_id"?: str, "name"?: str}``.
+- ``{"role": "tool", "content": str, "tool_call_id"?: str, "name"?: str, "status"?: "error"}``
+  (``status`` only for a result flagged failed: the Anthropic translator sets it for ``is_error``, the
+  Bedrock one for ``status: error``, and a tool message sent with it keeps it; kept so the stored turn shows
+  it, hidden from the chat template (``ChatRenderer.render``), not part of ``message_key``).
 
 Normalizing a canonical list returns an equal list.
 """
@@ -84,6 +87,8 @@ def _normalize_message(index: int, message: Any) -> dict[str, Any]:
         for key in ("tool_call_id", "name"):
             if isinstance(message.get(key), str):
                 out[key] = message[key]
+        if message.get("status") == "error":
+            out["status"] = "error"
     return out
 
 

@@ -48,6 +48,9 @@ class RolloutEnds:
             if not self._warned_unrecorded:
                 self._warned_unrecorded = True
                 _log.warning("rollout %s: %d tool call(s) unrecorded; %s", rollout_id, unrecorded, UNRECORDED_TOOLS_FIX)
+        if live.failed_results:  # the failure flags tool results carried (server.protocols._tool_results)
+            metrics["tool_results_failed"] = float(len(live.failed_results))
+            self.counters["tool_results_failed"] += len(live.failed_results)
         if ending.default_reward:
             metrics["reward_defaulted"] = 1.0
             await self.store.aset_reward(rollout_id, self.default_reward, None, metrics, defaulted=True)

@@ -49,17 +49,21 @@ class LiveRollout:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one model call at a time; the end waits for it
     call_turns: dict[str, int] = field(default_factory=dict)  # tool-call id -> the turn that asked for it
     answered_calls: set[str] = field(default_factory=set)  # the model's tool calls whose results a later call sent
+    failed_results: set[str] = field(default_factory=set)  # tool calls whose result came flagged failed (status error)
     tool_calls_recorded: int = 0  # tool calls the agent's adapter reported
     life: RolloutLife = field(default_factory=RolloutLife)
     last_seen: float = field(default_factory=time.monotonic)  # the last call or report (the serve-mode TTL reads it)
 
     def note_answers(self, messages: list[dict]) -> None:
-        """Remember which of the model's tool calls the agent answered (a ``tool`` message naming its id)."""
+        """Remember which of the model's tool calls the agent answered (a ``tool`` message naming its id), and
+        which results were flagged failed (``status: error``; each call once, however many turns repeat it)."""
         for message in messages:
             if message.get("role") == "tool":
                 call_id = str(message.get("tool_call_id"))
                 if call_id in self.call_turns:
                     self.answered_calls.add(call_id)
+                if message.get("status") == "error":
+                    self.failed_results.add(call_id)
 
     @property
     def unrecorded_tool_calls(self) -> int:

@@ -29,6 +29,7 @@ from ._openai_routes import build_openai_router
 from ._openapi import install_openapi
 from ._rollout_routes import build_rollout_router
 from .protocols import build_routers
+from .protocols._openapi import openapi_paths as protocol_openapi_paths
 
 
 def create_app(coordinator: Coordinator) -> FastAPI:
@@ -52,7 +53,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     app.include_router(build_rollout_router(coordinator))
     if coordinator.server_config.sagemaker_compat:
         app.include_router(build_compat_router(coordinator))
-    install_openapi(app, openapi_paths())
+    install_openapi(app, {**openapi_paths(), **protocol_openapi_paths()})
     server_cfg = coordinator.server_config
     app.add_middleware(BodyGuard, body_timeout_s=server_cfg.body_timeout_s,
                        max_pending_bodies=server_cfg.max_pending_bodies)

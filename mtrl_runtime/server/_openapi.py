@@ -46,7 +46,8 @@ def install_openapi(app: FastAPI, extra_paths: dict[str, dict[str, Any]]) -> Non
             for operation in operations.values():
                 responses = operation.setdefault("responses", {})
                 responses.pop("422", None)
-                responses["4XX"] = {"description": "The request is refused; error.message says why", **error}
+                # a protocol answering in its own error shape (Anthropic's, Bedrock's) declares it itself
+                responses.setdefault("4XX", {"description": "The request is refused; error.message says why", **error})
                 if path.endswith("/chat/completions"):
                     responses["502"] = {"description": "The policy engine failed on this call", **error}
         return schema

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 
 class _Strict(BaseModel):
@@ -23,7 +23,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
 
-def _one_member(data: Any, what: str, members: tuple[str, ...], refused: tuple[str, ...] = ()) -> Any:
+class _OneMember(_Strict):
+    """A union: exactly one member present (checked by each class's ``_one``; published as such in the schema)."""
+
+    model_config = ConfigDict(json_schema_extra=lambda schema: _one_member_schema(schema))
+
+
+def _one_member_schema(schema: dict[str, Any]) -> None:
+    """Publish a union as it is validated: exactly one property, and that one not null."""
+    schema["minProperties"] = schema["maxProperties"] = 1
+    for prop in schema.get("properties", {}).values():
+        options = [o for o in prop.get("anyOf", ()) if o != {"type": "null"}]
+        if options and len(options) < len(prop["anyOf"]):
+            del prop["anyOf"]
+            prop.pop("default", None)
+            prop.update(options[0] if len(options) == 1 else {"anyOf": options})
+
+
+def _one_member(data: Any, what: str, members: tuple[str, ...], refused: tuple[str, ...] = (),
+                nullable: tuple[str, ...] = ()) -> Any:
     """A union value must be an object with exactly one member (a refused one then fails on its own field)."""
     if not isinstance(data, dict):
         return data  # pydantic names the type error
@@ -32,6 +50,10 @@ def _one_member(data: Any, what: str, members: tuple[str, ...], refused: tuple[s
         raise ValueError(f"unknown {what} member {unknown[0]!r}; expected one of {', '.join(members)}")
     if len(data) != 1:
         raise ValueError(f"a {what} holds exactly one of {', '.join(members)}, got {len(data)}: {list(data)}")
+    [(member, value)] = data.items()
+    # {"tool": null} would pass as a union with no member, and fail later, unnamed
+    if value is None and member in members and member not in nullable:
+        raise ValueError(f"a {what}'s {member} is null; give it a value")
     return data
 
 
@@ -41,7 +63,8 @@ def Refused(why: str) -> Any:  # noqa: N802 (a type)
     def refuse(value: Any) -> Any:
         raise ValueError(why)
 
-    return Annotated[Any, BeforeValidator(refuse)]
+    # published as a field that must be absent ({"not": {}} admits no value), with the reason
+    return Annotated[Any, BeforeValidator(refuse), WithJsonSchema({"not": {}, "description": f"refused: {why}"})]
 
 
 _MEDIA = "mtrl's policy endpoint is text-only; send text blocks"
@@ -58,7 +81,7 @@ class ToolUseBlock(_Strict):
     type: str | None = None
 
 
-class ToolResultContent(_Strict):
+class ToolResultContent(_OneMember):
     text: str | None = None
     json_value: Any = Field(default=None, alias="json")
     image: Refused(_MEDIA) = None
@@ -70,7 +93,7 @@ class ToolResultContent(_Strict):
     @classmethod
     def _one(cls, data: Any) -> Any:
         refused = ("image", "document", "video", "searchResult")
-        return _one_member(data, "tool result content block", ("text", "json"), refused)
+        return _one_member(data, "tool result content block", ("text", "json"), refused, nullable=("json",))
 
 
 class ToolResultBlock(_Strict):
@@ -85,7 +108,7 @@ class ReasoningText(_Strict):
     signature: str | None = None  # Anthropic's check on its own thinking; mtrl's policy writes none
 
 
-class ReasoningBlock(_Strict):
+class ReasoningBlock(_OneMember):
     reasoningText: ReasoningText | None = None
     redactedContent: Refused("mtrl's policy never writes redacted reasoning; send reasoningText") = None
 
@@ -95,7 +118,7 @@ class ReasoningBlock(_Strict):
         return _one_member(data, "reasoning block", ("reasoningText",), ("redactedContent",))
 
 
-class ContentBlock(_Strict):
+class ContentBlock(_OneMember):
     text: str | None = None
     toolUse: ToolUseBlock | None = None
     toolResult: ToolResultBlock | None = None
@@ -123,7 +146,7 @@ class Message(_Strict):
     content: list[ContentBlock] = Field(min_length=1)
 
 
-class SystemBlock(_Strict):
+class SystemBlock(_OneMember):
     text: str | None = None
     cachePoint: dict[str, Any] | None = None
     guardContent: Refused(_GUARD) = None
@@ -158,7 +181,7 @@ class ToolSpecification(_Strict):
     strict: bool | None = None  # constrained decoding hint; the policy's calls are parsed either way
 
 
-class Tool(_Strict):
+class Tool(_OneMember):
     toolSpec: ToolSpecification | None = None
     cachePoint: dict[str, Any] | None = None
     systemTool: Refused("mtrl's policy has no built-in tools; declare a toolSpec") = None
@@ -173,7 +196,7 @@ class SpecificTool(_Strict):
     name: str = Field(min_length=1)
 
 
-class ToolChoice(_Strict):
+class ToolChoice(_OneMember):
     auto: dict[str, Any] | None = None
     any: dict[str, Any] | None = None
     tool: SpecificTool | None = None

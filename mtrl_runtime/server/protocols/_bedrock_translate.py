@@ -5,16 +5,17 @@ In: ``system`` becomes a system message; an assistant message's text,
 (content, ``tool_calls``, ``reasoning_content``); a user message's
 ``toolResult`` blocks become ``tool`` messages (named after the call they
 answer) and its text blocks a user message, in block order. A tool result
-with ``status: error`` reaches the model as text starting ``Error:`` (the
-prefix is added only where the text lacks it), since chat templates have no
-status field. ``toolConfig`` becomes OpenAI function tools; ``toolChoice``
+with ``status: error`` reaches the model as its text, unchanged, and the
+flag is recorded (``_tool_results`` says why: the rule every protocol
+follows). ``toolConfig`` becomes OpenAI function tools; ``toolChoice``
 ``auto`` / ``any`` / ``tool`` become ``auto`` / ``required`` / a named
 function.
 
 Out: the reply's reasoning, text and tool calls as content blocks (in that
 order), the stop reason (``tool_use``, ``max_tokens``, ``stop_sequence``,
-``end_turn``), token usage and latency, as one JSON body or as the
-event-stream events Bedrock sends (encoded from the finished reply).
+``end_turn``), token usage and latency, as one JSON body (``converse``;
+``converse-stream``'s events are written as the tokens are decoded, by
+``_converse_stream``).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import orjson
 from ...coordinator import ChatResult
 from ...errors import BadRequest
 from ...types import ChatOptions
-from . import _eventstream
 from ._bedrock_schemas import ConverseRequest, ToolResultBlock
+from ._tool_results import tool_message
 
 
 def chat_messages(body: ConverseRequest) -> list[dict[str, Any]]:
@@ -92,13 +93,7 @@ def _user(i: int, blocks: list, names: dict[str, str]) -> list[dict[str, Any]]:
 
 def _tool_message(result: ToolResultBlock, names: dict[str, str]) -> dict[str, Any]:
     parts = [c.text if c.text is not None else orjson.dumps(c.json_value).decode() for c in result.content]
-    text = "\n".join(parts)
-    if result.status == "error" and not text.lower().startswith("error"):
-        text = f"Error: {text}"
-    message = {"role": "tool", "tool_call_id": result.toolUseId, "content": text}
-    if result.toolUseId in names:
-        message["name"] = names[result.toolUseId]
-    return message
+    return tool_message(result.toolUseId, "\n".join(parts), result.status == "error", names.get(result.toolUseId))
 
 
 def chat_tools(body: ConverseRequest) -> tuple[list[dict[str, Any]] | None, ChatOptions]:
@@ -113,9 +108,10 @@ def chat_tools(body: ConverseRequest) -> tuple[list[dict[str, Any]] | None, Chat
         spec = tool.toolSpec
         if spec is None:
             continue
-        function: dict[str, Any] = {"name": spec.name, "parameters": spec.inputSchema.json_schema}
+        function: dict[str, Any] = {"name": spec.name}  # keys in OpenAI's order, which templates render as is
         if spec.description is not None:
             function["description"] = spec.description
+        function["parameters"] = spec.inputSchema.json_schema
         tools.append({"type": "function", "function": function})
     choice = config.toolChoice
     if choice is None or choice.auto is not None:
@@ -170,36 +166,4 @@ def converse_json(result: ChatResult, stop: str, latency_ms: int) -> bytes:
     })
 
 
-def converse_events(result: ChatResult, stop: str, latency_ms: int) -> bytes:
-    """The ``converse-stream`` response: messageStart, each block's start/delta/stop, messageStop, metadata.
-
-    A tool call's input is one ``toolUse.input`` delta holding its JSON text, as
-    Bedrock streams it; text and reasoning blocks open with their first delta.
-    """
-    event, dumps = _eventstream.event, orjson.dumps
-    message = result.message
-    deltas: list[dict[str, Any]] = []
-    if message.get("reasoning_content"):
-        deltas.append({"reasoningContent": {"text": message["reasoning_content"]}})
-    if message.get("content"):
-        deltas.append({"text": message["content"]})
-    calls = message.get("tool_calls") or ()
-    if not deltas and not calls:
-        deltas.append({"text": ""})
-    events = [event("messageStart", b'{"role":"assistant"}')]
-    for index, delta in enumerate(deltas):
-        events.append(event("contentBlockDelta", dumps({"delta": delta, "contentBlockIndex": index})))
-        events.append(event("contentBlockStop", dumps({"contentBlockIndex": index})))
-    for index, call in enumerate(calls, len(deltas)):
-        function = call["function"]
-        start = {"toolUse": {"toolUseId": call["id"], "name": function["name"]}}
-        events.append(event("contentBlockStart", dumps({"start": start, "contentBlockIndex": index})))
-        delta = {"toolUse": {"input": function["arguments"] or "{}"}}  # the call's JSON text, as generated
-        events.append(event("contentBlockDelta", dumps({"delta": delta, "contentBlockIndex": index})))
-        events.append(event("contentBlockStop", dumps({"contentBlockIndex": index})))
-    events.append(event("messageStop", dumps({"stopReason": stop})))
-    events.append(event("metadata", dumps({"usage": usage(result), "metrics": {"latencyMs": latency_ms}})))
-    return b"".join(events)
-
-
-__all__ = ["chat_messages", "chat_tools", "content_blocks", "converse_events", "converse_json", "stop_reason"]
+__all__ = ["chat_messages", "chat_tools", "content_blocks", "converse_json", "stop_reason", "usage"]

@@ -9,7 +9,10 @@ One message is, big-endian::
 
 Bedrock's stream events carry three string headers: ``:event-type`` (the
 member of the stream union, e.g. ``contentBlockDelta``), ``:content-type``
-(``application/json``) and ``:message-type`` (``event``).
+(``application/json``) and ``:message-type`` (``event``). A failure after the
+stream began is an ``exception`` message: ``:exception-type`` names one of the
+union's exception members (e.g. ``modelStreamErrorException``) and the JSON
+payload holds its ``message``; botocore raises it as ``EventStreamError``.
 """
 
 from __future__ import annotations
@@ -56,4 +59,12 @@ def event(event_type: str, payload: bytes) -> bytes:
     return encode_message(event_headers(event_type), payload)
 
 
-__all__ = ["CONTENT_TYPE", "encode_headers", "encode_message", "event", "event_headers"]
+def exception(exception_type: str, payload: bytes) -> bytes:
+    """An exception message of the stream (``exception_type``: the union's member), framed."""
+    headers = encode_headers(
+        [(":exception-type", exception_type), (":content-type", "application/json"), (":message-type", "exception")]
+    )
+    return encode_message(headers, payload)
+
+
+__all__ = ["CONTENT_TYPE", "encode_headers", "encode_message", "event", "event_headers", "exception"]

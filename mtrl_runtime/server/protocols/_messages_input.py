@@ -14,8 +14,9 @@ message's text blocks a user message and each ``tool_result`` a ``tool``
 message (in block order); an assistant message's ``thinking`` blocks its
 ``reasoning_content``, its text blocks its content, each ``tool_use`` a tool
 call (``input`` as JSON arguments, ``id`` as the call id). A
-``tool_result``'s ``is_error`` flag has no place in a chat template: the
-model sees the result's text, as it would through chat completions.
+``tool_result`` with ``is_error: true`` reaches the model as its text,
+unchanged, and the flag is recorded (``_tool_results`` says why: the rule
+every protocol follows); an ``is_error`` that is not a boolean is refused.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ...errors import BadRequest
 from ...types import ChatOptions
+from ._tool_results import tool_message
 
 
 class CustomTool(BaseModel):
@@ -148,7 +150,10 @@ def _user(content: str | list[dict[str, Any]], where: str) -> list[dict[str, Any
                 texts = []
             result = block.get("content", "")
             text = result if isinstance(result, str) else _texts(result, f"{at}.content")
-            out.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", at), "content": text})
+            failed = block.get("is_error") or False  # absent or null: not flagged
+            if not isinstance(failed, bool):
+                raise BadRequest(f"{at}.is_error: expected true or false, got {failed!r:.80}", param=f"{at}.is_error")
+            out.append(tool_message(_string(block, "tool_use_id", at), text, failed))
         else:
             raise _unsupported(kind, at)
     if texts:

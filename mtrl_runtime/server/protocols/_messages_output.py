@@ -9,8 +9,8 @@ parsed arguments). ``stop_reason`` is ``tool_use``, ``max_tokens``,
 ``content_block_start`` / ``content_block_delta`` (``thinking_delta`` and
 ``signature_delta``, ``text_delta``, ``input_json_delta``) /
 ``content_block_stop``, ``message_delta`` (stop reason, output tokens),
-``message_stop``. ``message_events`` writes a finished message's events at
-once; the route streams them as tokens are decoded (``_messages_stream``).
+``message_stop``; the route streams them as tokens are decoded
+(``_messages_stream``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import orjson
 
 from ...coordinator import ChatResult
 from ...errors import EngineFailure, MtrlError
-from ._endpoint import sse
 
 SIGNATURE = "mtrl-unsigned"
 
@@ -83,35 +82,6 @@ def message_object(message_id: str, model: str, result: ChatResult, stop_sequenc
     }
 
 
-def message_events(message: dict[str, Any]) -> bytes:
-    """The finished ``message`` as Anthropic's event stream (see the module docstring)."""
-    events: list[bytes] = []
-
-    def emit(kind: str, **fields: Any) -> None:
-        events.append(sse(kind, orjson.dumps({"type": kind, **fields})))
-
-    usage = message["usage"]
-    emit("message_start", message={**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 0}})
-    for index, block in enumerate(message["content"]):
-        kind = block["type"]
-        if kind == "thinking":
-            emit("content_block_start", index=index, content_block={"type": "thinking", "thinking": "", "signature": ""})
-            emit("content_block_delta", index=index, delta={"type": "thinking_delta", "thinking": block["thinking"]})
-            emit("content_block_delta", index=index, delta={"type": "signature_delta", "signature": block["signature"]})
-        elif kind == "text":
-            emit("content_block_start", index=index, content_block={"type": "text", "text": ""})
-            emit("content_block_delta", index=index, delta={"type": "text_delta", "text": block["text"]})
-        else:  # tool_use
-            emit("content_block_start", index=index, content_block={**block, "input": {}})
-            emit("content_block_delta", index=index,
-                 delta={"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()})
-        emit("content_block_stop", index=index)
-    emit("message_delta", delta={"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
-         usage={"output_tokens": usage["output_tokens"]})
-    emit("message_stop")
-    return b"".join(events)
-
-
 def anthropic_error_body(exc: MtrlError) -> tuple[bytes, dict[str, str]]:
     """Anthropic's error shape (``error.type``, ``error.message``), with the field at fault and the status beside them.
 
@@ -123,4 +93,4 @@ def anthropic_error_body(exc: MtrlError) -> tuple[bytes, dict[str, str]]:
     return orjson.dumps(payload), {"x-should-retry": "false"} if exc.status < 500 else {}
 
 
-__all__ = ["SIGNATURE", "anthropic_error_body", "content_blocks", "message_events", "message_object"]
+__all__ = ["SIGNATURE", "anthropic_error_body", "content_blocks", "message_object"]

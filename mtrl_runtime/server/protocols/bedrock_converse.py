@@ -10,7 +10,10 @@ translated (``_bedrock_translate``) onto ``Coordinator.chat``, the one
 capture path, so the turn is recorded token-in-token-out like a chat
 completion; ``modelId`` names the model the agent asked for and is not
 checked. ``converse-stream`` answers in Bedrock's event-stream framing
-(``_eventstream``), encoded once the reply is finished.
+(``_eventstream``), its events written as the tokens are generated
+(``_converse_stream``, by ``server._streaming``, the stream writer every
+protocol shares): a client that hangs up stops the generation and no turn is
+recorded.
 
 Errors answer in the shape botocore reads (``x-amzn-ErrorType`` and a JSON
 ``message``): ``ValidationException`` (400, naming the field and the
@@ -22,18 +25,19 @@ value), ``AccessDeniedException`` (401/403), ``ResourceNotFoundException``,
 from __future__ import annotations
 
 import time
+from typing import Awaitable
 
 import orjson
 from fastapi import APIRouter
 from starlette.routing import Route
 
-from ...coordinator import Coordinator
+from ...coordinator import ChatResult, ChatStream, Coordinator
 from ...errors import MtrlError
 from .._http import validate
 from . import _bedrock_translate as translate
 from ._bedrock_schemas import ConverseRequest
-from ._endpoint import JSON, Call, ProtocolEndpoint, check_counts, sampling
-from ._eventstream import CONTENT_TYPE as EVENT_STREAM
+from ._converse_stream import ConverseEvents
+from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, sampling
 
 PATHS = (
     "/model/{model_id}/converse",
@@ -73,7 +77,7 @@ class ConverseProtocol:
         self.coordinator = coordinator
         self.stream = stream
 
-    async def answer(self, call: Call) -> tuple[bytes, bytes]:
+    async def answer(self, call: Call) -> tuple[bytes, bytes] | Streamed:
         started = time.perf_counter()
         coordinator = self.coordinator
         body = validate(call.data, ConverseRequest)
@@ -90,11 +94,17 @@ class ConverseProtocol:
             seed=fields.seed if fields else None,
             max_tokens_field="inferenceConfig.maxTokens",
         )
+        if self.stream:  # written as the tokens are generated (server._streaming)
+            def run(stream: ChatStream) -> Awaitable[ChatResult]:
+                return coordinator.chat(call.rollout_id, call.token, messages, tools, params, options, stream=stream)
+
+            def stop_reason(result: ChatResult) -> str:
+                return translate.stop_reason(result, body, coordinator.tokenizer)
+
+            return Streamed(run, ConverseEvents(stop_reason, started))
         result = await coordinator.chat(call.rollout_id, call.token, messages, tools, params, options)
         stop = translate.stop_reason(result, body, coordinator.tokenizer)
         latency_ms = int((time.perf_counter() - started) * 1000)
-        if self.stream:
-            return translate.converse_events(result, stop, latency_ms), EVENT_STREAM
         return translate.converse_json(result, stop, latency_ms), JSON
 
 

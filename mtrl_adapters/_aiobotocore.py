@@ -1,0 +1,81 @@
+"""aiobotocore ``bedrock-runtime`` clients inside a rollout: redirected like botocore's, with selective capture.
+
+aiobotocore (async botocore: ``aioboto3``, some LangChain and Strands setups)
+subclasses botocore's client and overrides ``_make_api_call`` with a
+coroutine, so the wrapper ``instrument_bedrock`` puts on botocore's
+``BaseClient._make_api_call`` never runs for it: without this module its
+calls would reach Bedrock, signed, untrained. ``instrument_aiobotocore()``
+wraps ``aiobotocore.client.AioBaseClient._make_api_call`` the same way: the
+first call of a ``bedrock-runtime`` client inside a rollout registers
+``_bedrock.attach``'s handlers on the client's own event system (aiobotocore
+emits botocore's events and runs plain handlers), so Converse and
+ConverseStream are unsigned, pointed at the rollout and carry its token, and
+``InvokeModel*`` raises ``UncapturedBedrockCall``.
+
+Selective capture applies as for botocore (``_selective``): with policy
+models named, a Converse call naming another model runs with no rollout
+current (the handlers leave it alone: it reaches its endpoint signed with the
+user's credentials) and is recorded as a non-policy call, with its token
+usage when the answer says it (a stream's is not read). Installed by the
+``rollout`` decorator when aiobotocore is installed; again, it does nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import threading
+from typing import Any
+
+from ._bedrock import attach, is_bedrock_runtime
+from ._context import activate, current_rollout, deactivate
+from ._selective import _BEDROCK_MODEL_OPERATIONS, _Watch, is_policy_call
+
+_INSTALL_LOCK = threading.Lock()
+_MARK = "__mtrl_aiobotocore__"
+
+
+def instrument_aiobotocore() -> bool:
+    """Install the async wrapper; True if installed now, False if already there or aiobotocore is absent."""
+    if importlib.util.find_spec("aiobotocore") is None:
+        return False
+    from aiobotocore import client as aio_client
+
+    with _INSTALL_LOCK:
+        original = aio_client.AioBaseClient._make_api_call
+        if getattr(original, _MARK, False):
+            return False
+
+        @functools.wraps(original)
+        async def _make_api_call(self: Any, operation_name: str, api_params: Any) -> Any:
+            ctx = current_rollout()
+            if ctx is None or not is_bedrock_runtime(self):
+                return await original(self, operation_name, api_params)
+            model = api_params.get("modelId") if isinstance(api_params, dict) else None
+            if operation_name not in _BEDROCK_MODEL_OPERATIONS or is_policy_call(
+                    ctx, "bedrock", model if isinstance(model, str) else None):
+                attach(self)
+                return await original(self, operation_name, api_params)
+            call = _Watch(ctx, "bedrock", model)
+            reset = activate(None)  # the redirect's handlers act only while a rollout is current
+            try:
+                result = await original(self, operation_name, api_params)
+            except Exception as exc:
+                call.failed(exc)
+                raise
+            finally:
+                deactivate(reset)
+            usage = result.get("usage") if isinstance(result, dict) else None
+            if isinstance(usage, dict):
+                call.tokens(usage.get("inputTokens"), usage.get("outputTokens"))
+            call.stream = isinstance(result, dict) and result.get("stream") is not None
+            call.done()
+            return result
+
+        setattr(_make_api_call, _MARK, True)
+        _make_api_call.__mtrl_original__ = original  # type: ignore[attr-defined]
+        aio_client.AioBaseClient._make_api_call = _make_api_call
+        return True
+
+
+__all__ = ["instrument_aiobotocore"]

@@ -1,0 +1,170 @@
+"""LiteLLM inside a rollout: ``openai/`` model ids are captured, its own HTTP calls refused before they are sent.
+
+LiteLLM (``litellm.completion`` / ``acompletion``, and so Strands'
+``LiteLLMModel``) reaches a provider one of two ways:
+
+* through the ``openai`` SDK: ``openai/<model>`` ids (with or without
+  ``api_base``) and the OpenAI-compatible providers built on it. The
+  ``openai`` redirect (``_openai``) already points those requests at the
+  rollout, with the rollout's token in place of the key: they are captured
+  as chat completions, token for token, like any OpenAI client's;
+* over LiteLLM's own HTTP client (``litellm.llms.custom_httpx.http_handler``:
+  ``HTTPHandler`` and ``AsyncHTTPHandler``): ``anthropic/<model>``,
+  ``bedrock/<model>`` (signed by LiteLLM itself with SigV4), Vertex, Gemini
+  and most others. Nothing rewrites those, and each provider's body and
+  signing differ, so mtrl does not redirect them.
+
+``instrument_litellm()`` wraps every request method of both handler
+classes: inside a rollout, a request to any URL but the rollout's own
+coordinator endpoint raises :class:`UncapturedLiteLLMCall` before a byte is
+sent, naming the fix. Outside a rollout, and for non-policy calls that
+selective capture lets pass (it runs them with no rollout current), the
+handlers run unchanged. Installed by the ``rollout`` decorator when
+``litellm`` is loaded (importing it is slow and reads the network for its
+cost map, so mtrl never imports it), or, when it is installed but not yet
+loaded, the moment its HTTP client module loads (an import hook); calling
+it again does nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import inspect
+import sys
+import threading
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from ._context import RolloutContext, current_rollout
+
+_HANDLER_MODULE = "litellm.llms.custom_httpx.http_handler"
+_HANDLERS = ("HTTPHandler", "AsyncHTTPHandler")
+_METHODS = ("get", "post", "put", "patch", "delete", "single_connection_post_request")
+_INSTALL_LOCK = threading.Lock()
+_MARK = "__mtrl_litellm_guard__"
+
+
+class UncapturedLiteLLMCall(RuntimeError):
+    """LiteLLM was about to send a model call inside a rollout over its own HTTP client, past mtrl."""
+
+
+def instrument_litellm() -> bool:
+    """Install the guard if ``litellm`` is loaded; True if installed now, False if already there or not loaded.
+
+    If LiteLLM is installed but not loaded yet (an agent that imports it
+    inside its rollout function), an import hook installs the guard the
+    moment LiteLLM's HTTP client module is loaded, before any call of the
+    rollout that imports it can be made.
+    """
+    if "litellm" not in sys.modules:
+        _guard_on_import()
+        return False
+    return _install(importlib.import_module(_HANDLER_MODULE))
+
+
+class _GuardOnImport(importlib.abc.MetaPathFinder):
+    """Finds LiteLLM's HTTP client module as the path finder would, with a loader that guards it once it has run."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name != _HANDLER_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _GuardingLoader(spec.loader, self)
+        return spec
+
+
+class _GuardingLoader(importlib.abc.Loader):
+    """Runs the module with its own loader, installs the guard on it, and takes the import hook away."""
+
+    def __init__(self, inner: importlib.abc.Loader, finder: _GuardOnImport) -> None:
+        self.inner, self.finder = inner, finder
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.inner.exec_module(module)
+        _install(module)
+        with _INSTALL_LOCK:
+            if self.finder in sys.meta_path:
+                sys.meta_path.remove(self.finder)
+
+
+def _guard_on_import() -> None:
+    if importlib.util.find_spec("litellm") is None:
+        return
+    with _INSTALL_LOCK:
+        if not any(isinstance(finder, _GuardOnImport) for finder in sys.meta_path):
+            sys.meta_path.insert(0, _GuardOnImport())
+
+
+def _install(handlers: Any) -> bool:
+    installed = False
+    with _INSTALL_LOCK:
+        for cls in (getattr(handlers, name) for name in _HANDLERS):
+            for method in _METHODS:
+                original = getattr(cls, method, None)
+                if original is None or getattr(original, _MARK, False):
+                    continue
+                guarded = _guard(original, f"{cls.__name__}.{method}")
+                setattr(guarded, _MARK, True)
+                guarded.__mtrl_original__ = original  # type: ignore[attr-defined]
+                setattr(cls, method, guarded)
+                installed = True
+    return installed
+
+
+def _guard(original: Callable[..., Any], where: str) -> Callable[..., Any]:
+    signature = inspect.signature(original)
+    if inspect.iscoroutinefunction(original):
+
+        @functools.wraps(original)
+        async def guarded_async(*args: Any, **kwargs: Any) -> Any:
+            _check(signature, args, kwargs, where)
+            return await original(*args, **kwargs)
+
+        return guarded_async
+
+    @functools.wraps(original)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        _check(signature, args, kwargs, where)
+        return original(*args, **kwargs)
+
+    return guarded
+
+
+def _check(signature: inspect.Signature, args: tuple, kwargs: dict, where: str) -> None:
+    ctx = current_rollout()
+    if ctx is None:
+        return
+    url = str(signature.bind_partial(*args, **kwargs).arguments.get("url", ""))
+    if not is_coordinator_url(url, ctx):
+        raise UncapturedLiteLLMCall(refusal(url, ctx, where))
+
+
+def is_coordinator_url(url: str, ctx: RolloutContext) -> bool:
+    """Whether ``url`` is on the rollout's coordinator endpoint (scheme, host and port equal, path below it)."""
+    target, endpoint = urlsplit(url), urlsplit(ctx.endpoint)
+    return ((target.scheme, target.netloc) == (endpoint.scheme, endpoint.netloc)
+            and target.path.startswith(endpoint.path.rstrip("/") + "/"))
+
+
+def refusal(url: str, ctx: RolloutContext, where: str) -> str:
+    """The error text: what was refused, why, and the fixes."""
+    host = urlsplit(url).netloc or url
+    return (
+        f"LiteLLM was about to send a request to {host} ({url}) inside rollout {ctx.rollout_id!r} over its own "
+        f"HTTP client ({where}), which mtrl does not redirect: the model call would go to the provider untrained. "
+        "It was refused before sending. Fix: give the policy an 'openai/<model>' model id (LiteLLM calls those "
+        "through the openai SDK, which mtrl points at the rollout; e.g. Strands LiteLLMModel(model_id='openai/policy')"
+        "), or use the framework's own provider class (Strands AnthropicModel / BedrockModel, which mtrl captures). "
+        "A judge or other non-policy model called through LiteLLM this way must be called outside the rollout"
+    )
+
+
+__all__ = ["UncapturedLiteLLMCall", "instrument_litellm", "is_coordinator_url", "refusal"]
