@@ -5,7 +5,10 @@ One turn is what the endpoint does around a generation: build the prompt
 sequence extension), decode the completion, parse it with the format, and
 advance the conversation state. A conversation is 6 turns (5 tool calls then
 an answer, each call's arguments with nested JSON), replayed with the
-completions a model of the family writes.
+completions a model of the family writes, each ended as an engine ends it
+(the format's stop token where it writes one, gpt-oss ``<|call|>``, else
+eos). ``extension_breaks`` lists the break reasons of turns that did not
+extend (each costs a full render and encode): none is expected.
 
 - baseline: the path before formats existed: the project's tiny tokenizer,
   its ChatML tools template, ``chat.parse_tool_calls``;
@@ -62,17 +65,21 @@ def conversation_path(name: str | None) -> tuple[Callable[[], int], str]:
     elif name == "hermes_chatml":  # today's tokenizer and template, parsed through the hermes format
         tok, fmt_name = tiny_tokenizer(), "hermes"
         fmt = CHAT_FORMATS.get("hermes")
-        renderer = ChatRenderer(tok, fallback=fmt.template, stop_tokens=fmt.stop_tokens)
+        renderer = ChatRenderer(tok, fallback=fmt.template, stop_tokens=fmt.stop_tokens,
+                                history_terminators=fmt.history_terminators)
         parse = lambda text: fmt.parse(text).to_message()  # noqa: E731
     else:
         tok, fmt_name = family_tokenizer(name), name
         fmt = CHAT_FORMATS.get(name)
-        renderer = ChatRenderer(tok, fallback=fmt.template, stop_tokens=fmt.stop_tokens)
+        renderer = ChatRenderer(tok, fallback=fmt.template, stop_tokens=fmt.stop_tokens,
+                                history_terminators=fmt.history_terminators)
         parse = lambda text: fmt.parse(text).to_message()  # noqa: E731
     builder = PromptBuilder(renderer)
     completions = [call_text(fmt_name, [("lookup", _args(i))]) for i in range(TURNS - 1)]
     completions.append(answer_text(fmt_name, "All records are looked up; the total is 42."))
-    completion_ids = [tuple(tok.encode(c, add_special_tokens=False)) + (tok.eos_token_id,) for c in completions]
+    # as an engine returns them: ended by the format's stop token where the text has one (gpt-oss <|call|>), else eos
+    completion_ids = [ids if ids and ids[-1] in renderer.stop_token_ids else ids + (tok.eos_token_id,)
+                      for ids in (tuple(tok.encode(c, add_special_tokens=False)) for c in completions)]
     eos = renderer.eos_token_ids
 
     def run() -> int:
@@ -81,6 +88,8 @@ def conversation_path(name: str | None) -> tuple[Callable[[], int], str]:
         state = None
         for turn, ids in enumerate(completion_ids):
             plan = builder.build(state, messages, TOOLS)
+            if plan.break_reason is not None:
+                breaks.append(plan.break_reason.value)
             body = list(ids)
             while body and body[-1] in eos:
                 body.pop()
@@ -92,6 +101,8 @@ def conversation_path(name: str | None) -> tuple[Callable[[], int], str]:
         assert not message.get("tool_calls") and turn == TURNS - 1
         return TURNS
 
+    breaks: list[str] = []  # turns that did not extend the previous one (a full render instead)
+    run.breaks = breaks  # type: ignore[attr-defined]
     return run, fmt_name
 
 
@@ -107,6 +118,7 @@ def main() -> None:
     paths.update({name: conversation_path(name)[0] for name in sorted(FAMILY_TOKENS)})
     for run in paths.values():  # warm caches (compiled templates, segment encodings) and check each path works
         run()
+    breaks = {name: sorted(set(run.breaks)) for name, run in paths.items()}  # type: ignore[attr-defined]
     load_before = os.getloadavg()
     per_turn: dict[str, list[float]] = {name: [] for name in paths}
     for _ in range(args.rounds):
@@ -120,7 +132,8 @@ def main() -> None:
     rows = {
         name: {"per_turn_us_median": round(statistics.median(v) * 1e6, 1),
                "per_turn_us_p90": round(sorted(v)[int(0.9 * (len(v) - 1))] * 1e6, 1),
-               "ratio_to_baseline": round(statistics.median(v) / base, 3)}
+               "ratio_to_baseline": round(statistics.median(v) / base, 3),
+               "extension_breaks": breaks[name]}
         for name, v in per_turn.items()
     }
     result = {

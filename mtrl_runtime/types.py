@@ -65,6 +65,8 @@ class BreakReason(str, enum.Enum):
     REPLY_MISSING = "reply_missing"  # the request does not contain the previous reply
     # history: deployed, and the template renders the previous reply unlike the ids generated (dropped reasoning, ...)
     REPLY_RENDERED_DIFFERENTLY = "reply_rendered_differently"
+    # the request's chat_template_kwargs (e.g. enable_thinking) differ from the previous turn's
+    TEMPLATE_KWARGS_CHANGED = "template_kwargs_changed"
 
 
 @dataclass(frozen=True)
@@ -426,7 +428,7 @@ class SharedModelEngine(PolicyEngine, Protocol):
 
 @runtime_checkable
 class StreamingEngine(PolicyEngine, Protocol):
-    """An engine that hands out tokens as it decodes them (``hf``, ``scripted``; ``vllm`` answers whole).
+    """An engine that hands out tokens as it decodes them (``hf``, ``scripted``, ``vllm``).
 
     ``generate_stream`` yields ``TokenDelta``s as tokens are sampled and, last,
     the complete ``Generation`` (equal to what ``generate`` returns for the

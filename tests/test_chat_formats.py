@@ -20,7 +20,6 @@ FORMATS = sorted(FAMILY_TOKENS)
 TOOL = {"type": "function", "function": {"name": "lookup", "description": "Look up a key", "parameters": {
     "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
 TOOL_JSON = json.dumps(TOOL)
-FN_JSON = json.dumps(TOOL["function"])
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Value of A1?"},
@@ -214,8 +213,10 @@ EXPECTED_RENDER = {
         '\n'
         'Value of A1?[/INST][TOOL_CALLS][{"name": "lookup", "arguments": {"key": "A1"}, "id": "c1"}]</s>[TOOL_RESULTS]{"content": "42", "call_id": "c1"}[/TOOL_RESULTS]It is 42.</s>'
     ),
-    'harmony': (
+    'harmony': (  # openai-harmony's rendering (tests/test_chat_harmony_reference.py checks it token for token)
         '<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n'
+        'Knowledge cutoff: 2024-06\n'
+        '\n'
         'Reasoning: medium\n'
         '\n'
         '# Valid channels: analysis, commentary, final. Channel must be included for every message.\n'
@@ -229,9 +230,12 @@ EXPECTED_RENDER = {
         '\n'
         'namespace functions {\n'
         '\n'
-        '' + FN_JSON + '\n'
+        '// Look up a key\n'
+        'type lookup = (_: {\n'
+        'key: string,\n'
+        '}) => any;\n'
         '\n'
-        '} // namespace functions<|end|><|start|>user<|message|>Value of A1?<|end|><|start|>assistant<|channel|>analysis<|message|>Need the tool.<|end|><|start|>assistant<|channel|>commentary to=functions.lookup <|constrain|>json<|message|>{"key": "A1"}<|call|><|start|>functions.lookup to=assistant<|channel|>commentary<|message|>42<|end|><|start|>assistant<|channel|>analysis<|message|>Got it.<|end|><|start|>assistant<|channel|>final<|message|>It is 42.<|end|>'
+        '} // namespace functions<|end|><|start|>user<|message|>Value of A1?<|end|><|start|>assistant<|channel|>analysis<|message|>Need the tool.<|end|><|start|>assistant to=functions.lookup<|channel|>commentary json<|message|>{"key": "A1"}<|call|><|start|>functions.lookup to=assistant<|channel|>commentary<|message|>42<|end|><|start|>assistant<|channel|>analysis<|message|>Got it.<|end|><|start|>assistant<|channel|>final<|message|>It is 42.<|end|>'
     ),
     'deepseek_v3': (
         '<｜begin▁of▁sentence｜>Be brief.\n'

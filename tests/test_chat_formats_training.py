@@ -82,6 +82,7 @@ def test_one_training_step_on_a_rollout_rendered_in_each_format(served, name):
     assert [len(t.tool_calls) for t in rollout.turns] == [1, 0]
     assert not any(t.malformed_tool_call for t in rollout.turns)
     samples = build_samples(rollout, [1.0] * len(rollout.turns))
+    assert len(samples) == 1  # the call's turn extends into the answer's (gpt-oss: after its <|call|>, no glue)
     trained_text = "".join(
         tok.decode([i for i, m in zip(s.token_ids_T, s.loss_mask_T) if m], skip_special_tokens=False) for s in samples
     )

@@ -25,8 +25,11 @@ class ConversationState:
     """What one rollout's last turn leaves for the next: its request, its reply, and the ids the engine saw.
 
     ``context_ids`` is the last turn's prompt ids + completion ids; ``glue``
-    is the text that still closes the reply's assistant turn (see
-    ``ChatRenderer.close_glue``).
+    is the text that still closes the reply's assistant turn and ``closes``
+    the texts a rendering of the conversation may end the reply with (see
+    ``ChatRenderer.reply_close``; empty: the template's assistant close);
+    ``template_kwargs`` are the ``chat_template_kwargs`` it was rendered with
+    (None when none).
     """
 
     messages: tuple[dict[str, Any], ...]  # canonical request messages of the last turn
@@ -37,6 +40,8 @@ class ConversationState:
     segment: int
     turn_index: int
     glue: str
+    template_kwargs: dict[str, Any] | None = None
+    closes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class PromptPlan:
     segment: int
     break_reason: BreakReason | None
     new_token_count: int  # ids tokenized for this turn (all of them after a break)
+    template_kwargs: dict[str, Any] | None = None  # the chat_template_kwargs it was rendered with
 
 
 HISTORY_MODES = ("extend", "deployed")
@@ -64,8 +70,11 @@ class PromptBuilder:
     "There" is decided on token ids: the extension (the previous prompt +
     completion ids + the new text's ids) must equal the ids of the whole
     conversation rendered and encoded as deployment does, so a reply the
-    template renders differently (dropped reasoning, added call ids) and
-    one whose text re-encodes to other ids both start a new segment.
+    template renders differently (dropped reasoning, added call ids, gpt-oss's
+    ``<|return|>`` written ``<|end|>`` in history) and one whose text
+    re-encodes to other ids both start a new segment. A reply ending in one
+    of the format's history terminators (``ChatFormat.history_terminators``)
+    is followed by the new messages' ids alone, in either mode.
     """
 
     def __init__(self, renderer: ChatRenderer, history: str = "extend") -> None:
@@ -83,7 +92,8 @@ class PromptBuilder:
     ) -> PromptPlan:
         """The prompt for ``messages``: an extension of ``state`` when possible, else a full render.
 
-        ``template_kwargs`` (a request's ``chat_template_kwargs``) reach every render of the turn.
+        ``template_kwargs`` (a request's ``chat_template_kwargs``) reach every render of the turn; when
+        they differ from the previous turn's, the turn starts a new segment (``TEMPLATE_KWARGS_CHANGED``).
         """
         msgs = normalize_messages(messages)
         tool_list = normalize_tools(tools)
@@ -99,6 +109,7 @@ class PromptBuilder:
             segment=state.segment,
             break_reason=None,
             new_token_count=len(new_ids),
+            template_kwargs=kw,
         )
 
     def advance(
@@ -115,7 +126,7 @@ class PromptBuilder:
         (reply,) = normalize_messages([reply_message])
         if reply["role"] != "assistant":
             raise ValueError(f"reply_message.role must be 'assistant', got {reply['role']!r}")
-        glue = self.renderer.close_glue(completion_ids)
+        glue, closes = self.renderer.reply_close(completion_ids)
         return ConversationState(
             messages=tuple(normalize_messages(messages)),
             reply=reply,
@@ -125,6 +136,8 @@ class PromptBuilder:
             segment=plan.segment,
             turn_index=0 if state is None else state.turn_index + 1,
             glue=glue,
+            template_kwargs=plan.template_kwargs,
+            closes=closes,
         )
 
     def _full_render(
@@ -136,7 +149,8 @@ class PromptBuilder:
         kw: Mapping[str, Any] | None = None,
     ) -> PromptPlan:
         ids = tuple(self.renderer.encode(self.renderer.render(msgs, tools, True, kw)))
-        return PromptPlan(prompt_ids=ids, segment=segment, break_reason=reason, new_token_count=len(ids))
+        return PromptPlan(prompt_ids=ids, segment=segment, break_reason=reason, new_token_count=len(ids),
+                          template_kwargs=dict(kw) if kw else None)
 
     def _extension_suffix(
         self,
@@ -149,17 +163,36 @@ class PromptBuilder:
         reason, msgs = _align(state, msgs, tools)
         if reason is not None:
             return reason, ""
+        if (state.template_kwargs or None) != kw:
+            # kwargs may change what the template writes anywhere (gpt-oss's reasoning_effort is in the system
+            # message): the ids so far are not what this request renders, so extending would ignore them silently
+            return BreakReason.TEMPLATE_KWARGS_CHANGED, ""
         n = len(state.messages) + 1  # previous request + its reply
         prefix = self.renderer.render(msgs[:n], tools, False, kw)
         full = self.renderer.render(msgs, tools, True, kw)
-        if not full.startswith(prefix) or not prefix.endswith(self.renderer.assistant_close):
+        head, whole = prefix, full
+        if not full.startswith(prefix):
+            # the template renders the earlier turns otherwise once new messages follow: Qwen3 and gpt-oss drop
+            # the reasoning of turns before a new user message. The new messages' text is then what follows the
+            # turns rendered without reasoning; the generated ids keep it (drift, reported by the drift check)
+            bare = [_without_reasoning(m) for m in msgs[:n]]
+            if bare != msgs[:n]:
+                head = self.renderer.render(bare, tools, False, kw)
+                whole = self.renderer.render([*bare, *msgs[n:]], tools, True, kw)
+        if not whole.startswith(head) or not head.endswith(state.closes or (self.renderer.assistant_close,)):
             return BreakReason.TEMPLATE_NOT_PREFIX, ""
-        suffix = full[len(prefix) :]
+        suffix = whole[len(head) :]
         if self.history == "deployed":  # trained = deployed, id for id
             extended = state.context_ids + tuple(self.renderer.encode(state.glue + suffix))
             if tuple(self.renderer.encode(full)) != extended:
                 return BreakReason.REPLY_RENDERED_DIFFERENTLY, ""
         return None, suffix
+
+
+def _without_reasoning(message: dict[str, Any]) -> dict[str, Any]:
+    if "reasoning_content" not in message:
+        return message
+    return {k: v for k, v in message.items() if k != "reasoning_content"}
 
 
 def _align(

@@ -9,11 +9,14 @@ it streams:
 - reasoning, where the format marks it (``<think>``, ``[THINK]``, harmony's
   ``analysis`` channel), and content, each as long as the text so far parses
   to a longer version of what was already sent;
-- nothing from the first tool-call opener of the format (when the request
+- nothing from the first of the format's ``call_openers`` (when the request
   has tools) or the first stop string on: the parsed calls go out at the end;
 - never a tail that may still become such a marker, a tag (an unclosed
-  ``<``/``[`` in the last 32 characters), an unfinished harmony message
-  header, or trailing whitespace.
+  ``<``/``[`` in the last 32 characters), an unclosed one of the format's
+  ``held_headers`` (harmony's message headers), or trailing whitespace.
+
+What to hold back is declared by each format (``ChatFormat.call_openers``,
+``held_headers``), so a new format needs no edit here.
 
 The message parsed from the whole completion stays the authority:
 ``remainder`` is what is left to send of it, and says whether what was
@@ -28,15 +31,10 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from ._template import ChatRenderer
+from .formats import ChatFormat
 
 _HELD_TAG_CHARS = 32  # an unclosed "<" or "[" this close to the end may be a tag being written
 _BRACKETS = (("<", ">"), ("[", "]"))
-# Markup whose inside is never text, held back until it closes: harmony's message headers
-# (``<|start|>assistant<|channel|>final<|message|>``). And markers that start a tool call besides the
-# format's ``tool_call_opener``: llama3's ``<|python_tag|>``. (Format knowledge kept here while the format
-# modules do not declare it; a ``ChatFormat`` attribute is where it belongs.)
-_HEADERS = (("<|start|>", "<|message|>"), ("<|channel|>", "<|message|>"))
-_EXTRA_CALL_OPENERS = ("<|python_tag|>",)
 
 
 @dataclass(frozen=True)
@@ -53,14 +51,15 @@ class TextDelta:
 class ReplyText:
     """The streamable content and reasoning of one completion (see the module docstring)."""
 
-    def __init__(self, fmt: Any, renderer: ChatRenderer, prefix: str, calls: bool, stop: Sequence[str]) -> None:
+    def __init__(self, fmt: ChatFormat, renderer: ChatRenderer, prefix: str, calls: bool, stop: Sequence[str]) -> None:
         self._fmt = fmt
         self._renderer = renderer
         self._prefix = prefix  # a forced tool-call opener: prompt, but parsed with the completion
         self._calls = calls
         stops = tuple(s for s in stop if s)
-        openers = ((fmt.tool_call_opener,) if fmt.tool_call_opener else ()) + _EXTRA_CALL_OPENERS if calls else ()
+        openers = tuple(o for o in fmt.call_openers if o) if calls else ()
         self._markers = stops + openers
+        self._headers = fmt.held_headers
         self._ids: list[int] = []
         self._pending_eos: list[int] = []  # eos ids are decoded only when something follows them
         self._prefix_off = 0
@@ -145,7 +144,7 @@ class ReplyText:
             at = text.rfind(open_char)
             if at >= 0 and len(text) - at <= _HELD_TAG_CHARS and close_char not in text[at:]:
                 held = max(held, len(text) - at)
-        for opener, closer in _HEADERS:
+        for opener, closer in self._headers:
             at = text.rfind(opener)
             if at >= 0 and closer not in text[at:]:
                 held = max(held, len(text) - at)

@@ -79,7 +79,10 @@ class ChatRenderer:
     ``stop_token_ids`` are the ids an engine stops generating at: the
     tokenizer's eos and the format's stop tokens where it names some (gpt-oss
     ``<|call|>`` / ``<|return|>``, not the ``<|end|>`` that closes its
-    analysis message), else ``eos_token_ids``.
+    analysis message), else ``eos_token_ids``. ``history_terminators`` are
+    the format's (generated token, history text) pairs
+    (``ChatFormat.history_terminators``): a reply ending in such a token is
+    closed by nothing more (``reply_close``).
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class ChatRenderer:
         template: str | None = None,
         fallback: str = CHATML_TOOLS_TEMPLATE,
         stop_tokens: Sequence[str] = (),
+        history_terminators: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.tokenizer = tokenizer
         # ``fallback``: the chat format's own template, for tokenizers whose template renders no tools
@@ -101,6 +105,11 @@ class ChatRenderer:
         self.assistant_close = self._probe_close()
         self.eos_token_ids = frozenset(self._find_eos_ids())
         self.stop_token_ids = self._find_stop_ids()
+        # id of a generated terminator -> the texts a history rendering may close that reply with
+        vocab = tokenizer.get_vocab() if history_terminators else {}
+        self._terminator_closes = {
+            vocab[token]: tuple(dict.fromkeys((history, token))) for token, history in history_terminators if token in vocab
+        }
 
     def render(
         self,
@@ -111,8 +120,11 @@ class ChatRenderer:
     ) -> str:
         """The prompt text of canonical ``messages`` and ``tools`` (empty tools render as none).
 
-        ``template_kwargs`` are a request's ``chat_template_kwargs`` (e.g. ``enable_thinking``).
+        ``template_kwargs`` are a request's ``chat_template_kwargs`` (e.g. ``enable_thinking``). A tool
+        message's ``status`` (a failed result's flag, recorded with the turn) is not shown to the template.
         """
+        if any("status" in m for m in messages):
+            messages = [{k: v for k, v in m.items() if k != "status"} if "status" in m else m for m in messages]
         if template_kwargs:
             return self._compiled.render(
                 {**self._template_vars, **template_kwargs},
@@ -152,16 +164,29 @@ class ChatRenderer:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def close_glue(self, completion_ids: Sequence[int]) -> str:
-        """The text still needed after a completion to close its assistant turn as the template does.
+        """The text still needed after a completion to close its assistant turn as the template does."""
+        return self.reply_close(completion_ids)[0]
 
-        A completion that ended with an eos token whose text starts the close
+    def reply_close(self, completion_ids: Sequence[int]) -> tuple[str, tuple[str, ...]]:
+        """(glue, closes): the text still needed after a completion, and what a history rendering ends the reply with.
+
+        A completion that ended with one of the format's history terminators
+        (gpt-oss ``<|call|>`` / ``<|return|>``) needs no glue: the generated
+        token stays, and the history rendering may close the reply with the
+        format's history text for it (``<|end|>`` for ``<|return|>``: a
+        rewrite the drift check reports) or with the token itself. A
+        completion that ended with an eos token whose text starts the close
         needs only the rest of the close; one cut by length needs all of it.
         """
-        if completion_ids and completion_ids[-1] in self.eos_token_ids:
-            eos_text = self.tokenizer.decode([completion_ids[-1]], skip_special_tokens=False)
-            if self.assistant_close.startswith(eos_text):
-                return self.assistant_close[len(eos_text) :]
-        return self.assistant_close
+        if completion_ids:
+            closes = self._terminator_closes.get(completion_ids[-1])
+            if closes is not None:
+                return "", closes
+            if completion_ids[-1] in self.eos_token_ids:
+                eos_text = self.tokenizer.decode([completion_ids[-1]], skip_special_tokens=False)
+                if self.assistant_close.startswith(eos_text):
+                    return self.assistant_close[len(eos_text) :], (self.assistant_close,)
+        return self.assistant_close, (self.assistant_close,)
 
     def _probe_close(self) -> str:
         probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE_TEXT}]

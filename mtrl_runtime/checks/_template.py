@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..chat import ChatRenderer
-from ..chat.formats import SegmentDrift, resolve_format, segment_drift
+from ..chat.formats import SegmentDrift, resolve_format, segment_drift, segments_drift_fraction
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,7 @@ class TemplateReport:
 
     @property
     def drift_fraction(self) -> float:
-        trained = sum(s.trained_tokens for s in self.segments)
-        return sum(s.differing_tokens for s in self.segments) / max(1, trained)
+        return segments_drift_fraction(self.segments)  # the figure training and evaluation log, one formula
 
     @property
     def equal(self) -> bool:

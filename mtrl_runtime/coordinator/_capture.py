@@ -49,7 +49,8 @@ class CallCapture:
         self.counters = counters
         # the model family's format: how prompts render and completions parse (detected when not given)
         self.format = chat_format or resolve_format(engine.tokenizer, None)
-        self.renderer = ChatRenderer(engine.tokenizer, fallback=self.format.template, stop_tokens=self.format.stop_tokens)
+        self.renderer = ChatRenderer(engine.tokenizer, fallback=self.format.template, stop_tokens=self.format.stop_tokens,
+                                     history_terminators=self.format.history_terminators)
         self.builder = PromptBuilder(self.renderer, history_training)
         # what prompts render with, kept with the run: ``mtrl export`` writes this template beside the trained weights
         store.set_meta(CHAT_TEMPLATE_META, {"chat_format": self.format.name, "template": self.renderer.template})

@@ -14,7 +14,7 @@ from typing import Any
 
 from ...registry import Registry
 from ._base import ChatFormat, ReasoningHistory
-from ._drift import SegmentDrift, drift_fraction, segment_drift
+from ._drift import SegmentDrift, drift_fraction, segment_drift, segments_drift_fraction
 from .deepseek_v3 import DEEPSEEK_V3
 from .harmony import HARMONY
 from .hermes import HERMES, QWEN3_TEMPLATE
@@ -62,4 +62,5 @@ __all__ = [
     "drift_fraction",
     "resolve_format",
     "segment_drift",
+    "segments_drift_fraction",
 ]

@@ -34,13 +34,34 @@ class ChatFormat(Protocol):
     starts a call (forced as a generation prefix when a tool call is
     required); ``stop_tokens`` end a reply besides the tokenizer's eos;
     ``vllm_tool_parser`` is the ``--tool-call-parser`` vLLM serves the family with.
+
+    What a streamed reply holds back (``chat.ReplyText``): ``call_openers``
+    are every text that starts a call (``tool_call_opener`` and any other the
+    family writes, such as Llama's ``<|python_tag|>``), nothing is streamed
+    from the first one on when the request has tools; ``held_headers`` are
+    (opener, closer) pairs of markup whose inside is never text (harmony's
+    message headers), held back while the last opener is unclosed.
+
+    ``history_terminators`` are (generated token, history text) pairs for the
+    tokens that end a reply but that the template does not write right after
+    the reply's text in the way it closes a plain assistant message: what the
+    message ends with when the template renders it as history. gpt-oss ends a
+    call with ``<|call|>`` (history keeps it) and a final answer with
+    ``<|return|>`` (history writes ``<|end|>``). Sequence extension adds no
+    text after such a token (``ChatRenderer.reply_close``): the generated
+    token stays, and where history writes another one, that is drift
+    (``mtrl check template``) and, under ``history_training: deployed``, a new
+    segment. Tokens not listed close as the template's assistant close does.
     """
 
     name: str
     template: str
     reasoning_history: ReasoningHistory
     tool_call_opener: str
+    call_openers: tuple[str, ...]
+    held_headers: tuple[tuple[str, str], ...]
     stop_tokens: tuple[str, ...]
+    history_terminators: tuple[tuple[str, str], ...]
     vllm_tool_parser: str
 
     def detect(self, tokenizer: Any) -> bool:

@@ -72,13 +72,20 @@ def drift_fraction(renderer: ChatRenderer, rollouts_turns: Iterable[Sequence[Tur
     the training loop logs as ``rollout/template_drift_frac`` and the
     evaluator as ``val/template_drift_frac``; 0.0 when nothing was trained.
     """
+    return segments_drift_fraction(
+        drift
+        for turns in rollouts_turns
+        if turns
+        for drift in segment_drift(renderer, sorted(turns, key=lambda t: t.index))
+    )
+
+
+def segments_drift_fraction(segments: Iterable[SegmentDrift]) -> float:
+    """Differing tokens over trained tokens of ``segments`` (0.0 when none were trained): the one drift formula."""
     differing = trained = 0
-    for turns in rollouts_turns:
-        if not turns:
-            continue
-        for drift in segment_drift(renderer, sorted(turns, key=lambda t: t.index)):
-            differing += drift.differing_tokens
-            trained += drift.trained_tokens
+    for drift in segments:
+        differing += drift.differing_tokens
+        trained += drift.trained_tokens
     return differing / trained if trained else 0.0
 
 
@@ -110,4 +117,4 @@ def _compare(renderer: ChatRenderer, rollout_id: str, segment: int, turns: int, 
     )
 
 
-__all__ = ["SegmentDrift", "drift_fraction", "segment_drift"]
+__all__ = ["SegmentDrift", "drift_fraction", "segment_drift", "segments_drift_fraction"]

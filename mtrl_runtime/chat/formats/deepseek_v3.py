@@ -66,7 +66,10 @@ class DeepSeekV3Format:
     template = TEMPLATE
     reasoning_history = ReasoningHistory.DROPPED
     tool_call_opener = CALLS_BEGIN + CALL_BEGIN
+    call_openers = (tool_call_opener,)
+    held_headers: tuple[tuple[str, str], ...] = ()
     stop_tokens: tuple[str, ...] = ()
+    history_terminators: tuple[tuple[str, str], ...] = ()  # the eos closes a reply as the template does
     vllm_tool_parser = "deepseek_v3"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:

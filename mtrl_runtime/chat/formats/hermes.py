@@ -70,7 +70,10 @@ class HermesFormat:
     template = CHATML_TOOLS_TEMPLATE
     reasoning_history = ReasoningHistory.DROPPED
     tool_call_opener = "<tool_call>\n"
+    call_openers = (tool_call_opener,)
+    held_headers: tuple[tuple[str, str], ...] = ()
     stop_tokens: tuple[str, ...] = ()
+    history_terminators: tuple[tuple[str, str], ...] = ()  # the eos closes a reply as the template does
     vllm_tool_parser = "hermes"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:

@@ -56,7 +56,11 @@ class Llama3JsonFormat:
     template = TEMPLATE
     reasoning_history = ReasoningHistory.NONE
     tool_call_opener = '{"name": "'
+    call_openers = (tool_call_opener, PYTHON_TAG)  # a call may also follow <|python_tag|>
+    held_headers: tuple[tuple[str, str], ...] = ()
     stop_tokens = ("<|eom_id|>", "<|eot_id|>")
+    # a call after <|python_tag|> ends with <|eom_id|>; this template closes every assistant message with <|eot_id|>
+    history_terminators = (("<|eom_id|>", "<|eot_id|>"),)
     vllm_tool_parser = "llama3_json"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:

@@ -8,20 +8,27 @@ content. Reasoning, in Magistral, is a ``[THINK]`` block.
 from __future__ import annotations
 
 import json
+import secrets
+import string
 from typing import Any, Collection
 
 from .._toolparse import ParsedReply
 from ._base import ReasoningHistory, call_from_json, reply, split_reasoning, template_text, vocab_has
 
+# Written for render speed, token for token the plain one (tests/test_mistral_template.py keeps that as REFERENCE):
+# one pass over the roles, not a scan of the later messages per user message; each tool result's JSON key by key
+# (the text of `{'content': ..., 'call_id': ...} | tojson`, without a dict and an encoder per result); a call's
+# body written twice, for the first call and after ', ', as `loop.first` is a sandboxed attribute lookup per call.
 TEMPLATE = """{{- bos_token -}}
 {%- if messages and messages[0]['role'] == 'system' -%}
   {%- set system_text = messages[0]['content'] -%}{%- set rest = messages[1:] -%}
 {%- else -%}
   {%- set system_text = '' -%}{%- set rest = messages -%}
 {%- endif -%}
+{%- set roles = rest | map(attribute='role') | list -%}
 {%- for message in rest -%}
   {%- if message['role'] == 'user' -%}
-    {%- set last_user = not (rest[loop.index0 + 1:] | selectattr('role', 'equalto', 'user') | first) -%}
+    {%- set last_user = 'user' not in roles[loop.index0 + 1:] -%}
     {%- if tools and last_user -%}
       {{- '[AVAILABLE_TOOLS]' + (tools | tojson) + '[/AVAILABLE_TOOLS]' -}}
     {%- endif -%}
@@ -29,14 +36,22 @@ TEMPLATE = """{{- bos_token -}}
     {%- if system_text and last_user -%}{{- system_text + '\\n\\n' -}}{%- endif -%}
     {{- message['content'] + '[/INST]' -}}
   {%- elif message['role'] == 'tool' -%}
-    {{- '[TOOL_RESULTS]' + ({'content': message['content'], 'call_id': message['tool_call_id'] or ''} | tojson) + '[/TOOL_RESULTS]' -}}
+    {{- '[TOOL_RESULTS]{"content": ' + (message['content'] | tojson) -}}
+    {{- ', "call_id": ' + ((message['tool_call_id'] or '') | tojson) + '}[/TOOL_RESULTS]' -}}
   {%- elif message['role'] == 'assistant' -%}
     {{- message['content'] or '' -}}
     {%- if message['tool_calls'] -%}
       {{- '[TOOL_CALLS][' -}}
-      {%- for call in message['tool_calls'] -%}
+      {%- for call in message['tool_calls'][:1] -%}
         {%- set fn = call['function'] -%}
-        {%- if not loop.first -%}{{- ', ' -}}{%- endif -%}
+        {{- '{"name": ' + (fn['name'] | tojson) + ', "arguments": ' -}}
+        {{- (fn['arguments'] if fn['arguments'] is string else (fn['arguments'] | tojson)) -}}
+        {%- if call['id'] -%}{{- ', "id": ' + (call['id'] | tojson) -}}{%- endif -%}
+        {{- '}' -}}
+      {%- endfor -%}
+      {%- for call in message['tool_calls'][1:] -%}
+        {{- ', ' -}}
+        {%- set fn = call['function'] -%}
         {{- '{"name": ' + (fn['name'] | tojson) + ', "arguments": ' -}}
         {{- (fn['arguments'] if fn['arguments'] is string else (fn['arguments'] | tojson)) -}}
         {%- if call['id'] -%}{{- ', "id": ' + (call['id'] | tojson) -}}{%- endif -%}
@@ -57,7 +72,10 @@ class MistralFormat:
     template = TEMPLATE
     reasoning_history = ReasoningHistory.DROPPED
     tool_call_opener = TOOL_CALLS
+    call_openers = (tool_call_opener,)
+    held_headers: tuple[tuple[str, str], ...] = ()
     stop_tokens: tuple[str, ...] = ()
+    history_terminators: tuple[tuple[str, str], ...] = ()  # the eos closes a reply as the template does
     vllm_tool_parser = "mistral"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:
@@ -90,19 +108,31 @@ def _calls(text: str) -> list[dict[str, Any]] | None:
                 call = call_from_json({"name": name.strip(), "arguments": json.loads(args)})
             except ValueError:
                 return None
-            calls = [call]
+            calls = [_with_id(call, {})]
         else:  # v3: a JSON list of {"name", "arguments"}
             try:
                 data = json.loads(part)
             except ValueError:
                 return None
             data = data if isinstance(data, list) else [data]
-            calls = [call_from_json(item) for item in data]
+            calls = [_with_id(call_from_json(item), item) for item in data]
         if not calls or any(c is None for c in calls):
             return None
         found.extend(calls)  # type: ignore[arg-type]
     return found or None
 
+
+def _with_id(call: dict[str, Any] | None, item: Any) -> dict[str, Any] | None:
+    """The call with the id the model wrote (history renders it back, so keeping it keeps the sequence exact), else
+    a fresh one of the shape Mistral's tokenizers require: 9 letters and digits."""
+    if call is not None:
+        written = item.get("id") if isinstance(item, dict) else None
+        call["id"] = written if isinstance(written, str) and written else "".join(
+            secrets.choice(_ID_ALPHABET) for _ in range(9))
+    return call
+
+
+_ID_ALPHABET = string.ascii_letters + string.digits
 
 MISTRAL = MistralFormat()
 

@@ -64,7 +64,10 @@ class Qwen3CoderFormat:
     template = TEMPLATE
     reasoning_history = ReasoningHistory.DROPPED
     tool_call_opener = "<tool_call>\n<function="
+    call_openers = (tool_call_opener,)
+    held_headers: tuple[tuple[str, str], ...] = ()
     stop_tokens: tuple[str, ...] = ()
+    history_terminators: tuple[tuple[str, str], ...] = ()  # the eos closes a reply as the template does
     vllm_tool_parser = "qwen3_coder"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:
@@ -103,9 +106,15 @@ def _parse_function(body: str) -> dict[str, Any] | None:
     return tool_call(name, {key.strip(): _value(raw) for key, raw in _PARAM.findall(inner)})
 
 
+# the first characters a JSON value other than a string can start with (NaN and Infinity: Python's json reads them)
+_JSON_STARTS = frozenset('{[-0123456789tfnNI')
+
+
 def _value(raw: str) -> Any:
     raw = raw[1:] if raw.startswith("\n") else raw
     raw = raw[:-1] if raw.endswith("\n") else raw
+    if raw.lstrip()[:1] not in _JSON_STARTS:  # plain text (or a JSON string, kept as written): no parse to fail
+        return raw
     try:
         value = json.loads(raw)
     except ValueError:
