@@ -94,15 +94,23 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             wait_for_nodes(address, env, 2 + i, nodes)
         yield address
     finally:
-        for node in reversed(nodes):  # each `ray start --block` stops the processes of its own node
+        # each `ray start --block` stops the processes of its own node on SIGTERM, gracefully (up to ~30 s);
+        # the cluster is the test's own, so after a short grace its process groups are killed outright
+        for node in reversed(nodes):
             if node.poll() is None:
                 os.killpg(node.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
         for node in nodes:
             try:
-                node.wait(timeout=60)
+                node.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(node.pid, signal.SIGKILL)
-                node.wait(timeout=30)
+                pass
+        for node in nodes:
+            try:
+                os.killpg(node.pid, signal.SIGKILL)  # what is left of the node: raylet, GCS, workers
+            except ProcessLookupError:
+                pass
+            node.wait(timeout=30)
 
 
 @pytest.fixture()
