@@ -28,8 +28,8 @@ import threading
 from typing import Any
 
 from ._bedrock import attach, is_bedrock_runtime
-from ._context import activate, current_rollout, deactivate
-from ._selective import _BEDROCK_MODEL_OPERATIONS, _Watch, is_policy_call
+from ._context import current_rollout
+from ._selective import _BEDROCK_MODEL_OPERATIONS, is_policy_call, passing_by
 
 _INSTALL_LOCK = threading.Lock()
 _MARK = "__mtrl_aiobotocore__"
@@ -56,15 +56,8 @@ def instrument_aiobotocore() -> bool:
                     ctx, "bedrock", model if isinstance(model, str) else None):
                 attach(self)
                 return await original(self, operation_name, api_params)
-            call = _Watch(ctx, "bedrock", model)
-            reset = activate(None)  # the redirect's handlers act only while a rollout is current
-            try:
+            with passing_by(ctx, "bedrock", model) as call:
                 result = await original(self, operation_name, api_params)
-            except Exception as exc:
-                call.failed(exc)
-                raise
-            finally:
-                deactivate(reset)
             usage = result.get("usage") if isinstance(result, dict) else None
             if isinstance(usage, dict):
                 call.tokens(usage.get("inputTokens"), usage.get("outputTokens"))

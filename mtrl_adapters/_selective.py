@@ -32,12 +32,13 @@ at import; installing again does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ._bedrock import is_bedrock_runtime
 from ._context import RolloutContext, activate, current_rollout, deactivate
@@ -102,6 +103,21 @@ def _body_model(options: Any) -> str | None:
     return model if isinstance(model, str) else None
 
 
+@contextlib.contextmanager
+def passing_by(ctx: RolloutContext, protocol: str, model: str | None) -> Iterator["_Watch"]:
+    """Run a non-policy call inside the block: watched (its failure recorded), with no rollout current, so the
+    redirects leave it alone and it reaches its own endpoint with the user's credentials."""
+    call = _Watch(ctx, protocol, model)
+    reset = activate(None)
+    try:
+        yield call
+    except Exception as exc:
+        call.failed(exc)
+        raise
+    finally:
+        deactivate(reset)
+
+
 def _sync_request(original: Callable[..., Any], protocol: str) -> Callable[..., Any]:
     @functools.wraps(original)
     def request(self: Any, cast_to: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
@@ -109,15 +125,8 @@ def _sync_request(original: Callable[..., Any], protocol: str) -> Callable[..., 
         model = _body_model(options)
         if ctx is None or is_policy_call(ctx, protocol, model):
             return original(self, cast_to, options, *args, **kwargs)
-        call = _Watch(ctx, protocol, model)
-        reset = activate(None)  # no rollout current: the redirect leaves this call alone
-        try:
+        with passing_by(ctx, protocol, model) as call:
             result = original(self, cast_to, options, *args, **kwargs)
-        except Exception as exc:
-            call.failed(exc)
-            raise
-        finally:
-            deactivate(reset)
         return call.answered(result)
 
     return request
@@ -130,15 +139,8 @@ def _async_request(original: Callable[..., Any], protocol: str) -> Callable[...,
         model = _body_model(options)
         if ctx is None or is_policy_call(ctx, protocol, model):
             return await original(self, cast_to, options, *args, **kwargs)
-        call = _Watch(ctx, protocol, model)
-        reset = activate(None)
-        try:
+        with passing_by(ctx, protocol, model) as call:
             result = await original(self, cast_to, options, *args, **kwargs)
-        except Exception as exc:
-            call.failed(exc)
-            raise
-        finally:
-            deactivate(reset)
         return call.answered(result)
 
     return request
@@ -160,15 +162,8 @@ def _wrap_botocore() -> bool:
         model = api_params.get("modelId") if isinstance(api_params, dict) else None
         if is_policy_call(ctx, "bedrock", model if isinstance(model, str) else None):
             return original(self, operation_name, api_params)
-        call = _Watch(ctx, "bedrock", model)
-        reset = activate(None)  # the bedrock redirect's handlers act only while a rollout is current
-        try:
+        with passing_by(ctx, "bedrock", model) as call:
             result = original(self, operation_name, api_params)
-        except Exception as exc:
-            call.failed(exc)
-            raise
-        finally:
-            deactivate(reset)
         if isinstance(result, dict) and result.get("stream") is not None:  # ConverseStream: usage in its metadata
             call.stream = True
             call.done()  # recorded now; completed as the stream is read
@@ -309,4 +304,4 @@ def _first(usage: Any, *names: str) -> Any:
     return None
 
 
-__all__ = ["UnresolvedModelCall", "instrument_selective", "is_policy_call"]
+__all__ = ["UnresolvedModelCall", "instrument_selective", "is_policy_call", "passing_by"]
