@@ -65,3 +65,16 @@ def paired(runs: list[Run], base: list[Run], key: str) -> dict[str, Any]:
 
 
 __all__ = ["Run", "figures", "interleaved", "paired", "pooled"]
+
+
+def report_row(clients: str, name: str, r: dict[str, Any], name_width: int) -> str:
+    """One printed row of a side-by-side report: a baseline's figures (ratios 1.00), or a protocol's with its
+    ratios to the baseline and the per-round paired medians [ranges] of p50 and CPU."""
+    ratio = {key: f"{r[key]:>7.2f}" if key in r else f"{'1.00':>7}" for key in ("p50_ratio", "p95_ratio", "cpu_ratio")}
+    line = (f"{clients:>8} {name:>{name_width}} {r['p50_ms']:>8.3f}ms {ratio['p50_ratio']} {r['p95_ms']:>8.3f}ms "
+            f"{ratio['p95_ratio']} {r['server_cpu_ms_per_call']:>14.3f}ms {ratio['cpu_ratio']} {r['errors']:>7}")
+    if "paired_p50_ratio" in r:
+        pp, pc = r["paired_p50_ratio"], r["paired_cpu_ratio"]
+        line += (f"   {pp['median']:.2f} [{pp['min']:.2f}..{pp['max']:.2f}], "
+                 f"{pc['median']:.2f} [{pc['min']:.2f}..{pc['max']:.2f}]")
+    return line

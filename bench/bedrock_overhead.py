@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 from _machine import load_note, machine_info
-from _rounds import Run, interleaved, paired, pooled
+from _rounds import Run, interleaved, paired, pooled, report_row
 from endpoint_overhead import (
     MESSAGES,
     ROOT,
@@ -150,13 +150,8 @@ def report(results: dict) -> None:
     for name, s in results["settings"].items():
         label = name.removeprefix("clients_")
         for protocol, r in s["protocols"].items():
-            b = s["baselines"][r["baseline"]]
-            print(f"{label:>8} {r['baseline']:>16} {b['p50_ms']:>8.3f}ms {'1.00':>7} {b['p95_ms']:>8.3f}ms {'1.00':>7} "
-                  f"{b['server_cpu_ms_per_call']:>14.3f}ms {'1.00':>7} {b['errors']:>7}")
-            pp, pc = r["paired_p50_ratio"], r["paired_cpu_ratio"]
-            print(f"{label:>8} {protocol:>16} {r['p50_ms']:>8.3f}ms {r['p50_ratio']:>7.2f} {r['p95_ms']:>8.3f}ms "
-                  f"{r['p95_ratio']:>7.2f} {r['server_cpu_ms_per_call']:>14.3f}ms {r['cpu_ratio']:>7.2f} {r['errors']:>7}   "
-                  f"{pp['median']:.2f} [{pp['min']:.2f}..{pp['max']:.2f}], {pc['median']:.2f} [{pc['min']:.2f}..{pc['max']:.2f}]")
+            print(report_row(label, r["baseline"], s["baselines"][r["baseline"]], 16))
+            print(report_row(label, protocol, r, 16))
     every = [(name, p, r) for name, s in results["settings"].items() for p, r in s["protocols"].items()]
     over = [f"{p} at {name.removeprefix('clients_')} client(s): {key} {r[key]:.2f}x"
             for name, p, r in every for key in ("p50_ratio", "p95_ratio", "cpu_ratio") if r[key] > GOAL]

@@ -26,7 +26,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from _rounds import Run, interleaved, paired, pooled
+from _rounds import Run, interleaved, paired, pooled, report_row
 from endpoint_overhead import (
     MESSAGES,
     TOOLS,
@@ -98,18 +98,13 @@ def report(results: dict) -> None:
     print(f"protocol overhead vs chat completions, scripted engine, {results['requests_per_protocol_and_setting']} calls "
           f"per protocol and setting in {results['rounds']} interleaved rounds "
           f"(load average {results['loadavg_start'][0]:.1f} at start, {results['loadavg_end'][0]:.1f} at end)")
-    print(f"{'clients':>8} {'protocol':>20} {'p50':>9} {'x chat':>7} {'p95':>9} {'x chat':>7} {'server CPU/call':>16} "
+    print(f"{'clients':>8} {'protocol':>20} {'p50':>10} {'x chat':>7} {'p95':>10} {'x chat':>7} {'server CPU/call':>16} "
           f"{'x chat':>7} {'errors':>7}   paired by round, median [range]: p50, CPU")
     for name, s in results["settings"].items():
         label = name.removeprefix("clients_")
-        b = s["baseline"]
-        print(f"{label:>8} {'chat_completions':>20} {b['p50_ms']:>7.3f}ms {'1.00':>7} {b['p95_ms']:>7.3f}ms {'1.00':>7} "
-              f"{b['server_cpu_ms_per_call']:>14.3f}ms {'1.00':>7} {b['errors']:>7}")
+        print(report_row(label, "chat_completions", s["baseline"], 20))
         for protocol, r in s["protocols"].items():
-            pp, pc = r["paired_p50_ratio"], r["paired_cpu_ratio"]
-            print(f"{label:>8} {protocol:>20} {r['p50_ms']:>7.3f}ms {r['p50_ratio']:>7.2f} {r['p95_ms']:>7.3f}ms "
-                  f"{r['p95_ratio']:>7.2f} {r['server_cpu_ms_per_call']:>14.3f}ms {r['cpu_ratio']:>7.2f} {r['errors']:>7}   "
-                  f"{pp['median']:.2f} [{pp['min']:.2f}..{pp['max']:.2f}], {pc['median']:.2f} [{pc['min']:.2f}..{pc['max']:.2f}]")
+            print(report_row(label, protocol, r, 20))
     every = [r for s in results["settings"].values() for r in s["protocols"].values()]
     print(f"goal: within 1.3x of chat completions: worst server CPU per call {max(r['cpu_ratio'] for r in every):.2f}x, "
           f"worst pooled p50 {max(r['p50_ratio'] for r in every):.2f}x")

@@ -103,12 +103,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         for node in nodes:
             try:
                 node.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:  # the grace is over: the kill below ends the node
                 pass
         for node in nodes:
             try:
                 os.killpg(node.pid, signal.SIGKILL)  # what is left of the node: raylet, GCS, workers
-            except ProcessLookupError:
+            except ProcessLookupError:  # the node's group has already exited: nothing is left to kill
                 pass
             node.wait(timeout=30)
 

@@ -10,10 +10,12 @@ and cancelling that await cancels the work on the engine's loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Any, AsyncGenerator, AsyncIterator, Coroutine, TypeVar
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 _CLOSE_WAIT_S = 10.0  # how long closing a stream waits for the generator's cleanup on the thread's loop
 
 
@@ -89,8 +91,10 @@ class LoopThread:
 
                 try:
                     await asyncio.wait_for(cleaned_up(), _CLOSE_WAIT_S)
-                except asyncio.TimeoutError:
-                    pass
+                except asyncio.TimeoutError:  # the caller goes on; the source may still hold its connection open
+                    logger.warning("a closed stream's source did not finish its cleanup on %s within %.0f s: its "
+                                   "connection (and the server's request) may still be open", self._thread.name,
+                                   _CLOSE_WAIT_S)
 
     def on_loop(self) -> bool:
         try:
