@@ -28,9 +28,10 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("ResumePlan", "plan_resume"), "._resume"),
     **dict.fromkeys(("MultiTurnRLTrainer", "TrainingResult"), "._trainer"),
     **dict.fromkeys(("PushedWeights", "SharedWeights", "shares_model"), "._weights"),
-    **dict.fromkeys(("Ranks", "ShardedUpdate", "check_world_divides", "deal_rounds", "follow_training", "init_ranks",
-                     "join_torchrun", "launched_distributed", "rank_device", "shard_policy",
-                     "sharded_update_from_config"), "._distributed"),
+    **dict.fromkeys(("ShardedUpdate", "deal_rounds", "follow_training", "shard_policy", "sharded_update_from_config"),
+                    "._distributed"),
+    **dict.fromkeys(("Ranks", "check_world_divides", "init_ranks", "join_torchrun", "launched_distributed",
+                     "rank_device"), "._ranks"),
 }
 
 __all__ = sorted(_EXPORTS)

@@ -36,7 +36,8 @@ from ..rollouts import HEARTBEAT_S, RolloutStack, TaskSchedule, executor_kind, l
 from ..tracking import Tracker
 from ..types import RolloutExecutor, Task
 from ._checkpoint import Checkpoints
-from ._distributed import Ranks, ShardedUpdate, sharded_update_from_config
+from ._distributed import ShardedUpdate, sharded_update_from_config
+from ._ranks import Ranks
 from ._fit import preflight_folder
 from ._loop import StepReport, TrainingLoop
 from ._policy import policy_from_config
