@@ -227,11 +227,11 @@ def _handler_class(fn: Callable[..., Any], api_key: str | None, http: httpx.Clie
 
         def _reply(self, status: int, payload: Any) -> None:
             data = json.dumps(payload, default=str).encode()
-            if status >= 400:
-                self.close_connection = True  # the body may be unread: do not reuse the connection
             self.send_response(status)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(data)))
+            if status >= 400:  # the body may be unread: the connection is closed, and the client told so (else it
+                self.send_header("connection", "close")  # may reuse it and find it gone: "Server disconnected")
             self.end_headers()
             self.wfile.write(data)
 

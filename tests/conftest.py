@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -10,6 +12,36 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist: ``--dist loadgroup`` only, its groups honoured under pytest 9.2 (tests/_xdist_groups.py)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    workers, dist = config.getoption("numprocesses"), config.getoption("dist")
+    if workers and dist != "loadgroup":
+        raise pytest.UsageError(
+            f"--dist {dist}: this suite runs under pytest-xdist with --dist loadgroup only (pyproject's addopts "
+            "sets it; drop --dist): a docs page's blocks and the Ray / torchrun tests are xdist groups "
+            "(tests/_groups.py) that must each stay on one worker")
+    from _xdist_groups import GroupPlugin
+
+    config.pluginmanager.register(GroupPlugin(), "mtrl-xdist-groups")
+
+
+@pytest.fixture(scope="module")
+def ray_temp_dir() -> Iterator[Path]:
+    """A short temp folder for a Ray cluster's files (``ray.init(_temp_dir=...)``, ``ray start --temp-dir``).
+
+    Ray's AF_UNIX sockets live at ``<dir>/session_<date>_<time>_<pid>/sockets/plasma_store``, at most 107
+    bytes; pytest's ``tmp_path_factory`` folders under xdist (``/tmp/pytest-of-root/pytest-490/popen-gw0/
+    raycluster0``) made that 114 and the head node died at startup.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="ray-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

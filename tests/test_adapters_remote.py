@@ -90,6 +90,8 @@ def test_agent_server_api_key_and_unknown_routes():
         assert httpx.get(server.url + "/health").json() == {"status": "healthy"}
         response = httpx.post(server.url + "/rollout", json={"instance": {}})
         assert response.status_code == 401 and "Authorization" in response.text
+        # a refusal closes its connection and says so: a client that reused it found it gone under load
+        assert response.headers["connection"] == "close"
         assert httpx.post(server.url + "/other", json={}).status_code == 404
         response = httpx.post(server.url + "/rollout", content=b"{not json", headers={"authorization": "Bearer agent-secret"})
         assert response.status_code == 400 and "not valid JSON" in response.text

@@ -20,11 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from _groups import processes
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.training import (PolicyUpdate, UpdateSettings, build_policy, check_world_divides, deal_rounds,
                                    join_torchrun, launched_distributed, rank_device)
 from mtrl_runtime.types import Sample
 
+pytestmark = processes  # its torchrun job never runs beside another job or a Ray cluster
 RANKS = Path(__file__).resolve().parent / "_fsdp_ranks.py"
 VOCAB = 300
 LR = 1e-2

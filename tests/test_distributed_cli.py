@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from _groups import processes
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.store import open_store
 from mtrl_runtime.training import build_policy, join_torchrun
 
+pytestmark = processes  # its torchrun jobs never run beside another job or a Ray cluster
 AGENT = Path(__file__).resolve().parent / "_fsdp_agent.py"
 
 

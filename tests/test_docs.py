@@ -24,11 +24,19 @@ The rules a page follows (docs/guide.md, "Code blocks in these docs", says the s
   ``mlflow ui``; see ``SERVERS``) is started in the background; the test
   waits (bounded) for its health URL, runs the rest of the page against it,
   and stops it when the page is done.
+- Under pytest-xdist (``pytest -n 2``; ``--dist loadgroup`` is in
+  pyproject's addopts) each page is one ``xdist_group`` (``PAGE_GROUP``,
+  ``tests/_groups.py``): its blocks run in page order on one worker, in one
+  workspace. Pages whose servers listen on the same fixed port share a
+  group, and a page that launches a multi-process job (``torchrun``, ``ray
+  start``) joins the group of the suite's other such tests. A block whose
+  page's earlier selected blocks did not run in its workspace fails, naming
+  them (a page split between workers, or run out of order).
 
 README's first block is the one special case, checked but not run here.
 Its second command (``scripts/setup.sh dev && .venv/bin/python -m pytest
--q``) is what CI runs, and this module is part of that suite. Its first
-sets up ``.venv`` (which running this suite proves) and runs ``mtrl demo``:
+-q -n 2``: two pytest-xdist workers) is what CI runs, and this module is
+part of that suite. Its first sets up ``.venv`` (which running this suite proves) and runs ``mtrl demo``:
 about 22 minutes on 2 cores, and even ``mtrl demo --steps 1 --eval-tasks 1
 --samples 1`` had not finished its one training step after 5 min 50 s on
 the 2-core dev machine (SmolLM2-135M generating 8 rollouts of up to 9
@@ -56,6 +64,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from _groups import PROCESSES
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 PAGES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")),
@@ -81,11 +91,18 @@ class Server:
     default_port: int
     health: str
 
+    def port(self, code: str) -> int:
+        """The port the server of a block's ``code`` listens on: its ``--port``, else the command's default."""
+        flag = re.search(r"--port[ =](\d+)", code)
+        return int(flag.group(1)) if flag else self.default_port
+
 
 SERVERS = (
     Server(re.compile(r"(^|\s|/)mtrl serve\b"), 8731, "/health"),
     Server(re.compile(r"(^|\s|/)mlflow ui\b"), 5000, "/health"),
 )
+# A command that starts a multi-process job: its page joins tests/_groups.PROCESSES.
+JOBS = re.compile(r"(^|\s|/)(torchrun|ray start)\b|torch\.distributed\.run")
 
 
 @dataclass(frozen=True)
@@ -130,6 +147,39 @@ PAGE_BLOCKS = {page: blocks_of(page) for page in PAGES}
 ALL_BLOCKS = [b for page in PAGES for b in PAGE_BLOCKS[page]]
 
 
+def server_of(block: Block) -> Server | None:
+    """The server a run ``bash`` block starts (``SERVERS``), if it starts one."""
+    if block.info != "bash" or block.needs is not None:
+        return None
+    return next((s for s in SERVERS if s.pattern.search(block.code)), None)
+
+
+def page_groups() -> dict[str, str]:
+    """Each page's ``xdist_group`` (module docstring): the page's own, unless it shares a port or runs a job.
+
+    Pages whose run blocks start servers on one port share a group (two
+    workers would start both at once); a page whose run blocks start a
+    multi-process job (``JOBS``) is in ``PROCESSES``, with every page that
+    shares a group with it.
+    """
+    group: dict[str, str] = {}
+    holder: dict[str, str] = {}  # "port N" or PROCESSES -> the group holding it
+    for page in PAGES:
+        run = [b for b in PAGE_BLOCKS[page] if b.info == "bash" and b.needs is None]
+        claims = {f"port {s.port(b.code)}" for b in run if (s := server_of(b)) is not None}
+        claims |= {PROCESSES for b in run if JOBS.search(b.code)}
+        joined = {holder[c] for c in claims if c in holder}
+        name = PROCESSES if PROCESSES in claims | joined else min(joined, default=f"docs-{page}")
+        for table in (group, holder):
+            table.update({key: name for key, held in table.items() if held in joined})
+        holder.update(dict.fromkeys(claims, name))
+        group[page] = name
+    return group
+
+
+PAGE_GROUP = page_groups()
+
+
 def test_every_block_says_what_it_is():
     """Each block names a language the test knows; ``# needs:`` lines say what and why."""
     problems = []
@@ -166,6 +216,7 @@ class Workspace:
         (self.dir / ".venv").symlink_to(VENV)
         self.servers: list[tuple[subprocess.Popen, Path]] = []
         self.python_ran: dict[int, bool] = {}  # first line of a chain's first block -> its script passed
+        self.attempted: set[int] = set()  # lines of the page's blocks that ran (or began to) in this workspace
         self.env = {**os.environ, "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
                     "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{self.dir / 'mlruns.db'}"}
         self.env.pop("PYTHONPATH", None)
@@ -179,8 +230,7 @@ class Workspace:
         return done.stdout
 
     def start_server(self, block: Block, server: Server) -> None:
-        port_flag = re.search(r"--port[ =](\d+)", block.code)
-        url = f"http://127.0.0.1:{port_flag.group(1) if port_flag else server.default_port}{server.health}"
+        url = f"http://127.0.0.1:{server.port(block.code)}{server.health}"
         try:
             httpx.get(url, timeout=1)
         except httpx.HTTPError:
@@ -283,8 +333,23 @@ def _continued(block: Block) -> Block | None:
     return above[-1]
 
 
-@pytest.mark.parametrize("block", ALL_BLOCKS, ids=[b.id for b in ALL_BLOCKS])
-def test_block_runs_as_written(block: Block, workspaces):
+def check_page_order(block: Block, ws: Workspace, session: pytest.Session) -> None:
+    """Fail if a run block above ``block`` on its page was selected in this session but did not run in ``ws``."""
+    selected = {item.callspec.params["block"] for item in session.items
+                if isinstance(item, pytest.Function) and item.originalname == "test_block_runs_as_written"}
+    missing = [b.id for b in PAGE_BLOCKS[block.page]
+               if b.line < block.line and b in selected and b.info in RUN and b.needs is None
+               and b.line not in ws.attempted]
+    if missing:
+        pytest.fail(f"{block.id}: the page's blocks {missing} did not run before it in its workspace {ws.dir}: "
+                    f"a page's blocks must run in page order in one workspace; under pytest-xdist run with "
+                    f"--dist loadgroup (pyproject's addopts), which keeps each page's xdist_group "
+                    f"({PAGE_GROUP[block.page]!r}) on one worker")
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.id, marks=pytest.mark.xdist_group(PAGE_GROUP[b.page]))
+                                   for b in ALL_BLOCKS])
+def test_block_runs_as_written(block: Block, workspaces, request):
     if block.info not in RUN | NOT_RUN | PARSED:
         pytest.fail(f"{block.id}: info string {block.info!r}; use one of {sorted(RUN | NOT_RUN | PARSED)}")
     if block.info in NOT_RUN:
@@ -303,11 +368,13 @@ def test_block_runs_as_written(block: Block, workspaces):
     if block.needs is not None:
         pytest.skip(f"needs: {block.needs}")
     ws = workspaces(block.page)
+    check_page_order(block, ws, request.session)
+    ws.attempted.add(block.line)
     if block.page == "README.md" and block.line == PAGE_BLOCKS["README.md"][0].line:
         _run_readme_first_block(ws, block)
         return
     if block.info == "bash":
-        server = next((s for s in SERVERS if s.pattern.search(block.code)), None)
+        server = server_of(block)
         if server is not None:
             ws.start_server(block, server)
             return
@@ -336,7 +403,7 @@ def test_block_runs_as_written(block: Block, workspaces):
 def _run_readme_first_block(ws: Workspace, block: Block) -> None:
     commands = [line.strip() for line in block.code.splitlines() if line.strip()]
     assert commands == ["scripts/setup.sh && .venv/bin/mtrl demo",
-                        "scripts/setup.sh dev && .venv/bin/python -m pytest -q"], (
+                        "scripts/setup.sh dev && .venv/bin/python -m pytest -q -n 2"], (
         f"{block.id}: README's first block changed; update README_DEMO and this check to match it")
     setup = ws.dir / "scripts" / "setup.sh"
     assert setup.is_file() and os.access(setup, os.X_OK), f"{block.id}: scripts/setup.sh is missing or not executable"

@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from _adapter_support import check_attribution, free_port, policy, specs, tasks
+from _groups import processes
 from _ray_agents import node_agent
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.coordinator import Coordinator
@@ -37,7 +38,7 @@ from mtrl_runtime.types import RolloutStatus, Task
 
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), processes]  # never beside another cluster or torchrun job
 TESTS = Path(__file__).resolve().parent
 RAY = Path(sys.executable).with_name("ray")
 API_KEY = "cluster-test-key"
@@ -70,7 +71,10 @@ def wait_for_nodes(address: str, env: dict[str, str], count: int, nodes: list[su
             if node.poll() is not None:
                 log = Path(node.log_path).read_text()[-3000:]  # type: ignore[attr-defined]
                 raise RuntimeError(f"a ray node exited early with {node.returncode}: {node.args}\n{log}")
-        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        try:
+            out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:  # a driver that cannot join yet (or a node that died): look again
+            continue
         if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [str(count)]:
             return
         time.sleep(2)
@@ -78,14 +82,14 @@ def wait_for_nodes(address: str, env: dict[str, str], count: int, nodes: list[su
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def cluster(tmp_path_factory: pytest.TempPathFactory, ray_temp_dir: Path) -> Iterator[str]:
     """A head (0 CPUs) and two worker nodes (2 CPUs each) on loopback; yields the head's address."""
-    root = tmp_path_factory.mktemp("raycluster")
+    root = tmp_path_factory.mktemp("raycluster")  # the nodes' logs; Ray's own files in the short ray_temp_dir
     python_path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": python_path, "TOKENIZERS_PARALLELISM": "false"}
     port = free_port()
     address = f"127.0.0.1:{port}"
-    nodes = [start_node([f"--port={port}", "--head", "--num-cpus=0", f"--temp-dir={root}",
+    nodes = [start_node([f"--port={port}", "--head", "--num-cpus=0", f"--temp-dir={ray_temp_dir}",
                          "--include-dashboard=false"], env, root / "head.log")]
     try:
         wait_for_nodes(address, env, 1, nodes)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from _adapter_support import CRASH_KEY, check_attribution, policy, specs, tasks
+from _groups import processes
 from _ray_agents import KILL_KEY, async_agent, slow_agent, sync_agent, worker_pid
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.engines import ScriptedEngine
@@ -25,20 +26,20 @@ from mtrl_runtime.rollouts import Dispatcher
 from mtrl_runtime.types import RolloutSpec, RolloutStatus, SamplingParams, Task
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), processes]  # never beside another cluster or torchrun job
 TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """One local cluster for the module: 2 CPUs, no auth, no dashboard, its files in the test's folder."""
+def ray_cluster(ray_temp_dir: Path) -> Any:
+    """One local cluster for the module: 2 CPUs, no auth, no dashboard, its files in a short temp folder."""
     previous = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "disabled"
     python_path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     ray.init(
         num_cpus=2,
         include_dashboard=False,
-        _temp_dir=str(tmp_path_factory.mktemp("ray")),
+        _temp_dir=str(ray_temp_dir),
         runtime_env={"env_vars": {"PYTHONPATH": python_path, "TOKENIZERS_PARALLELISM": "false"}},
         log_to_driver=False,
     )

@@ -1,0 +1,22 @@
+"""The pytest-xdist groups of the suite (``pytest -n 2``; ``--dist loadgroup`` is in pyproject's addopts).
+
+The tests of one group run one after another, in collection order, on one
+worker; a test in no group may run on any worker.
+
+- ``PROCESSES``: tests that start multi-process jobs: local Ray clusters
+  (``ray.init``, ``ray start`` nodes), ``torchrun`` jobs of two ranks (the
+  FSDP tests and the docs page that launches one). Two of them at once on
+  2 cores starve each other's startup (a Ray node's registration, a gloo
+  rendezvous), so they never run beside each other.
+- each docs page (``tests/test_docs.py``): its blocks read what the blocks
+  above them wrote, so a page runs in order in one workspace; pages whose
+  servers listen on the same fixed port share one group.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+PROCESSES = "processes"
+
+processes = pytest.mark.xdist_group(PROCESSES)
