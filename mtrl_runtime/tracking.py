@@ -8,12 +8,14 @@ tracking URI (``advanced.mlflow.tracking_uri``) is used as given.
 
 Each trajectory becomes one trace: a root span for the rollout (inputs: the
 task; outputs: reward and status), a child span per LLM call (the request's
-messages in, the completion text and tool calls out) and one per tool call
+messages and tool definitions in, the completion text and tool calls out) and one per tool call
 (arguments in, result or error out), with the times the store recorded,
 and a span per non-policy model call (``non-policy <protocol> <model>``,
 attribute ``mtrl.policy`` false: its tokens, latency and error).
 Traces are tagged ``mtrl.rollout_id``, ``mtrl.group_id``, ``mtrl.step`` and
-``mtrl.reward``. Token ids and logprobs never go to MLflow.
+``mtrl.reward``, and ``mtrl.chat_format`` when the Tracker is given the
+endpoint's chat format (a warm start parses each reply's text back with it).
+Token ids and logprobs never go to MLflow.
 
 Traces are written by one background thread so the training loop never
 waits on them; ``flush()`` waits until every queued trace is written.
@@ -77,7 +79,8 @@ class Tracker:
     is created in ``experiment_name`` and its params are the flattened config.
     """
 
-    def __init__(self, config: MtrlConfig, run_id: str | None = None, run_name: str | None = None) -> None:
+    def __init__(self, config: MtrlConfig, run_id: str | None = None, run_name: str | None = None,
+                 chat_format: str | None = None) -> None:
         from mlflow import MlflowClient
 
         settings = config.advanced.mlflow
@@ -91,10 +94,11 @@ class Tracker:
         if run_id is None:
             run = self.client.create_run(self.experiment_id, run_name=run_name or self.run_dir.name)
             self.run_id = run.info.run_id
-            self.log_params(flatten_params(config.model_dump()))
+            self.log_params(flatten_params(config.recorded()))
         else:
             self.run_id = run_id
             self.client.update_run(run_id, status="RUNNING")
+        self.chat_format = chat_format  # the endpoint's chat format: a trace's reply text parses back with it
         self.trace_failures = 0
         self._traces: queue.Queue[tuple[Rollout, int] | None] = queue.Queue()
         self._worker = threading.Thread(target=self._write_traces, name="mtrl-mlflow-traces", daemon=True)
@@ -167,7 +171,7 @@ class Tracker:
             f"rollout {rollout.task_id}",
             span_type="AGENT",
             inputs={"task_id": rollout.task_id, "messages": _first_messages(rollout)},
-            tags=_trace_tags(rollout, step),
+            tags=_trace_tags(rollout, step, self.chat_format),
             experiment_id=self.experiment_id,
             start_time_ns=start_ns,
             run_id=self.run_id,
@@ -238,8 +242,8 @@ def _first_messages(rollout: Rollout) -> list[Any]:
     return list(turns[0].messages) if turns else []
 
 
-def _trace_tags(rollout: Rollout, step: int) -> dict[str, str]:
-    return {
+def _trace_tags(rollout: Rollout, step: int, chat_format: str | None = None) -> dict[str, str]:
+    tags = {
         "mtrl.rollout_id": rollout.id,
         "mtrl.group_id": rollout.group_id,
         "mtrl.task_id": rollout.task_id,
@@ -248,11 +252,14 @@ def _trace_tags(rollout: Rollout, step: int) -> dict[str, str]:
         "mtrl.status": rollout.status.value,
         "mtrl.policy_version": str(rollout.policy_version),
     }
+    if chat_format:  # warm start reads a turn's reply back from its text with this format (warmstart._mlflow_traces)
+        tags["mtrl.chat_format"] = chat_format
+    return tags
 
 
 def _turn_io(turn: Turn) -> tuple[Any, Any, dict[str, Any]]:
     """An LLM span's inputs, outputs and attributes: messages and text, never token ids."""
-    inputs = {"messages": list(turn.messages), "tools": [_tool_name(t) for t in turn.tools]}
+    inputs = {"messages": list(turn.messages), "tools": list(turn.tools)}  # whole definitions: they are in the prompt
     outputs = {"content": turn.completion_text, "tool_calls": list(turn.tool_calls), "finish_reason": turn.finish_reason}
     attributes = {
         "mtrl.policy_version": turn.policy_version,
@@ -263,6 +270,8 @@ def _turn_io(turn: Turn) -> tuple[Any, Any, dict[str, Any]]:
     }
     if turn.break_reason is not None:
         attributes["mtrl.break_reason"] = turn.break_reason.value
+    if turn.model is not None:  # a reference model's turn (an evaluation's reference side): no token ids
+        attributes["mtrl.model"] = turn.model
     return inputs, outputs, attributes
 
 
@@ -276,11 +285,6 @@ def _model_call_io(call: ModelCall) -> tuple[Any, Any, dict[str, Any]]:
     outputs = {"input_tokens": call.input_tokens, "output_tokens": call.output_tokens, "error": call.error}
     attributes = {"mtrl.policy": False, "mtrl.protocol": call.protocol, "mtrl.stream": call.stream}
     return {"model": call.model}, outputs, attributes
-
-
-def _tool_name(tool: Mapping[str, Any]) -> str:
-    function = tool.get("function") if isinstance(tool, Mapping) else None
-    return str(function.get("name")) if isinstance(function, Mapping) else str(tool)
 
 
 __all__ = ["Tracker", "default_tracking_uri", "flatten_params", "metric_key"]

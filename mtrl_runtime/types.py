@@ -102,12 +102,14 @@ class ChatOptions:
     ``{"enable_thinking": False}``). ``tool_choice`` is ``"auto"``,
     ``"required"`` (some tool must be called) or ``"function"`` (the tool
     ``tool_name`` must be called); ``"none"`` never reaches the coordinator
-    (the endpoint drops the tools).
+    (the endpoint drops the tools). ``token_ids``: the caller asked for token
+    ids or logprobs back (a reference model's turn has none: such a call is refused).
     """
 
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     tool_choice: Literal["auto", "required", "function"] = "auto"
     tool_name: str | None = None
+    token_ids: bool = False
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,10 @@ class Turn:
     # and its length in tokens as the tokenizer splits that text (counted in the training and evaluation metrics)
     reasoning: str | None = None
     reasoning_tokens: int = 0
+    # None: the policy wrote it (the ids above are what the engine saw and sampled). A name: a reference model
+    # behind a closed endpoint wrote it, passed through by the coordinator (an evaluation's reference side); such a
+    # turn has no token ids and is never trained on: consumers that need ids refuse it (``algorithms.samples``)
+    model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -468,6 +474,18 @@ class RolloutExecutor(Protocol):
 
 
 @runtime_checkable
+class GroupRescorer(Protocol):
+    """Rewards a training step's finished group anew (a group judge) before advantages are computed.
+
+    ``rescore`` stores each rollout's new reward (the store's record is what
+    counts) and returns the group's rollouts as stored now, in the given order;
+    it raises rather than leave a rollout with a reward it did not give.
+    """
+
+    async def rescore(self, task: Task, rollouts: Sequence[Rollout]) -> Sequence[Rollout]: ...
+
+
+@runtime_checkable
 class RolloutCoordinator(Protocol):
     """What the rollout dispatcher, the evaluation and the server may call on the coordinator, and nothing else.
 
@@ -614,6 +632,7 @@ __all__ = [
     "Generation",
     "GenerationRequest",
     "Group",
+    "GroupRescorer",
     "ModelCall",
     "NamesServedModel",
     "PolicyEngine",

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="strands,langgraph"
-if [ "${1:-}" = "dev" ]; then extras="$extras,agentcore,ray,anthropic,openai-agents,bedrock,dev"; fi
+if [ "${1:-}" = "dev" ]; then extras="$extras,agentcore,ray,anthropic,openai-agents,bedrock,datasets,dev"; fi
 python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv

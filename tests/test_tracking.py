@@ -52,11 +52,13 @@ def test_metrics_params_adapter_and_one_trace_per_trajectory_read_back(tmp_path)
     for trace in traces:
         tags = trace.info.tags
         assert {"mtrl.rollout_id", "mtrl.group_id", "mtrl.step", "mtrl.reward"} <= set(tags)
+        assert tags["mtrl.chat_format"] == "hermes"  # the endpoint's format: warm start parses replies back with it
         spans = trace.data.spans
         llm = [s for s in spans if s.name.startswith("llm turn")]
         tools = [s for s in spans if s.name.startswith("tool ")]
         assert llm, "every rollout made at least one model call"
         assert all("messages" in s.inputs and "content" in s.outputs for s in llm)
+        assert all([t["function"]["name"] for t in s.inputs["tools"]] == ["lookup"] for s in llm)  # definitions
         assert all(s.inputs["name"] == "lookup" and "key" in s.inputs["arguments"] for s in tools)
         text = json.dumps(trace.to_dict())
         assert "prompt_ids" not in text and "completion_ids" not in text and "logprobs" not in text

@@ -2,7 +2,7 @@
 
 from .advantages import ADVANTAGES, AdvantageFn, AdvantageParams, GroupRewards, compute_advantages
 from .losses import LOSSES, LossFn, LossParams, aggregate
-from .samples import PrefixError, SampleStats, build_samples, per_turn_samples
+from .samples import NoTokenIds, PrefixError, SampleStats, build_samples, per_turn_samples, require_token_ids
 
 __all__ = [
     "ADVANTAGES",
@@ -12,10 +12,12 @@ __all__ = [
     "LOSSES",
     "LossFn",
     "LossParams",
+    "NoTokenIds",
     "PrefixError",
     "SampleStats",
     "aggregate",
     "build_samples",
     "compute_advantages",
     "per_turn_samples",
+    "require_token_ids",
 ]

@@ -247,4 +247,42 @@ def importance_sampling(
     )
 
 
-__all__ = ["LOSSES", "LossFn", "LossParams", "aggregate", "cispo", "importance_sampling", "ppo"]
+@LOSSES.register("nll")
+def nll(
+    logprobs_BT: torch.Tensor,
+    old_logprobs_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    params: LossParams = LossParams(),
+    *,
+    ref_logprobs_BT: torch.Tensor | None = None,
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Advantage-weighted negative log-likelihood: loss_t = -A_t * log pi_theta(token_t).
+
+    With A = 1 on demonstrated tokens it is supervised fine-tuning's NLL
+    (``mtrl sft``); behaviour logprobs and ratio bounds play no part. The KL
+    term is added as for every loss when ``kl_coef`` > 0; ratio settings
+    (``clip_low``, ``clip_high``, ``tis_cap``) are refused, not ignored.
+    ``nll`` in the metrics is the masked mean of -log pi_theta.
+    """
+    named = {k: v for k, v in (("clip_low", params.clip_low), ("clip_high", params.clip_high),
+                                ("tis_cap", params.tis_cap)) if v is not None}
+    if named:
+        key, value = next(iter(named.items()))
+        raise ValueError(f"{key} = {value}: the nll loss takes no ratio to clip or weight; leave {key} unset")
+    mask = mask_BT.to(logprobs_BT.dtype)
+    metrics = {"nll": _masked_mean(-logprobs_BT.detach(), mask)}
+    loss_BT = -advantages_BT * logprobs_BT
+    if params.kl_coef > 0:
+        if ref_logprobs_BT is None:
+            raise ValueError("kl_coef > 0 needs ref_logprobs_BT (the reference policy's logprobs)")
+        delta = ref_logprobs_BT - logprobs_BT
+        kl_BT = delta.exp() - delta - 1.0
+        loss_BT = loss_BT + params.kl_coef * kl_BT
+        metrics["kl_ref"] = _masked_mean(kl_BT.detach(), mask)
+    metrics["tokens"] = float(mask.sum())
+    return aggregate(loss_BT, mask, params.aggregation, normalizer), metrics
+
+
+__all__ = ["LOSSES", "LossFn", "LossParams", "aggregate", "cispo", "importance_sampling", "nll", "ppo"]

@@ -24,6 +24,27 @@ class PrefixError(ValueError):
     """A turn's tokens are not where sequence extension says they must be."""
 
 
+class NoTokenIds(ValueError):
+    """A turn written by a reference model (``Turn.model``) through a closed endpoint: it has no ids to train on."""
+
+
+def require_token_ids(rollout: Rollout) -> None:
+    """Raise ``NoTokenIds`` when a turn of ``rollout`` was written by a reference model, not the policy.
+
+    Every consumer of a turn's token ids (samples, SFT from stored rollouts,
+    anything that recomputes logprobs) calls this first: a reference turn is
+    recorded for evaluation only, never trained on.
+    """
+    for turn in rollout.turns:
+        if turn.model is not None:
+            raise NoTokenIds(
+                f"rollout {rollout.id} (group {rollout.group_id}): turn {turn.index} was written by the reference "
+                f"model {turn.model!r} through its own endpoint and has no token ids; reference rollouts are for "
+                "evaluation only: leave them out (to learn from their conversations, import them as conversations, "
+                "rendered with the policy's chat format)"
+            )
+
+
 def build_samples(rollout: Rollout, advantages_per_turn: Sequence[float]) -> list[Sample]:
     """One Sample per segment of ``rollout``; turn ``t``'s tokens carry ``advantages_per_turn[t]``.
 
@@ -31,6 +52,7 @@ def build_samples(rollout: Rollout, advantages_per_turn: Sequence[float]) -> lis
     sorting by ``Turn.index``). Raises PrefixError when a turn of a segment is
     not a prefix of the segment's last prompt + completion.
     """
+    require_token_ids(rollout)
     turns = _sorted_turns(rollout)
     _check_advantages(rollout, turns, advantages_per_turn)
     samples = []
@@ -67,6 +89,7 @@ def per_turn_samples(rollout: Rollout, advantages_per_turn: Sequence[float]) -> 
 
     ``Sample.segment`` holds the turn's index.
     """
+    require_token_ids(rollout)
     turns = _sorted_turns(rollout)
     _check_advantages(rollout, turns, advantages_per_turn)
     samples = []
@@ -196,4 +219,4 @@ def _check_prefix(rollout: Rollout, turn: Turn, token_ids: tuple[int, ...], segm
     )
 
 
-__all__ = ["PrefixError", "SampleStats", "build_samples", "per_turn_samples"]
+__all__ = ["NoTokenIds", "PrefixError", "SampleStats", "build_samples", "per_turn_samples", "require_token_ids"]

@@ -14,6 +14,11 @@ samples them (``sampling_params``, ``group_size`` per task, capped):
   loophole RL would learn);
 - the base model has a foothold: some rollout succeeds (strictly, when a
   strict scorer is given). Without one, simplify the task before training.
+
+With a group judge (``--judge JUDGE.yaml``, or ``advanced.group_judge``) the
+judge is audited on the same baseline rollouts instead (``_judge``): its
+agreement with the strict scorer, position and length bias, variance within
+groups, and whether it is fit to train on.
 """
 
 from __future__ import annotations
@@ -35,9 +40,11 @@ from ..evaluation import (
     run_tag,
     select_tasks,
 )
+from ..rewards import GroupJudge, JudgeSpec, refuse_policy_endpoint
 from ..rollouts import open_stack
 from ..types import Rollout, Task
 from ._checklist import CheckItem, Checklist, failed, passed, skipped
+from ._judge import DEFAULT_ORDERS, ajudge_groups, judge_checklist
 
 DEFAULT_MAX_TASKS = 16
 DEFAULT_MAX_SAMPLES = 8
@@ -209,9 +216,20 @@ async def acheck_reward(
     reward_range: tuple[float, float] = (0.0, 1.0),
     split: str | None = None,
     output_path: str | Path | None = None,
+    judge: JudgeSpec | Mapping[str, Any] | str | Path | None = None,
+    judge_orders: int = DEFAULT_ORDERS,
 ) -> Checklist:
-    """Run ``max_tasks`` x ``samples`` baseline rollouts (training sampling) and check the reward."""
+    """Run ``max_tasks`` x ``samples`` baseline rollouts (training sampling) and check the reward.
+
+    ``judge`` (a ``JudgeSpec``, its mapping or file; default: ``advanced.group_judge``): audit that group
+    judge on the rollouts instead (``_judge``), each group judged in ``judge_orders`` orders.
+    """
     cfg = MtrlConfig.coerce(config)
+    spec = JudgeSpec.load(judge) if isinstance(judge, (str, Path)) else (
+        JudgeSpec.of(judge) if judge is not None else cfg.advanced.group_judge)
+    grader = GroupJudge.from_spec(spec) if spec is not None else None
+    if grader is not None and judge_orders < 1:
+        raise ValueError(f"judge_orders: expected >= 1 (orders each group is judged in), got {judge_orders}")
     # the coordinator takes any reward within the hard bound here, so the checklist can name the ones out of range
     cfg.advanced.reward_range = (-REWARD_LIMIT, REWARD_LIMIT)
     tasks = select_tasks(dataset, split, max_tasks)
@@ -219,7 +237,13 @@ async def acheck_reward(
     plan = EvalPlan.from_config(cfg, tasks, samples=k, sampling=cfg.core.sampling_params)
     folder = Path(output_path) if output_path is not None else cfg.run_dir / "checks"
     async with open_stack(cfg, agent_env, folder / "check_reward.db", engine) as stack:
+        if grader is not None:  # before any rollout: the policy must not judge itself
+            refuse_policy_endpoint(grader.base_url, stack.endpoint, "judge base_url")
         side = await run_side(stack.dispatcher(), plan, label="baseline", group_prefix=f"check-reward-{run_tag()}")
+    if grader is not None:
+        groups = await ajudge_groups(grader, side.rollouts, plan.task_map, judge_orders, cfg.core.seed)
+        return judge_checklist(groups, plan.task_map, strict_scorer=strict_scorer,
+                               success_threshold=plan.success_threshold)
     return reward_checklist(side.rollouts, plan.task_map, success_threshold=plan.success_threshold,
                             reward_range=reward_range, strict_scorer=strict_scorer)
 

@@ -1,4 +1,4 @@
-"""The ``mtrl`` command: ``serve``, ``train``, ``eval``, ``check``, ``collect``, ``demo`` and ``export``.
+"""The ``mtrl`` command: ``serve``, ``train``, ``eval``, ``check``, ``collect``, ``demo``, ``export``, ``rescore`` and ``sft``.
 
 Each subcommand lives in its own module as a ``Command`` (name, help,
 flags, run); ``COMMANDS`` below is the one place a command is added. The
@@ -11,8 +11,10 @@ loads none of them.
 from __future__ import annotations
 
 import argparse
+import sys
 
-from . import collect, demo, eval, export, serve, train
+from ..task_sources import DatasetError
+from . import collect, demo, eval, export, rescore, serve, sft, train
 from ._agents import load_agent
 from ._command import Command
 
@@ -23,7 +25,9 @@ COMMANDS: tuple[Command, ...] = (
     demo.DEMO,
     eval.EVAL,
     export.EXPORT,
+    rescore.RESCORE,
     serve.SERVE,
+    sft.SFT,
     train.TRAIN,
 )
 
@@ -41,7 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the ``mtrl`` command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     args = build_parser().parse_args(argv)
     command = next(c for c in COMMANDS if c.name == args.command)
-    return command.run(args)
+    try:
+        return command.run(args)
+    except DatasetError as err:  # bad rows, a missing file, an unknown split: the message says it all
+        print(f"mtrl {command.name}: {err}", file=sys.stderr, flush=True)
+        return 2
 
 
 __all__ = ["COMMANDS", "Command", "build_parser", "load_agent", "main"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..task_sources import SOURCE_HELP
 from ._agents import load_agent
 from ._command import Command
 
@@ -19,7 +20,7 @@ from ._command import Command
 def _collect_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="a YAML config (core + advanced)")
     p.add_argument("--agent", required=True, help="the agent entrypoint: module:function or file.py:function")
-    p.add_argument("--dataset", help="a JSONL file of tasks (default: core.dataset)")
+    p.add_argument("--dataset", help=f"{SOURCE_HELP} (default: core.dataset)")
     p.add_argument("-n", "--num-tasks", type=int, default=4,
                    help="how many tasks, from the top of the file (default 4)")
     p.add_argument("--split", help="only the tasks whose 'split' is this (e.g. train)")
@@ -49,7 +50,7 @@ def _collect(args: argparse.Namespace) -> int:
                          f"(the engine is {config.core.engine!r}; add --engine scripted)")
     dataset = args.dataset or config.core.dataset
     if not dataset:
-        raise SystemExit("mtrl collect: --dataset: give a JSONL file of tasks (core.dataset is not set)")
+        raise SystemExit(f"mtrl collect: --dataset: give {SOURCE_HELP} (core.dataset is not set)")
     tasks = load_tasks(dataset)
     if args.split is not None:
         tasks = [t for t in tasks if t.split == args.split]

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from . import check_template
+from ..task_sources import SOURCE_HELP
 from ._agents import load_agent
 from ._command import Command
 from ._stopping import stop_on_sigterm
@@ -23,10 +24,13 @@ from ._stopping import stop_on_sigterm
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="a YAML config (core + advanced)")
     p.add_argument("--agent", required=True, help="the agent entrypoint: module:function or file.py:function")
-    p.add_argument("--dataset", required=True, help="a JSONL file of tasks")
+    p.add_argument("--dataset", required=True, help=SOURCE_HELP)
     p.add_argument("--split", help="only the tasks whose 'split' is this (e.g. test)")
     p.add_argument("--run-dir", help="the run folder (overrides core.run_dir)")
     p.add_argument("--output", help="where reports and trajectories go (default: under the run folder)")
+
+
+REFERENCE_PROTOCOLS = ("openai", "anthropic", "bedrock")  # coordinator's reference WIRES (a test keeps them equal)
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -51,6 +55,16 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, help="cap on samples per task (k = max(pass_k_values) by default)")
     p.add_argument("--max-tasks", type=int, help="evaluate only the first N tasks")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    p.add_argument("--reference-url", metavar="URL",
+                   help="the base URL of an endpoint serving a reference model (OpenAI-compatible: .../v1): the same "
+                        "agent, tasks and seeds run on it too, its calls recorded, never trained")
+    p.add_argument("--reference-model", metavar="NAME", help="the reference model's name at --reference-url")
+    p.add_argument("--reference-api-key-env", metavar="VAR",
+                   help="the environment variable holding --reference-url's API key (never written anywhere)")
+    p.add_argument("--reference-protocol", choices=REFERENCE_PROTOCOLS, default="openai",
+                   help="what --reference-url speaks: OpenAI chat completions (default), Anthropic Messages (the URL "
+                        "is the API root, e.g. https://api.anthropic.com) or Bedrock Converse (the runtime's root, "
+                        "e.g. https://bedrock-runtime.us-east-1.amazonaws.com; an API key, or AWS credentials)")
     p.add_argument("--heartbeat", type=float, default=30.0, metavar="SECONDS",
                    help="off a terminal, print the rollouts done/total at least this often (default 30)")
 
@@ -65,7 +79,7 @@ def _eval(args: argparse.Namespace) -> int:
     evaluator = MultiTurnRLEvaluator(
         agent_env=load_agent(args.agent), dataset=args.dataset, config=config, output_path=args.output,
         adapter=adapter, evaluate_base_model=args.base, strict_scorer=_scorer(args.strict), split=args.split,
-        max_tasks=args.max_tasks, max_samples=args.samples, tracking=not args.no_mlflow,
+        max_tasks=args.max_tasks, max_samples=args.samples, tracking=not args.no_mlflow, reference=_reference(args),
     )
     if args.heartbeat <= 0:
         raise SystemExit(f"mtrl eval: --heartbeat must be > 0 seconds, got {args.heartbeat}")
@@ -77,11 +91,37 @@ def _eval(args: argparse.Namespace) -> int:
               f"{evaluator.output_path / 'trajectories.db'}; run the same command again to evaluate anew",
               file=sys.stderr, flush=True)
         return 130
+    except ConnectionError as exc:  # the reference endpoint, checked before anything ran
+        print(f"mtrl eval: {exc}", file=sys.stderr, flush=True)
+        return 2
     print(_summary(result))
     print(f"mtrl: report: {result.report.markdown} (also .json, .png)")
     if result.tracking_uri and result.tracking_uri.startswith("sqlite:///"):
         print(f"mtrl: open it with: mlflow ui --backend-store-uri {result.tracking_uri}")
     return 0
+
+
+def _reference(args: argparse.Namespace) -> Any:
+    """The ``ReferenceModel`` the --reference-* flags name (None without them); a bad flag exits naming it."""
+    from ..coordinator import ReferenceModel
+
+    url, model, key_env = args.reference_url, args.reference_model, args.reference_api_key_env
+    if url is None and model is None:
+        if key_env is not None:
+            raise SystemExit("mtrl eval: --reference-api-key-env needs --reference-url and --reference-model")
+        return None
+    if url is None or model is None:
+        given, missing = ("--reference-url", "--reference-model") if model is None else ("--reference-model",
+                                                                                           "--reference-url")
+        raise SystemExit(f"mtrl eval: {given} needs {missing} too")
+    try:
+        reference = ReferenceModel(url=url, model=model, api_key_env=key_env, protocol=args.reference_protocol)
+        reference.api_key()  # a named variable that is unset fails now, not after the policy's sides ran
+    except ValueError as exc:
+        flag = {"reference url": "--reference-url", "reference model": "--reference-model",
+                "reference api_key_env": "--reference-api-key-env"}.get(str(exc).split(":")[0], "--reference-*")
+        raise SystemExit(f"mtrl eval: {flag}: {exc}") from None
+    return reference
 
 
 def _summary(result: Any) -> str:
@@ -102,7 +142,7 @@ def _summary(result: Any) -> str:
     return "\n".join(lines)
 
 
-EVAL = Command("eval", "evaluate a policy (and the base model) on a task file", _eval_args, _eval)
+EVAL = Command("eval", "evaluate a policy (and the base model, a reference model) on a task file", _eval_args, _eval)
 
 
 # -- mtrl check ---------------------------------------------------------------------------------
@@ -117,6 +157,10 @@ def _check_args(p: argparse.ArgumentParser) -> None:
     reward.add_argument("--samples", type=int, help="rollouts per task (default: group_size, at most 8)")
     reward.add_argument("--reward-range", nargs=2, type=float, default=[0.0, 1.0], metavar=("LOW", "HIGH"),
                         help="the range the reward is declared to lie in (default 0 1)")
+    reward.add_argument("--judge", metavar="JUDGE.yaml",
+                        help="audit this group judge (base_url, model, rubric...) on the baseline rollouts instead")
+    reward.add_argument("--judge-orders", type=int, default=3, metavar="N",
+                        help="with --judge: orders each group is judged in, for position bias (default 3)")
     env = sub.add_parser("env", help="check determinism and isolation of the environment, list the tools")
     _common(env)
     env.add_argument("--task", action="append", dest="task_ids", help="a task id to use (twice for two tasks)")
@@ -135,7 +179,8 @@ def _check(args: argparse.Namespace) -> int:
     if args.check == "reward":
         checklist = check_reward(agent, args.dataset, config, strict_scorer=_scorer(args.strict),
                                  max_tasks=args.max_tasks, samples=args.samples,
-                                 reward_range=tuple(args.reward_range), split=args.split, output_path=args.output)
+                                 reward_range=tuple(args.reward_range), split=args.split, output_path=args.output,
+                                 judge=args.judge, judge_orders=args.judge_orders)
     else:
         checklist = check_env(agent, args.dataset, config, task_ids=args.task_ids, split=args.split,
                               output_path=args.output)

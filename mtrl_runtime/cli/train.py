@@ -17,6 +17,7 @@ from typing import Any
 import sys
 import time
 
+from ..task_sources import SOURCE_HELP
 from ._agents import load_agent
 from ._command import Command
 from ._stopping import resume_command, stop_on_sigterm, stopped_message
@@ -25,13 +26,15 @@ from ._stopping import resume_command, stop_on_sigterm, stopped_message
 def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="a YAML config (core + advanced)")
     p.add_argument("--agent", required=True, help="the agent entrypoint: module:function or file.py:function")
-    p.add_argument("--dataset", help="a JSONL file of tasks (overrides core.dataset)")
+    p.add_argument("--dataset", help=f"{SOURCE_HELP} (overrides core.dataset)")
     p.add_argument("--run-dir", help="the run folder (overrides core.run_dir)")
     p.add_argument("--max-steps", type=int, help="overrides core.max_steps")
-    p.add_argument("--val-dataset", help="a JSONL file of validation tasks, run every core.val_every steps")
+    p.add_argument("--val-dataset", help="validation tasks, run every core.val_every steps (forms as --dataset)")
     p.add_argument("--val-split", help="only the validation tasks whose 'split' is this (e.g. val)")
     p.add_argument("--strict", help="a strict scorer module:function for the validation passes")
     p.add_argument("--resume", action="store_true", help="continue the run folder's run from its latest checkpoint")
+    p.add_argument("--init-adapter", metavar="PATH",
+                   help="start from these weights (mtrl sft's adapter folder; overrides advanced.init_adapter)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     p.add_argument("--heartbeat", type=float, default=30.0, metavar="SECONDS",
                    help="off a terminal, print a progress line at least this often during a step (default 30)")
@@ -54,7 +57,8 @@ def _train(args: argparse.Namespace) -> int:
     from ._precision import resolve_precision
 
     config = MtrlConfig.from_yaml(args.config)
-    overrides = {"core.dataset": args.dataset, "core.run_dir": args.run_dir, "core.max_steps": args.max_steps}
+    overrides = {"core.dataset": args.dataset, "core.run_dir": args.run_dir, "core.max_steps": args.max_steps,
+                 "advanced.init_adapter": args.init_adapter}
     config = config.with_overrides({k: v for k, v in overrides.items() if v is not None})
     config, precision = resolve_precision(config)  # dtype: auto becomes what this CPU runs natively, in the params
     print(f"mtrl: {precision}", flush=True)

@@ -13,7 +13,10 @@ rely on). It is composed of collaborators, each owning its own state:
 - ``ChatStream`` (``_stream``): one streamed call's text as it is decoded,
   and its hang-up;
 - ``RolloutEnds`` (``_ends``): the one place an end is decided (by the state
-  machine, from typed events) and written.
+  machine, from typed events) and written;
+- ``ReferenceClient`` (``_reference``): inside ``reference_side``, new
+  rollouts' calls go to a reference model's own endpoint and are recorded
+  without token ids (an evaluation's reference side; never trained).
 
 A rollout leaves memory when it ends, so memory stays bounded however many
 rollouts a run makes; later lookups read the store.
@@ -23,7 +26,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Mapping, Sequence
+
+import httpx
 
 from mtrl_adapters.wire import CompletionReport, ModelCallReport, RewardReport, RolloutState, ToolCallReport
 
@@ -50,6 +56,7 @@ from ._drift import DriftMeter
 from ._ends import RolloutEnds
 from ._lifecycle import Ending, RolloutLife, deadline_error
 from ._live import LiveRollouts, VerifiedToken
+from ._reference import ReferenceClient, ReferenceModel, check_reference
 from ._reports import ReportIntake
 from ._stream import ChatStream, StreamClosed
 
@@ -73,6 +80,7 @@ class Coordinator:
         self._drift = DriftMeter(engine.tokenizer, self._capture.renderer.template, chat_format)
         self._ends = RolloutEnds(store, self._live, self.counters, self.config.advanced.default_reward)
         self._reports = ReportIntake(store, self._live, self._ends, self.counters, self.config.advanced.reward_range)
+        self._reference: ReferenceClient | None = None  # set inside ``reference_side``
 
     # ------------------------------------------------------------------ what the server shows
     @property
@@ -118,7 +126,28 @@ class Coordinator:
         self, task: Task, group_id: str | None = None, *, step: int | None = None, max_turns: int | None = None
     ) -> RolloutHandle:
         """Register a rollout (durably) and return its id and token. Thread-safe."""
-        return self._live.create(task, group_id, self.engine.policy_version, step=step, max_turns=max_turns)
+        return self._live.create(task, group_id, self.engine.policy_version, step=step, max_turns=max_turns,
+                                 reference=self._reference)
+
+    @asynccontextmanager
+    async def reference_side(
+        self, reference: ReferenceModel, api_key: str | None = None, transport: httpx.AsyncBaseTransport | None = None
+    ) -> AsyncIterator[ReferenceClient]:
+        """Rollouts created inside are answered by ``reference``'s endpoint, not the policy (``_reference``).
+
+        The endpoint is checked first (``ConnectionError`` naming the URL when it cannot be reached or refuses
+        the key). Like ``evaluation.base_policy``, it holds for the whole coordinator: run no other rollouts meanwhile.
+        """
+        if self._reference is not None:
+            raise RuntimeError("reference_side: a reference side is already open on this coordinator")
+        client = ReferenceClient(reference, api_key, transport)
+        try:
+            await client.check()
+            self._reference = client
+            yield client
+        finally:
+            self._reference = None
+            await client.aclose()
 
     def check_access(self, rollout_id: str, token: str | None) -> None:
         """401/403/404 unless ``token`` is ``rollout_id``'s own (checked before a route reads its body)."""
@@ -204,4 +233,4 @@ class Coordinator:
         return await self.end(rollout_id, ExecutorEnded(status, error))
 
 
-__all__ = ["ChatResult", "ChatStream", "Coordinator", "Ending", "RolloutHandle", "RolloutLife", "StreamClosed", "VerifiedToken", "deadline_error", "hash_token"]
+__all__ = ["ChatResult", "ChatStream", "Coordinator", "Ending", "ReferenceClient", "ReferenceModel", "RolloutHandle", "RolloutLife", "StreamClosed", "VerifiedToken", "check_reference", "deadline_error", "hash_token"]

@@ -93,6 +93,8 @@ class CallCapture:
                     f"rollout {rollout_id!r} reached max_turns={live.max_turns}; end the episode",
                     param="max_turns",
                 )
+            if live.reference is not None:  # an evaluation's reference side: passed through, recorded without ids
+                return await self._reference_turn(live, normalized, tools, sampling, options)
             return await self._attributed_turn(live, normalized, tools, sampling, options, stream)
 
     def _plan(self, state: Any, messages: list[dict], tools: list, options: ChatOptions) -> tuple[PromptPlan, str]:
@@ -115,8 +117,16 @@ class CallCapture:
     ) -> ChatResult:
         plan, prefix = self._plan(None, messages, tools, options)
         sampling = self._fit_context(len(plan.prompt_ids), sampling)
+        # no rollout: the turn is the replies since the last user message (what a scripted engine's file reads;
+        # replies before it belong to worked examples or earlier exchanges)
+        turn = 0
+        for message in reversed(messages):
+            if message["role"] == "user":
+                break
+            turn += message["role"] == "assistant"
         gen = await self._generate(
-            GenerationRequest(prompt_ids=plan.prompt_ids, sampling=sampling, stop_token_ids=self.renderer.stop_token_ids),
+            GenerationRequest(prompt_ids=plan.prompt_ids, sampling=sampling, turn_index=turn,
+                              stop_token_ids=self.renderer.stop_token_ids),
             self._streaming(stream, prefix, tools, sampling, len(plan.prompt_ids)),
         )
         text, message, finish, _, _ = self._reply(gen, tools, sampling, prefix)
@@ -172,6 +182,39 @@ class CallCapture:
         live.turns += 1
         self.counters["turns"] += 1
         return ChatResult(message, finish, plan.prompt_ids, gen, text)
+
+    async def _reference_turn(
+        self, live: LiveRollout, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions
+    ) -> ChatResult:
+        """Answer with the rollout's reference model (``_reference``) and commit the turn, named by its model and
+        without token ids (none come from a closed endpoint), before the answer leaves. A streamed call gets the
+        whole reply at once."""
+        assert live.reference is not None
+        if options.token_ids:  # nothing to give back: refused before the call leaves, nothing recorded
+            raise BadRequest(
+                f"rollout {live.rollout_id!r} is answered by the reference model {live.reference.model!r} through its "
+                "own endpoint, which returns no token ids or logprobs: leave return_token_ids and logprobs out",
+                param="return_token_ids",
+            )
+        started = time.time()
+        live.note_answers(messages)
+        if options.template_kwargs:  # the policy's template variables: not sent to another model (``_reference``)
+            self.counters["reference_template_kwargs_dropped"] += 1
+        reply = await live.reference.chat(messages, tools, sampling, options)
+        calls = tuple(reply.message.get("tool_calls") or ())
+        turn = Turn(
+            rollout_id=live.rollout_id, index=live.turns, messages=tuple(messages), prompt_ids=(), completion_ids=(),
+            logprobs=(), finish_reason=reply.finish_reason, completion_text=reply.completion_text, tool_calls=calls,
+            tools=tuple(tools), policy_version=live.policy_version, started_at=started,
+            latency_s=time.time() - started, reasoning=reply.reasoning, model=live.reference.model,
+        )
+        await self.store.aadd_turn(turn)  # durable before the response is sent
+        for call in calls:
+            live.call_turns[str(call.get("id"))] = turn.index
+        live.turns += 1
+        self.counters["reference_turns"] += 1
+        generation = Generation((), (), reply.finish_reason, live.policy_version)
+        return ChatResult(reply.message, reply.finish_reason, (), generation, reply.completion_text)
 
     def _fit_context(self, prompt_tokens: int, sampling: SamplingParams) -> SamplingParams:
         """``sampling`` within the engine's context: a 400 (the caller's error, not retried) naming both numbers

@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Sequence
 
+from ..algorithms.samples import require_token_ids
 from ..chat import ChatRenderer
 from ..chat.formats import ChatFormat, drift_fraction
 from ..types import Rollout
@@ -31,6 +32,8 @@ class DriftMeter:
 
     def measure(self, rollouts: Sequence[Rollout], max_rollouts: int = MAX_ROLLOUTS) -> float:
         picked = list(rollouts)
+        for rollout in picked:  # a reference model's turns have no ids to compare: refused, never read as 0 drift
+            require_token_ids(rollout)
         if len(picked) > max_rollouts:  # evenly spaced, so every group of the step is represented alike
             picked = [picked[i * len(picked) // max_rollouts] for i in range(max_rollouts)]
         with self._lock:

@@ -17,6 +17,7 @@ from ..store import hash_token
 from ..types import Rollout, RolloutEvent, RolloutHandle, Task, TrajectoryStore
 from ._errors import client_data
 from ._lifecycle import Ending, RolloutLife
+from ._reference import ReferenceClient
 
 
 class VerifiedToken(str):
@@ -53,6 +54,7 @@ class LiveRollout:
     tool_calls_recorded: int = 0  # tool calls the agent's adapter reported
     life: RolloutLife = field(default_factory=RolloutLife)
     last_seen: float = field(default_factory=time.monotonic)  # the last call or report (the serve-mode TTL reads it)
+    reference: ReferenceClient | None = None  # set: a reference model answers its calls, not the policy
 
     def note_answers(self, messages: list[dict]) -> None:
         """Remember which of the model's tool calls the agent answered (a ``tool`` message naming its id), and
@@ -110,8 +112,10 @@ class LiveRollouts:
         *,
         step: int | None = None,
         max_turns: int | None = None,
+        reference: ReferenceClient | None = None,
     ) -> RolloutHandle:
-        """Register a rollout (durably) and return its id and token."""
+        """Register a rollout (durably) and return its id and token (``reference``: who answers its calls, when
+        not the policy)."""
         rollout_id = "r-" + secrets.token_hex(12)
         token = secrets.token_urlsafe(32)
         group_id = group_id or "g-" + secrets.token_hex(8)
@@ -133,6 +137,7 @@ class LiveRollouts:
             token_hash=hash_token(token),
             policy_version=policy_version,
             max_turns=max_turns or self.default_max_turns,
+            reference=reference,
         )
         with self._lock:
             self._live[rollout_id] = live

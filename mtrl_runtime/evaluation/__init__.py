@@ -1,7 +1,8 @@
 """Evaluation: the evaluator, pass@k and summary metrics, the strict scorer, the report.
 
 ``MultiTurnRLEvaluator`` runs an agent over held-out tasks (k samples each,
-fixed seeds) and compares the fine-tuned adapter with the base model;
+fixed seeds) and compares the fine-tuned adapter with the base model (and,
+with ``reference=ReferenceModel(...)``, a reference model behind its own endpoint);
 ``run_validation`` is the same pass for the trainer's ``val_every`` steps.
 """
 
@@ -10,10 +11,14 @@ from ._evaluator import (
     BASE,
     BASE_PREFIX,
     FINE_TUNED,
+    REFERENCE,
+    REFERENCE_PREFIX,
     EvaluationResult,
     MultiTurnRLEvaluator,
+    ReferenceModel,
     disputed_rollouts,
     log_evaluation,
+    metric_prefix,
 )
 from ._metrics import (
     PASS_K_PREFIX,
@@ -32,7 +37,16 @@ from ._metrics import (
     turn_limit_rate,
 )
 from ._records import conversation, final_text, record_of, requested_tools, reward_function_metrics
-from ._report import ReportPaths, plot_report, render_markdown, report_data, write_report
+from ._report import (
+    ReportPaths,
+    markdown_row,
+    number_text,
+    plot_report,
+    render_markdown,
+    report_data,
+    table_cell,
+    write_report,
+)
 from ._run import (
     EvalPlan,
     EvalSide,
@@ -59,6 +73,8 @@ __all__ = [
     "BASE_PREFIX",
     "FINE_TUNED",
     "PASS_K_PREFIX",
+    "REFERENCE",
+    "REFERENCE_PREFIX",
     "REWARD_ONLY",
     "STRICT_ONLY",
     "Disagreement",
@@ -67,6 +83,7 @@ __all__ = [
     "EvalSide",
     "EvaluationResult",
     "MultiTurnRLEvaluator",
+    "ReferenceModel",
     "ReportPaths",
     "SeededExecutor",
     "StrictComparison",
@@ -81,8 +98,11 @@ __all__ = [
     "eval_metrics",
     "final_text",
     "log_evaluation",
+    "markdown_row",
     "mean_reward",
     "mean_turns",
+    "metric_prefix",
+    "number_text",
     "pass_at_k",
     "pass_k_metrics",
     "plot_report",
@@ -100,6 +120,7 @@ __all__ = [
     "success_rate",
     "successes_by_task",
     "summarize",
+    "table_cell",
     "token_cap_fraction",
     "tool_call_distribution",
     "turn_limit_rate",

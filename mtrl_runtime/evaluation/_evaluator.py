@@ -8,6 +8,8 @@ its arguments where they mean the same thing here::
         dataset="test.jsonl",           # held-out tasks (JSONL path or rows)
         evaluate_base_model=True,       # also run the base model on the same tasks and seeds
         strict_scorer=strict_score,     # optional: fn(final_text, ground_truth) -> float
+        reference=ReferenceModel(url="https://api.example.com/v1", model="frontier-1",
+                                 api_key_env="REFERENCE_API_KEY"),  # optional: "what good looks like"
     )
     result = evaluator.evaluate()
     print(result.metrics["val/reward/pass_k_1"], result.report.markdown)
@@ -21,6 +23,15 @@ base model is then evaluated on the same engine with the adapter disabled
 run named ``eval``: the fine-tuned model's metrics as ``val/...``, the
 base model's as ``base/val/...``, the report as artifacts, and a trace of
 every trajectory the strict scorer disputes.
+
+With ``reference``, the same agent runs the same tasks and seeds a third
+time on a reference model behind its own endpoint (OpenAI-compatible,
+Anthropic Messages or Bedrock Converse; a frontier model: what good looks
+like): the agent's calls still reach the coordinator, which passes them on
+(``Coordinator.reference_side``) and records each as a turn named by the
+model, without token ids, never trained. Its metrics are ``reference/val/...``. The endpoint is checked
+before anything else runs: an unreachable URL or a refused key fails at
+once, naming the URL.
 """
 
 from __future__ import annotations
@@ -31,17 +42,17 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 
 from ..config import MtrlConfig
+from ..coordinator import ReferenceModel, check_reference
 from ..rollouts import HEARTBEAT_S, executor_kind, open_stack
 from ..types import Rollout, Task
 from ._base_model import base_policy
 from ._progress import EvalProgress
 from ._report import ReportPaths, report_data, write_report
-from ._run import EvalPlan, EvalSide, run_side, run_tag, select_tasks
+from ._run import BASE, FINE_TUNED, REFERENCE, EvalPlan, EvalSide, run_side, run_tag, select_tasks
 from ._strict import StrictScorer, as_strict_scorer
 
-FINE_TUNED = "fine_tuned"
-BASE = "base"
-BASE_PREFIX = "base/"  # MLflow key prefix of the base model's metrics
+BASE_PREFIX = "base/"  # MLflow key prefix of the base model's metrics (when a fine-tuned side ran too)
+REFERENCE_PREFIX = "reference/"  # MLflow key prefix of the reference model's metrics
 MAX_TRACES = 100  # disputed trajectories traced to MLflow per evaluation
 
 
@@ -66,14 +77,25 @@ class EvaluationResult:
         return self.sides.get(BASE)
 
     @property
+    def reference(self) -> EvalSide | None:
+        return self.sides.get(REFERENCE)
+
+    @property
     def metrics(self) -> dict[str, float]:
         """Every metric: the evaluated model's as ``val/...`` (fine-tuned when there is one), the base's as
-        ``base/val/...`` when both ran."""
+        ``base/val/...`` when both ran, the reference's as ``reference/val/...``."""
         out: dict[str, float] = {}
         for label, side in self.sides.items():
-            key_prefix = BASE_PREFIX if label == BASE and len(self.sides) > 1 else ""
+            key_prefix = metric_prefix(label, self.sides)
             out.update({key_prefix + k: v for k, v in side.metrics.items()})
         return out
+
+
+def metric_prefix(label: str, sides: Mapping[str, Any]) -> str:
+    """The MLflow key prefix of side ``label``'s metrics when ``sides`` ran."""
+    if label == REFERENCE:
+        return REFERENCE_PREFIX
+    return BASE_PREFIX if label == BASE and FINE_TUNED in sides else ""
 
 
 @runtime_checkable
@@ -104,6 +126,7 @@ class MultiTurnRLEvaluator:
         max_tasks: int | None = None,
         max_samples: int | None = None,
         tracking: bool = True,
+        reference: ReferenceModel | Mapping[str, Any] | None = None,
     ) -> None:
         if model is not None and not isinstance(model, (str, Path)):  # a MultiTurnRLTrainer
             if not isinstance(model, _Trained):
@@ -134,6 +157,7 @@ class MultiTurnRLEvaluator:
         self.max_tasks = max_tasks
         self.max_samples = max_samples
         self.tracking = tracking
+        self.reference = ReferenceModel.coerce(reference) if reference is not None else None
 
     def tasks(self) -> list[Task]:
         """The evaluation tasks: the dataset, filtered to ``split`` and cut to ``max_tasks``, in file order."""
@@ -153,6 +177,9 @@ class MultiTurnRLEvaluator:
     async def aevaluate(self, display: EvalProgress | None = None) -> EvaluationResult:
         """``evaluate()`` for callers already inside an event loop (``display``: an EvalProgress to feed)."""
         plan = EvalPlan.from_config(self.config, self.tasks(), max_samples=self.max_samples)
+        reference_key = self.reference.api_key() if self.reference is not None else None
+        if self.reference is not None:  # an unreachable reference fails now, before a model loads or a rollout runs
+            await check_reference(self.reference, reference_key)
         tag = run_tag()
         # the coordinator's defaults are the plan's too, for agents that do not pass the rollout's sampling on
         config = plan.dispatch_config(self.config)
@@ -170,6 +197,10 @@ class MultiTurnRLEvaluator:
                 async with base_policy(stack.engine):
                     sides[BASE] = await run_side(dispatcher, plan, label=BASE, group_prefix=f"eval-{tag}-base",
                                                  scorer=self.strict_scorer)
+            if self.reference is not None:  # the same tasks and seeds, answered by the reference's endpoint
+                async with stack.coordinator.reference_side(self.reference, reference_key):
+                    sides[REFERENCE] = await run_side(dispatcher, plan, label=REFERENCE, group_prefix=f"eval-{tag}-ref",
+                                                      scorer=self.strict_scorer, model=self.reference.model)
             if display is not None:
                 display.detach()
         data = report_data(list(sides.values()), plan)
@@ -185,10 +216,12 @@ class MultiTurnRLEvaluator:
 
         mlflow = (self.config.advanced.mlflow.tracking_uri or default_tracking_uri(self.config.run_dir)
                   if self.tracking else "off")
-        sides = 2 if self.evaluate_base_model and self.adapter is not None else 1
+        sides = (2 if self.evaluate_base_model and self.adapter is not None else 1) + (self.reference is not None)
+        reference = f"{self.reference.model} at {self.reference.url}" if self.reference is not None else "none"
         return {
             "evaluating": stack.coordinator.served_model,
             "adapter": self.adapter or "none",
+            "reference": reference,
             "engine": stack.coordinator.engine_name,
             "output": self.output_path,
             "MLflow": mlflow,
@@ -232,8 +265,12 @@ __all__ = [
     "BASE",
     "BASE_PREFIX",
     "FINE_TUNED",
+    "REFERENCE",
+    "REFERENCE_PREFIX",
     "EvaluationResult",
     "MultiTurnRLEvaluator",
+    "ReferenceModel",
     "disputed_rollouts",
     "log_evaluation",
+    "metric_prefix",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from ..rewards import last_conversation
 from ..types import Rollout, Turn
 from ._metrics import EvalRecord
 
@@ -65,14 +66,7 @@ def conversation(rollout: Rollout) -> list[dict[str, Any]]:
     The last entry (role ``mtrl:outcome``) holds status, reward and error,
     so two runs that differ only in how they ended still differ.
     """
-    turns = _ordered(rollout.turns)
-    messages: list[dict[str, Any]] = [dict(m) for m in turns[-1].messages] if turns else []
-    if turns:
-        last = turns[-1]
-        reply: dict[str, Any] = {"role": "assistant", "content": last.completion_text}
-        if last.tool_calls:
-            reply["tool_calls"] = [dict(c) for c in last.tool_calls]
-        messages.append(reply)
+    messages = last_conversation(rollout)
     messages.append({
         "role": "mtrl:outcome",
         "status": rollout.status.value,

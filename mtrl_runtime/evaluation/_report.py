@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ._metrics import reward_metric_means, tool_call_distribution
-from ._run import EvalPlan, EvalSide
+from ._run import BASE, FINE_TUNED, EvalPlan, EvalSide
 
 MAX_LISTED = 50  # disputed trajectories listed per kind and model; the counts are always complete
 _SUMMARY = (
@@ -69,6 +69,7 @@ def _side_data(side: EvalSide, prefix: str) -> dict[str, Any]:
         entry["successes"] += int(record.success)
         entry["reward_sum"] += record.reward
     data: dict[str, Any] = {
+        "model": side.model,  # a reference model's name; None: the policy the engine served
         "policy_version": side.policy_version,
         "rollouts": len(side.rollouts),
         "metrics": dict(side.metrics),
@@ -116,21 +117,28 @@ def render_markdown(data: Mapping[str, Any], prefix: str = "val") -> str:
         f"{settings['tasks']} tasks x {settings['samples_per_task']} samples, temperature {s['temperature']}, "
         f"top_p {s['top_p']}, max_tokens {s['max_tokens']} per turn; seeds derived from seed {settings['seed']} "
         f"(the same for every model). Success: reward >= {settings['success_threshold']}.",
+    ]
+    lines += [f"\n`{label}` is the reference model `{models[label]['model']}` behind its own endpoint: the same agent, "
+              "tasks and seeds, its calls passed through and recorded (no token ids), never trained."
+              for label in labels if models[label].get("model")]
+    change = FINE_TUNED in labels and BASE in labels  # the change column: fine-tuned minus base
+    lines += [
         "",
         "## Summary",
         "",
-        _row(["metric", *labels] + (["change"] if len(labels) == 2 else [])),
-        _row(["---"] * (len(labels) + 1 + (len(labels) == 2))),
+        markdown_row(["metric", *labels] + (["change"] if change else [])),
+        markdown_row(["---"] * (len(labels) + 1 + change)),
     ]
     for key, name in _SUMMARY:
         values = [models[m]["metrics"].get(f"{prefix}/{key}") for m in labels]
         if all(v is None for v in values):
             continue
-        lines.append(_row([name, *map(_num, values)] + ([_delta(values)] if len(labels) == 2 else [])))
-    lines += ["", "## pass@k", "", _row(["k", *labels]), _row(["---"] * (len(labels) + 1))]
+        delta = [_delta([models[m]["metrics"].get(f"{prefix}/{key}") for m in (FINE_TUNED, BASE)])] if change else []
+        lines.append(markdown_row([name, *map(number_text, values)] + delta))
+    lines += ["", "## pass@k", "", markdown_row(["k", *labels]), markdown_row(["---"] * (len(labels) + 1))]
     ks = sorted({int(k) for m in labels for k in models[m]["pass_k"]})
     for k in ks:
-        lines.append(_row([str(k), *(_num(models[m]["pass_k"].get(str(k))) for m in labels)]))
+        lines.append(markdown_row([str(k), *(number_text(models[m]["pass_k"].get(str(k))) for m in labels)]))
     lines += _table("Tool calls (share of all calls)", models, "tool_calls")
     lines += _table("Reward function metrics (mean)", models, "reward_metrics")
     for label in labels:
@@ -143,8 +151,8 @@ def _table(title: str, models: Mapping[str, Any], key: str) -> list[str]:
     if not names:
         return []
     labels = list(models)
-    lines = ["", f"## {title}", "", _row(["name", *labels]), _row(["---"] * (len(labels) + 1))]
-    lines += [_row([n, *(_num(models[m][key].get(n)) for m in labels)]) for n in names]
+    lines = ["", f"## {title}", "", markdown_row(["name", *labels]), markdown_row(["---"] * (len(labels) + 1))]
+    lines += [markdown_row([n, *(number_text(models[m][key].get(n)) for m in labels)]) for n in names]
     return lines
 
 
@@ -152,26 +160,29 @@ def _strict_section(label: str, strict: Mapping[str, Any] | None) -> list[str]:
     if strict is None:
         return []
     lines = ["", f"## Strict scorer `{strict['scorer']}` vs the reward: {label}", "",
-             f"Strict success rate {_num(strict['success_rate'])}."]
+             f"Strict success rate {number_text(strict['success_rate'])}."]
     for kind, title in (("reward_only", "reward says success, strict says no (suspected reward hacking)"),
                         ("strict_only", "strict says success, the reward does not")):
         count, listed = strict[f"{kind}_count"], strict[kind]
         lines += ["", f"### {title}: {count} trajectories"]
         if not listed:
             continue
-        lines += ["", _row(["rollout", "task", "reward", "strict", "final answer"]), _row(["---"] * 5)]
-        lines += [_row([d["rollout_id"], d["task_id"], _num(d["reward"]), _num(d["strict"]), _cell(d["final_text"])])
+        lines += ["", markdown_row(["rollout", "task", "reward", "strict", "final answer"]), markdown_row(["---"] * 5)]
+        lines += [markdown_row([d["rollout_id"], d["task_id"], number_text(d["reward"]), number_text(d["strict"]),
+                                table_cell(d["final_text"])])
                   for d in listed]
         if count > len(listed):
             lines.append(f"\n(first {len(listed)} of {count} listed; all are in eval_report.json's counts)")
     return lines
 
 
-def _row(cells: Sequence[str]) -> str:
+def markdown_row(cells: Sequence[str]) -> str:
+    """One Markdown table row."""
     return "| " + " | ".join(cells) + " |"
 
 
-def _num(value: Any) -> str:
+def number_text(value: Any) -> str:
+    """A number to three decimals; "-" for None."""
     return "-" if value is None else f"{value:.3f}"
 
 
@@ -179,7 +190,8 @@ def _delta(values: Sequence[Any]) -> str:
     return "-" if None in values else f"{values[0] - values[1]:+.3f}"
 
 
-def _cell(text: str, limit: int = 160) -> str:
+def table_cell(text: str, limit: int = 160) -> str:
+    """Free text as one table cell: whitespace folded, pipes escaped, cut at ``limit`` characters."""
     text = " ".join(str(text).split()).replace("|", "\\|")
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -227,4 +239,14 @@ def plot_report(data: Mapping[str, Any], path: str | Path, prefix: str = "val") 
     return Path(path)
 
 
-__all__ = ["MAX_LISTED", "ReportPaths", "plot_report", "render_markdown", "report_data", "write_report"]
+__all__ = [
+    "MAX_LISTED",
+    "ReportPaths",
+    "markdown_row",
+    "number_text",
+    "plot_report",
+    "render_markdown",
+    "report_data",
+    "table_cell",
+    "write_report",
+]

@@ -11,7 +11,10 @@ of a run.
 
 Evaluation rollouts are recorded with ``step`` None and group ids
 ``<prefix>-t<index>``: they belong to no training batch, so a resumed run
-never trains on them.
+never trains on them. A side run on a reference model (``model`` given:
+the coordinator passes its calls to the reference's endpoint) is the same
+pass; its turns carry the model's name and no token ids, so it has no
+template-drift figure.
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ from ..types import MeasuresTemplateDrift, Rollout, RolloutExecutor, RolloutOutc
 from ._metrics import EvalRecord, eval_metrics, success_rate
 from ._records import record_of
 from ._strict import StrictComparison, StrictScorer, compare_with_strict
+
+
+FINE_TUNED = "fine_tuned"
+BASE = "base"
+REFERENCE = "reference"  # a reference model behind its own endpoint (``coordinator.ReferenceModel``)
 
 
 def sample_seed(seed: int, task_id: str, index: int) -> int:
@@ -151,6 +159,7 @@ class EvalSide:
     metrics: Mapping[str, float]
     strict: StrictComparison | None = None
     policy_version: int = 0
+    model: str | None = None  # the reference model that answered (None: the policy the engine served)
 
 
 def summarize(
@@ -180,11 +189,13 @@ async def run_side(
     group_prefix: str,
     scorer: StrictScorer | None = None,
     prefix: str = "val",
+    model: str | None = None,
 ) -> EvalSide:
     """Run every task of ``plan`` k times on the policy served now and summarize the rollouts.
 
     ``dispatcher`` is any dispatcher over the coordinator to evaluate on (its
     executor runs the agent); the plan's sampling, seeds and k replace its own.
+    ``model``: the reference model the coordinator passes these rollouts' calls to (see the module docstring).
     """
     version = int(dispatcher.coordinator.policy_version)
     seeded = dispatcher.with_plan(plan.dispatch_config(dispatcher.config), SeededExecutor(dispatcher.executor, plan))
@@ -192,9 +203,10 @@ async def run_side(
         *(seeded.run_group(f"{group_prefix}-t{i}", task) for i, task in enumerate(plan.tasks))
     )
     rollouts = [r for g in groups for r in g.finished]
-    side = summarize(label, rollouts, plan, scorer, prefix=prefix, policy_version=version)
+    side = replace(summarize(label, rollouts, plan, scorer, prefix=prefix, policy_version=version), model=model)
     coordinator = dispatcher.coordinator
-    if isinstance(coordinator, MeasuresTemplateDrift):  # the training loop's figure, on these rollouts
+    # the training loop's figure, on these rollouts (a reference model's have no ids to compare)
+    if model is None and isinstance(coordinator, MeasuresTemplateDrift):
         drift = await asyncio.to_thread(coordinator.template_drift, rollouts)
         side = replace(side, metrics={**side.metrics, f"{prefix}/template_drift_frac": drift})
     return side
@@ -225,7 +237,10 @@ async def run_validation(
 
 
 __all__ = [
+    "BASE",
     "BASE_SUCCESS",
+    "FINE_TUNED",
+    "REFERENCE",
     "EvalPlan",
     "EvalSide",
     "SeededExecutor",

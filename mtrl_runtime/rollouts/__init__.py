@@ -7,14 +7,15 @@
   limit and one deadline per rollout, groups formed by a group policy
   (``GROUP_POLICIES``);
 - ``collect_rollouts``: an agent over N tasks without training (``mtrl collect``);
-- ``load_tasks`` / ``TaskSchedule``: tasks from JSONL or rows, and the
-  seeded order training draws them in.
+- ``load_tasks`` / ``TaskSchedule``: tasks from a dataset (``task_sources``:
+  JSONL, JSON, CSV, parquet, Arrow, ``datasets``), and the seeded order
+  training draws them in.
 
 Training and evaluation both sit above this floor; it imports neither.
 """
 
 from ._collect import COLLECT_RUNS_KEY, Collected, collect_rollouts, rollout_line
-from ._dispatcher import ENVIRONMENT_PROBLEM_RATE, Dispatcher, GroupResult, StepBatch, group_id_for
+from ._dispatcher import ENVIRONMENT_PROBLEM_RATE, Dispatcher, GroupResult, StepBatch, group_id_for, refill_group_id
 from ._executors import EXECUTOR_KINDS, ExecutorKind, executor_for, executor_kind
 from ._groups import GROUP_POLICIES, GroupDecision, GroupPolicy, GroupRound
 from ._heartbeat import HEARTBEAT_S, Heartbeat, RolloutTally
@@ -45,6 +46,7 @@ __all__ = [
     "group_id_for",
     "load_tasks",
     "open_stack",
+    "refill_group_id",
     "rollout_line",
     "task_from_row",
 ]

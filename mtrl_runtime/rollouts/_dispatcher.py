@@ -9,10 +9,13 @@ and the coordinator told ``DeadlinePassed``. Whatever the executor returned
 is told as ``ExecutorEnded``; the coordinator's state machine alone decides
 the final status (the agent's own report, when it came first, stands). The
 store's record is what counts; the group policy (``_groups``) then keeps,
-drops or retries the group.
+drops or retries the group. With a ``group_scorer`` (a group judge,
+``types.GroupRescorer``) a training step's kept group is then rewarded anew,
+once complete and before advantages; groups outside a step keep their reward.
 
-Group ids are ``s<step>-g<index>`` (index in the step's batch), so a resumed
-run finds the rollouts a crashed run recorded for the same group.
+Group ids are ``s<step>-g<index>`` (index in the step's batch), and
+``s<step>-r<k>`` for the k-th extra task dynamic sampling drew for the step,
+so a resumed run finds the rollouts a crashed run recorded for the same group.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ..config import MtrlConfig
 from ..types import (
     DeadlinePassed,
     ExecutorEnded,
+    GroupRescorer,
     Rollout,
     RolloutCoordinator,
     RolloutEvent,
@@ -46,6 +50,11 @@ ENVIRONMENT_PROBLEM_RATE = 0.01  # permanent failures above this share of a step
 
 def group_id_for(step: int, index: int) -> str:
     return f"s{step}-g{index}"
+
+
+def refill_group_id(step: int, index: int) -> str:
+    """The group of the ``index``-th extra task drawn to refill step ``step`` (``TaskSchedule.refill``)."""
+    return f"s{step}-r{index}"
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,13 @@ class StepBatch:
     def kept_groups(self) -> list[GroupResult]:
         return [g for g in self.groups if not g.dropped]
 
+    def extended(self, more: "StepBatch") -> "StepBatch":
+        """This batch with ``more`` groups of the same step collected after it (times add up; warnings redone)."""
+        if more.step != self.step:
+            raise ValueError(f"extended: a batch of step {self.step} cannot take groups of step {more.step}")
+        return _with_warnings(StepBatch(self.step, self.groups + more.groups, self.group_size,
+                                        self.seconds + more.seconds, min(self.first_version, more.first_version)))
+
     def failure_metrics(self) -> dict[str, float]:
         statuses = Counter(r.status for r in self.rollouts)
         slots = max(len(self.groups) * self.group_size, 1)
@@ -113,19 +129,21 @@ class Dispatcher:
         config: MtrlConfig,
         endpoint: str,
         server_loop: asyncio.AbstractEventLoop | None = None,
+        group_scorer: GroupRescorer | None = None,
     ) -> None:
         self.coordinator = coordinator
         self.executor = executor
         self.config = config
         self.endpoint = endpoint
         self.server_loop = server_loop
+        self.group_scorer = group_scorer  # a group judge: rewards a training step's kept group anew (``_rescored``)
         self.policy = GROUP_POLICIES.get(config.advanced.group_policy.on_failure)
         self._slots: asyncio.Semaphore | None = None
         self.tally = RolloutTally()  # rollouts planned / ended per step, for progress lines
 
     def with_plan(self, config: MtrlConfig, executor: RolloutExecutor) -> "Dispatcher":
         """A dispatcher over the same coordinator and endpoint (and tally) with another config and executor."""
-        planned = Dispatcher(self.coordinator, executor, config, self.endpoint, self.server_loop)
+        planned = Dispatcher(self.coordinator, executor, config, self.endpoint, self.server_loop, self.group_scorer)
         planned.tally = self.tally
         return planned
 
@@ -136,17 +154,26 @@ class Dispatcher:
         return self._slots
 
     async def collect(
-        self, step: int, tasks: Sequence[Task], reuse: Mapping[str, Sequence[Rollout]] | None = None
+        self,
+        step: int,
+        tasks: Sequence[Task],
+        reuse: Mapping[str, Sequence[Rollout]] | None = None,
+        group_ids: Sequence[str] | None = None,
     ) -> StepBatch:
-        """Run every group of ``step``; ``reuse[group_id]`` holds completed rollouts recorded earlier."""
+        """Run every group of ``step``; ``reuse[group_id]`` holds completed rollouts recorded earlier.
+
+        ``group_ids``: one per task (default ``s<step>-g<index>``).
+        """
         loop = asyncio.get_running_loop()
         started = loop.time()
         first_version = int(self.coordinator.policy_version)
         reuse = reuse or {}
+        ids = list(group_ids) if group_ids is not None else [group_id_for(step, i) for i in range(len(tasks))]
+        if len(ids) != len(tasks):
+            raise ValueError(f"group_ids: {len(ids)} ids for {len(tasks)} tasks")
         groups = await asyncio.gather(
-            *(self._group(step, group_id_for(step, i), task,
-                          [r for r in reuse.get(group_id_for(step, i), ()) if r.task_id == task.id])
-              for i, task in enumerate(tasks))
+            *(self._group(step, group_id, task, [r for r in reuse.get(group_id, ()) if r.task_id == task.id])
+              for group_id, task in zip(ids, tasks))
         )
         batch = StepBatch(step, tuple(groups), self.config.core.group_size, loop.time() - started, first_version)
         return _with_warnings(batch)
@@ -175,16 +202,31 @@ class Dispatcher:
             retried += decision.retry
             need = decision.retry
         dropped = decision.action == "drop"
+        kept, ended = (() if dropped else tuple(completed)), tuple(finished)
+        if kept and step is not None and self.group_scorer is not None:  # training only: evaluation keeps its reward
+            kept, ended = await self._rescored(task, kept, ended)
         return GroupResult(
             id=group_id,
             task=task,
-            kept=() if dropped else tuple(completed),
-            finished=tuple(finished),
+            kept=kept,
+            finished=ended,
             dropped=dropped,
             retries=retried,
             reused=n_reused,
             permanent_failures=failed,
         )
+
+    async def _rescored(
+        self, task: Task, kept: tuple[Rollout, ...], finished: tuple[Rollout, ...]
+    ) -> tuple[tuple[Rollout, ...], tuple[Rollout, ...]]:
+        """``kept`` and ``finished`` with the kept rollouts as the group scorer stored them (its rewards)."""
+        assert self.group_scorer is not None
+        scored = tuple(await self.group_scorer.rescore(task, kept))
+        if [r.id for r in scored] != [r.id for r in kept]:
+            raise RuntimeError(f"group scorer {type(self.group_scorer).__name__} returned rollouts "
+                               f"{[r.id for r in scored]!r} for {[r.id for r in kept]!r}")
+        by_id = {r.id: r for r in scored}
+        return scored, tuple(by_id.get(r.id, r) for r in finished)
 
     async def _rollout(self, step: int | None, group_id: str, task: Task) -> Rollout:
         """Run one rollout to its end and return it as the store recorded it (with turns)."""
@@ -251,4 +293,4 @@ def _with_warnings(batch: StepBatch) -> StepBatch:
     return StepBatch(batch.step, batch.groups, batch.group_size, batch.seconds, batch.first_version, (line,))
 
 
-__all__ = ["Dispatcher", "ENVIRONMENT_PROBLEM_RATE", "GroupResult", "StepBatch", "group_id_for"]
+__all__ = ["Dispatcher", "ENVIRONMENT_PROBLEM_RATE", "GroupResult", "StepBatch", "group_id_for", "refill_group_id"]

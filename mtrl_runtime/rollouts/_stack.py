@@ -27,7 +27,7 @@ from ..coordinator import Coordinator
 from ..engines import create_engine
 from ..server import ServerHandle, create_app, start_server
 from ..store import open_store
-from ..types import PolicyEngine, RolloutExecutor, RunStopped, TrajectoryStore
+from ..types import GroupRescorer, PolicyEngine, RolloutExecutor, RunStopped, TrajectoryStore
 from ._dispatcher import Dispatcher, on_loop
 from ._executors import executor_for
 
@@ -97,12 +97,21 @@ class RolloutStack:
     def server_loop(self) -> asyncio.AbstractEventLoop | None:
         return self.server.loop if self.server is not None else None
 
-    def dispatcher(self, config: MtrlConfig | None = None, executor: RolloutExecutor | None = None) -> Dispatcher:
-        """A dispatcher over this stack's coordinator (``config`` and ``executor`` override the stack's)."""
+    def dispatcher(
+        self,
+        config: MtrlConfig | None = None,
+        executor: RolloutExecutor | None = None,
+        group_scorer: GroupRescorer | None = None,
+    ) -> Dispatcher:
+        """A dispatcher over this stack's coordinator (``config`` and ``executor`` override the stack's).
+
+        ``group_scorer``: rewards each training step's finished group anew (a group judge).
+        """
         runner = executor if executor is not None else self.executor
         if runner is None:
             raise RuntimeError("this stack has no executor: build it with agent_env")
-        return Dispatcher(self.coordinator, runner, config or self.config, self.endpoint, self.server_loop)
+        return Dispatcher(self.coordinator, runner, config or self.config, self.endpoint, self.server_loop,
+                          group_scorer)
 
     async def stop_live_rollouts(self) -> int:
         """End every rollout still live with ``RunStopped`` (stored ``interrupted``), on the server's loop.

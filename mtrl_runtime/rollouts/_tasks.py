@@ -1,4 +1,4 @@
-"""Training data: tasks from JSONL or rows, and the deterministic order batches are drawn in.
+"""Training data: tasks from a dataset (``task_sources``), and the deterministic order batches are drawn in.
 
 The order is a pure function of the seed: epoch ``e`` visits every task once
 in the permutation ``Random(f"{seed}:{e}")`` gives, and step ``t`` takes the
@@ -10,60 +10,21 @@ that draws step ``t + 1`` early draws the same tasks a sync run would.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..task_sources import read_tasks, task_from_row
 from ..types import Task
 
 
-def task_from_row(row: Mapping[str, Any], index: int = 0) -> Task:
-    """A Task from a dataset row: ``id`` (default ``task-<index>``), ``prompt`` or ``messages``,
-    ``ground_truth``, ``split``, and every other key kept in ``data``."""
-    if not isinstance(row, Mapping):
-        raise ValueError(f"dataset row {index}: expected a JSON object, got {type(row).__name__}")
-    prompt, messages = row.get("prompt"), row.get("messages")
-    if prompt is None and messages is None:
-        raise ValueError(f"dataset row {index}: needs a 'prompt' or 'messages' field, got keys {sorted(row)}")
-    known = {"id", "prompt", "messages", "ground_truth", "split", "data"}
-    data = dict(row.get("data") or {})
-    data.update({k: v for k, v in row.items() if k not in known})
-    return Task(
-        id=str(row.get("id", f"task-{index}")),
-        prompt=prompt,
-        messages=tuple(messages) if messages is not None else None,
-        ground_truth=row.get("ground_truth"),
-        split=str(row.get("split", "train")),
-        data=data,
-    )
-
-
-def load_tasks(source: str | Path | Iterable[Task | Mapping[str, Any]]) -> list[Task]:
-    """Tasks from a JSONL file (one row per line) or from Tasks / row dicts; ids must be unique."""
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"dataset: {str(source)!r} is not a file (expected a JSONL file of tasks)")
-        rows: list[Any] = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"dataset {path}: line {number} is not JSON: {exc}") from None
-    else:
-        rows = list(source)
-    tasks = [row if isinstance(row, Task) else task_from_row(row, i) for i, row in enumerate(rows)]
-    if not tasks:
-        raise ValueError(f"dataset: {source!r} holds no tasks")
-    seen: set[str] = set()
-    for task in tasks:
-        if task.id in seen:
-            raise ValueError(f"dataset: task id {task.id!r} appears more than once")
-        seen.add(task.id)
-    return tasks
+def load_tasks(source: str | Path | Iterable[Task | Mapping[str, Any]] | Any) -> list[Task]:
+    """Tasks from a dataset: ``PATH`` or ``PATH::SPLIT`` (.jsonl, .json, .csv, .parquet, .arrow, a
+    ``save_to_disk`` folder), a ``datasets.Dataset`` / ``DatasetDict`` or pandas DataFrame, or Tasks / row
+    dicts; ids must be unique. Every bad row is listed in one ``DatasetError`` (a ValueError).
+    See ``task_sources`` and docs/datasets.md."""
+    return read_tasks(source)
 
 
 @dataclass(frozen=True)
@@ -100,6 +61,29 @@ class TaskSchedule:
             epoch, offset = divmod(position, n)
             if epoch not in orders:
                 orders[epoch] = self._order(epoch)
+            out.append(self.tasks[orders[epoch][offset]])
+        return out
+
+    def refill(self, step: int, start: int, count: int) -> list[Task]:
+        """Extra tasks ``start .. start + count - 1`` drawn to refill step ``step`` (dynamic sampling).
+
+        A stream of its own per step, a pure function of (seed, step, index):
+        epoch ``e`` of it visits every task not in ``batch(step)`` (every task
+        when the batch holds them all) once, in the order ``Random(f"{seed}:refill:{step}:{e}")``
+        gives. It never moves the data position: step ``t + 1``'s batch does not
+        depend on how many extra tasks step ``t`` drew.
+        """
+        if step < 0 or start < 0 or count < 0:
+            raise ValueError(f"refill: step, start and count must be >= 0, got {step}, {start}, {count}")
+        in_batch = {t.id for t in self.batch(step)}
+        pool = [i for i, t in enumerate(self.tasks) if t.id not in in_batch] or list(range(len(self.tasks)))
+        orders: dict[int, list[int]] = {}
+        out = []
+        for index in range(start, start + count):
+            epoch, offset = divmod(index, len(pool))
+            if epoch not in orders:
+                orders[epoch] = list(pool)
+                random.Random(f"{self.seed}:refill:{step}:{epoch}").shuffle(orders[epoch])
             out.append(self.tasks[orders[epoch][offset]])
         return out
 

@@ -142,7 +142,8 @@ class ChatCompletionRequest(BaseModel):
                 )
             choice = "function"
         kind = choice if choice in ("required", "function") else "auto"
-        return ChatOptions(template_kwargs=self.chat_template_kwargs or {}, tool_choice=kind, tool_name=name)
+        return ChatOptions(template_kwargs=self.chat_template_kwargs or {}, tool_choice=kind, tool_name=name,
+                           token_ids=self.wants_token_ids or self.wants_logprobs)
 
     def sampling(self, default: SamplingParams, max_tokens_cap: int) -> SamplingParams:
         """The request's sampling settings over the run's defaults; max_tokens is capped."""

@@ -83,7 +83,8 @@ async def stream_answer(run: Run, events: EventWriter, counters: Any, receive: R
                 raise
             await write(lambda: events.error(exc))
         else:
-            rest = TextDelta()
+            # nothing streamed yet when no decoder began (a reference model's reply arrives whole): send it all
+            rest = TextDelta(result.message.get("content") or "", result.message.get("reasoning_content") or "")
             if stream.text is not None:
                 rest, exact = stream.text.remainder(result.message)
                 if not exact:

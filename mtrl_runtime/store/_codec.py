@@ -196,6 +196,7 @@ class TurnRow(NamedTuple):
     latency_s: float
     reasoning: str | None
     reasoning_tokens: int
+    model: str | None
 
 
 def encode_task(task: Task) -> tuple:
@@ -260,13 +261,24 @@ def encode_turn(turn: Turn) -> TurnRow:
         latency_s=check_float("turn.latency_s", turn.latency_s, minimum=0.0),
         reasoning=check_str("turn.reasoning", turn.reasoning, optional=True, empty=True),
         reasoning_tokens=check_int("turn.reasoning_tokens", turn.reasoning_tokens),
+        model=_reference_model(turn),
     )
+
+
+def _reference_model(turn: Turn) -> str | None:
+    """``turn.model``, checked: a turn a reference model wrote (a name) holds no token ids."""
+    model = check_str("turn.model", turn.model, optional=True)
+    if model is not None and (turn.prompt_ids or turn.completion_ids):
+        raise ValueError(f"turn.model is {model!r} (a reference model's turn, passed through) but the turn holds "
+                         f"{len(turn.prompt_ids)} prompt and {len(turn.completion_ids)} completion ids; a reference "
+                         "turn has none")
+    return model
 
 
 def decode_turn(row: TurnRow) -> Turn:
     (rollout_id, index, messages, tools, prompt_ids, completion_ids, logprobs, finish_reason,
      completion_text, tool_calls, policy_version, segment, break_reason, malformed, started_at,
-     latency_s, reasoning, reasoning_tokens) = row
+     latency_s, reasoning, reasoning_tokens, model) = row
     return Turn(
         rollout_id=rollout_id,
         index=index,
@@ -286,6 +298,7 @@ def decode_turn(row: TurnRow) -> Turn:
         latency_s=latency_s,
         reasoning=reasoning,
         reasoning_tokens=reasoning_tokens,
+        model=model,
     )
 
 

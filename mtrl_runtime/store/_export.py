@@ -15,9 +15,11 @@ Each line is an object with these keys (times are Unix seconds)::
     task        {id, prompt, messages, ground_truth, split, data}
     turns       [{index, messages, tools, prompt_ids, completion_ids, logprobs, finish_reason,
                   completion_text, tool_calls, policy_version, segment, break_reason,
-                  malformed_tool_call, started_at, latency_s, reasoning, reasoning_tokens}]
+                  malformed_tool_call, started_at, latency_s, reasoning, reasoning_tokens, model}]
                                                             by index; prompt_ids is the full prompt;
-                                                            reasoning: the reply's reasoning_content or null
+                                                            reasoning: the reply's reasoning_content or null;
+                                                            model: null (the policy's turn) or the reference
+                                                            model that wrote it (no ids; never trained)
     tool_calls  [{call_id, name, arguments, result, error, status, latency_s, turn_index, started_at}]
                                                             in order of arrival
     model_calls [{rollout_id, protocol, model, latency_s, started_at, input_tokens, output_tokens, stream,
@@ -108,6 +110,7 @@ def _turn_record(turn: Turn) -> dict[str, Any]:
         "latency_s": turn.latency_s,
         "reasoning": turn.reasoning,
         "reasoning_tokens": turn.reasoning_tokens,
+        "model": turn.model,
     }
 
 

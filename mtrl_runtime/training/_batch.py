@@ -45,9 +45,7 @@ def prepare_batch(
     max_off_policy: int,
 ) -> PreparedBatch:
     """Advantages → samples → staleness filter, for the groups the dispatcher kept."""
-    kept = [g for g in groups if g.kept]
-    rewards = [GroupRewards.from_rollouts(g.kept, g.id) for g in kept]
-    advantages, stats = compute_advantages(method, rewards, params) if rewards else ([], _empty_advantage_stats())
+    kept, advantages, stats = group_advantages(groups, method, params)
     samples: list[Sample] = []
     stale_S: list[int] = []
     trained: list[str] = []
@@ -85,8 +83,21 @@ def prepare_batch(
     return PreparedBatch(samples, trained, metrics, tuple(stale_S))
 
 
+def group_advantages(
+    groups: Sequence[GroupResult], method: str, params: AdvantageParams
+) -> tuple[list[GroupResult], list[list[list[float]] | None], dict[str, float]]:
+    """The groups the group policy kept, their advantages (None: all zero, no signal) and the method's stats.
+
+    The one rule for "this group carries signal": the update trains on it, and dynamic sampling counts it as useful.
+    """
+    kept = [g for g in groups if g.kept]
+    rewards = [GroupRewards.from_rollouts(g.kept, g.id) for g in kept]
+    advantages, stats = compute_advantages(method, rewards, params) if rewards else ([], _empty_advantage_stats())
+    return kept, advantages, stats
+
+
 def _empty_advantage_stats() -> dict[str, float]:
     return {"analysis/zero_adv_groups": 0.0, "analysis/equal_reward_groups": 0.0}
 
 
-__all__ = ["PreparedBatch", "prepare_batch", "staleness"]
+__all__ = ["PreparedBatch", "group_advantages", "prepare_batch", "staleness"]

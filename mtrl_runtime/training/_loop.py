@@ -10,6 +10,11 @@ filter (``_batch.prepare_batch``) still drops and counts any sample more
 than ``s`` versions away, which happens when an engine serves a version
 late (adapters pushed to another process) or rollouts are reused on resume.
 
+Collecting a step is ``_dynamic_sampling.sample_step``: the step's groups,
+then, with ``advanced.dynamic_sampling``, refill rounds of extra tasks while
+groups without signal leave the batch short (their own seeded stream; the
+data position does not move).
+
 Per step: advantages → samples → update (``_weights``) → metrics (store
 history via the checkpoint commit, MLflow now) → diagnostics → a checkpoint
 every ``advanced.checkpoint_every`` steps and after the last one.
@@ -46,10 +51,11 @@ from ..algorithms import AdvantageParams
 from ..config import MtrlConfig
 from ..diagnostics import TEMPLATE_DRIFT, VAL_REWARD, ZERO_ADV
 from ..evaluation import run_validation
-from ..rollouts import Dispatcher, StepBatch, TaskSchedule
+from ..rollouts import Dispatcher, TaskSchedule
 from ..types import MeasuresTemplateDrift, Task
 from ._batch import prepare_batch
 from ._checkpoint import Checkpoints
+from ._dynamic_sampling import SampledStep, sample_step
 from ._metrics import rollout_metrics
 from ._resume import ResumePlan
 
@@ -119,7 +125,7 @@ class TrainingLoop:
     async def run(self, start: int) -> list[StepReport]:
         max_steps = self.config.core.max_steps
         bound = off_policy_bound(self.config)
-        pending: dict[int, asyncio.Task[StepBatch]] = {}
+        pending: dict[int, asyncio.Task[SampledStep]] = {}
         reports = []
         last_end = time.perf_counter()
         try:
@@ -129,10 +135,10 @@ class TrainingLoop:
                         pending[ahead] = asyncio.create_task(self._collect(ahead), name=f"mtrl-collect-{ahead}")
                 validated = await self._validate(step) if self.validates_at(step) else None  # while step collects
                 waited = time.perf_counter()
-                batch = await pending[step]  # left in `pending` until done: a stop cancels and awaits it below
+                sampled = await pending[step]  # left in `pending` until done: a stop cancels and awaits it below
                 del pending[step]
                 waited = time.perf_counter() - waited
-                report = await self._train(batch, bound, waited, last_end, validated)
+                report = await self._train(sampled, bound, waited, last_end, validated)
                 last_end = time.perf_counter()
                 last = step == max_steps - 1
                 if last:
@@ -150,9 +156,9 @@ class TrainingLoop:
             await asyncio.gather(*pending.values(), return_exceptions=True)
         return reports
 
-    async def _collect(self, step: int) -> StepBatch:
+    async def _collect(self, step: int) -> SampledStep:
         reuse = self.resume.for_step(step) if self.resume is not None else None
-        return await self.dispatcher.collect(step, self.schedule.batch(step), reuse)
+        return await sample_step(self.dispatcher, self.schedule, step, self.config, reuse)
 
     async def _validate(self, step: int) -> ValidationPass | None:
         """Run the validation pass at ``step`` on the served policy; None when the store already has it."""
@@ -190,9 +196,9 @@ class TrainingLoop:
         return lines
 
     async def _train(
-        self, batch: StepBatch, bound: int, waited: float, last_end: float, validated: ValidationPass | None = None
+        self, sampled: SampledStep, bound: int, waited: float, last_end: float, validated: ValidationPass | None = None
     ) -> StepReport:
-        core = self.config.core
+        core, batch = self.config.core, sampled.batch
         params = AdvantageParams(success_threshold=core.success_threshold)
         prepared = prepare_batch(batch.groups, core.advantage_method, params, int(self.update.version), bound)
         started = time.perf_counter()
@@ -209,6 +215,7 @@ class TrainingLoop:
         metrics.update(prepared.metrics)
         groups = sum(1 for g in batch.groups if g.kept)  # the groups advantages were computed over
         metrics[ZERO_ADV] = metrics["analysis/zero_adv_groups"] / groups if groups else 0.0
+        metrics.update(sampled.metrics)
         metrics.update(update_metrics)
         metrics.update({
             "time/rollout": batch.seconds,

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 from ..diagnostics import VAL_REWARD
 from ..evaluation import PASS_K_PREFIX
 from ..rollouts import HEARTBEAT_S, Heartbeat, RolloutTally
+from ._dynamic_sampling import REFILLED, USEFUL
 from ._loop import StepReport
 
 STRICT_SUCCESS = "val/strict/success_rate"
@@ -116,11 +117,14 @@ class ProgressDisplay:
 
 
 def step_line(report: StepReport) -> str:
-    """``step 3/10  reward 0.412  strict 0.250  rollouts 12.3 s  update 4.5 s  step 17.0 s``."""
+    """``step 3/10  reward 0.412  strict 0.250  rollouts 12.3 s  update 4.5 s  step 17.0 s``
+    (``refilled 3 (8 useful groups)`` after the reward when dynamic sampling drew extra tasks)."""
     m = report.metrics
     parts = [f"step {report.step + 1}/{report.max_steps}", f"reward {m.get('rollout/reward/mean', 0.0):.3f}"]
     if STRICT_SUCCESS in m:
         parts.append(f"strict {m[STRICT_SUCCESS]:.3f}")
+    if m.get(REFILLED):  # dynamic sampling drew extra tasks for groups without signal
+        parts.append(f"refilled {m[REFILLED]:.0f} ({m.get(USEFUL, 0.0):.0f} useful groups)")
     parts += [f"rollouts {m.get('time/rollout', 0.0):.1f} s", f"update {m.get('time/update', 0.0):.1f} s",
               f"step {m.get('time/step', 0.0):.1f} s"]
     return "  ".join(parts)

@@ -28,10 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from ..config import ConfigError, CoreConfig, MtrlConfig
+from ..chat import CHAT_TEMPLATE_META
+from ..config import RUN_CONFIG_META, ConfigError, CoreConfig, MtrlConfig
 from ..engines import resolve_model
 from ..evaluation import StrictScorer, as_strict_scorer
 from ..monitor import DiagnosticsMonitor, history_from_rows
+from ..rewards import judged_rewards
 from ..rollouts import HEARTBEAT_S, RolloutStack, TaskSchedule, executor_kind, load_tasks
 from ..tracking import Tracker
 from ..types import RolloutExecutor, Task
@@ -39,6 +41,7 @@ from ._checkpoint import Checkpoints
 from ._distributed import ShardedUpdate, sharded_update_from_config
 from ._ranks import Ranks
 from ._fit import preflight_folder
+from ._init_weights import load_initial_weights
 from ._loop import StepReport, TrainingLoop
 from ._policy import policy_from_config
 from ._progress import ProgressDisplay
@@ -132,7 +135,7 @@ class MultiTurnRLTrainer:
         """``train()`` for callers already inside an event loop (``display``: a ProgressDisplay to feed)."""
         run = await asyncio.to_thread(_Run.open, self)
         try:
-            if run.start_step > 0:  # resumed: the engine serves the restored version
+            if run.start_step > 0 or run.initialized:  # resumed, or started from init weights: the engine serves them
                 await run.weights.publish()
             loop = run.loop(on_step)
             if display is not None:
@@ -168,6 +171,7 @@ class _Run:
         self.tracker: Any = None
         self.ranks: Ranks | None = None
         self.update: Any = None
+        self.initialized = False  # advanced.init_adapter loaded into the policy (a fresh run, not a resume)
 
     @classmethod
     def open(cls, trainer: MultiTurnRLTrainer) -> "_Run":
@@ -190,6 +194,9 @@ class _Run:
         self.stack = RolloutStack.build(config, store_path=config.run_dir / "trajectories.db", engine=trainer.engine,
                                         agent_env=trainer.agent_env)
         engine, self.store = self.stack.engine, self.stack.store
+        self.store.set_meta(RUN_CONFIG_META, config.recorded())  # what it ran with: mtrl rescore reads it
+        # a group judge's scores become the training groups' rewards; one at the policy's own endpoint is refused
+        self.judge = judged_rewards(config.advanced.group_judge, self.store, self.stack.endpoint)
         settings = UpdateSettings.from_config(config)
         self.ranks = trainer.ranks
         if shares_model(engine) and self.ranks is None:
@@ -214,10 +221,22 @@ class _Run:
             self.weights = PushedWeights(engine, self.update, config.run_dir, keep=keep)
         self.checkpoints = Checkpoints(config.run_dir, self.store, keep=config.advanced.keep_checkpoints)
         self.start_step, self.plan = self._restore(trainer.resume)
+        self.initialized = self._initial_weights()
         self.tracker = self._tracker(trainer.tracking)
         self.monitor = DiagnosticsMonitor.for_config(config, tracker=self.tracker, echo=None)
         if self.start_step > 0:  # resumed: the rules read the whole run, and what was said stays said
             self.monitor.preload(history_from_rows(self.store.metric_history()))
+
+    def _initial_weights(self) -> bool:
+        """Load ``advanced.init_adapter`` into a fresh run's policy (a resume restores its checkpoint instead)."""
+        folder = self.config.advanced.init_adapter
+        if folder is None or self.start_step > 0:
+            return False
+        if self.ranks is not None:
+            raise ConfigError("advanced.init_adapter: starting from trained weights under torchrun is not supported "
+                              "yet; run mtrl train on one process, or leave init_adapter out")
+        load_initial_weights(self.update.policy, folder)
+        return True
 
     def _restore(self, resume: bool) -> tuple[int, Any]:
         latest = self.checkpoints.latest()
@@ -236,7 +255,8 @@ class _Run:
     def _tracker(self, enabled: bool) -> Any:
         if not enabled:
             return None
-        tracker = Tracker(self.config, run_id=self.store.get_meta(MLFLOW_RUN_KEY))
+        rendered = self.store.get_meta(CHAT_TEMPLATE_META) or {}  # the endpoint's chat format, written at its start
+        tracker = Tracker(self.config, run_id=self.store.get_meta(MLFLOW_RUN_KEY), chat_format=rendered.get("chat_format"))
         self.store.set_meta(MLFLOW_RUN_KEY, tracker.run_id)
         return tracker
 
@@ -245,7 +265,7 @@ class _Run:
         return TrainingLoop(
             config=self.config,
             schedule=self.schedule,
-            dispatcher=self.stack.dispatcher(),
+            dispatcher=self.stack.dispatcher(group_scorer=self.judge),
             weights=self.weights,
             checkpoints=self.checkpoints,
             tracker=self.tracker,
@@ -270,6 +290,7 @@ class _Run:
             "run folder": self.config.run_dir,
             "MLflow": self.tracker.tracking_uri if self.tracker is not None else "off",
             "from step": f"{self.start_step + 1} of {self.config.core.max_steps}",
+            **({"starting from": self.config.advanced.init_adapter} if self.initialized else {}),
         }
 
     def finish(self) -> Path:

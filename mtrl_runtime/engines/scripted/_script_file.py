@@ -16,7 +16,9 @@ A reply is a string (the completion's text), or a mapping with ``text``,
 ``error`` (the turn fails with this message) and ``delay_s``. A rollout's
 entry is chosen at its first turn (by the rendered prompt, which holds the
 task's prompt) and kept for its later turns; turn ``i`` answers
-``replies[i]``; a rollout that asks for more turns than its entry holds
+``replies[i]`` (a call that names no rollout, served in inference mode: ``i``
+is the number of assistant messages after its last user message, so ``mtrl
+serve --inference`` replays whole episodes to a plain client); a rollout that asks for more turns than its entry holds
 fails naming the entry. A file that is just a list of replies is one entry
 for every task. Every mistake is a ``ScriptFileError`` naming the file, the
 field and the value.

@@ -15,7 +15,7 @@ import json
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_MS = 10_000
 
 _TABLES_V1 = """
@@ -118,6 +118,11 @@ CREATE TABLE model_calls (
     PRIMARY KEY (rollout_id, seq)
 );
 """,
+    # 3: the model that wrote a turn when it was not the policy (an evaluation's reference model, passed through
+    # to its own endpoint): such a turn has no token ids and is never trained on. Earlier turns are the policy's.
+    3: """
+ALTER TABLE turns ADD COLUMN model TEXT;                                -- NULL: the policy's turn
+""",
 }
 
 
@@ -135,11 +140,34 @@ def connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def connect_reader(path: Path) -> sqlite3.Connection:
-    """A read-only connection (``query_only``) in autocommit mode; WAL lets it read while the writer writes."""
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+def connect_reader(path: Path, read_only: bool = False) -> sqlite3.Connection:
+    """A read-only connection (``query_only``) in autocommit mode; WAL lets it read while the writer writes.
+
+    ``read_only``: opened with ``mode=ro``, so the file must exist and nothing
+    is written to it (not even the WAL checkpoint a last connection does).
+    """
+    target, uri = (f"{path.resolve().as_uri()}?mode=ro", True) if read_only else (str(path), False)
+    conn = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False,
+                           timeout=BUSY_TIMEOUT_MS / 1000)
     conn.execute("PRAGMA query_only=ON")
     return conn
+
+
+def read_version(path: Path) -> int:
+    """The schema version of an existing store, read without writing; a file that needs a migration is refused."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no trajectory store at {str(path)!r}")
+    conn = connect_reader(path, read_only=True)
+    try:
+        version = _version(conn)
+    finally:
+        conn.close()
+    if version != SCHEMA_VERSION:
+        raise RuntimeError(
+            f"trajectory store {str(path)!r} has schema_version {version}; read-only opening needs "
+            f"{SCHEMA_VERSION}: open it once read-write (SQLiteStore(path)) to migrate it"
+        )
+    return version
 
 
 def prepare(conn: sqlite3.Connection) -> int:

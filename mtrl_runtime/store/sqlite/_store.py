@@ -38,7 +38,7 @@ from .._model_calls import encode_model_call
 from . import _ops, _reads
 from ._model_calls import insert_model_call
 from ._loop_batch import LoopBatch
-from ._schema import connect, connect_reader, prepare
+from ._schema import connect, connect_reader, prepare, read_version
 from ._writer import Operation, Writer
 
 _RESERVED_META = frozenset({"schema_version"})
@@ -50,19 +50,25 @@ class SQLiteStore:
     Sync write methods block until committed; call the async ones
     (``aadd_turn``...) from an event loop. Opening an existing file keeps its
     data (resume). ``close()`` commits what is queued; the store is also a
-    context manager.
+    context manager. ``read_only=True`` opens an existing store for reading
+    only (``mtrl rescore``): no writer, every write refused, the file untouched.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, read_only: bool = False) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = connect(self.path)
-        try:
-            self.schema_version = prepare(conn)
-        except BaseException:
-            conn.close()
-            raise
-        self._writer = Writer(conn)
+        self.read_only = read_only
+        if read_only:
+            self.schema_version = read_version(self.path)
+            self._writer: Writer | _RefusedWrites = _RefusedWrites(self.path)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = connect(self.path)
+            try:
+                self.schema_version = prepare(conn)
+            except BaseException:
+                conn.close()
+                raise
+            self._writer = Writer(conn)
         self._batch = LoopBatch(self._writer)
         self._closed = False
         self._local = threading.local()
@@ -273,6 +279,8 @@ class SQLiteStore:
         """Commit ``op`` with the other writes of this loop iteration; cancelling the awaiter keeps the write."""
         if self._closed:
             raise RuntimeError("the trajectory store is closed")
+        if self.read_only:  # refused here: a batched write would fail on the loop, far from its caller
+            return self._writer.submit(op)
         return await self._batch.submit(op)
 
     def _reader(self) -> sqlite3.Connection:
@@ -281,7 +289,7 @@ class SQLiteStore:
             raise RuntimeError("the trajectory store is closed")
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = connect_reader(self.path)
+            conn = connect_reader(self.path, read_only=self.read_only)
             with self._readers_lock:
                 for ident in [i for i, (thread, _) in self._readers.items() if not _alive(thread)]:
                     self._readers.pop(ident)[1].close()  # the thread is gone; so is its need
@@ -295,6 +303,22 @@ def _export_records(conn: sqlite3.Connection, step: int | None) -> Iterator[dict
     for rollout_id in _reads.rollout_ids(conn, step):
         rollout = _reads.rollout(conn, rollout_id, with_turns=True)
         yield rollout_record(rollout, _reads.task(conn, rollout.task_id), _reads.trained_step(conn, rollout_id))
+
+
+class _RefusedWrites:
+    """The writer of a read-only store: every write is refused, naming the file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def submit(self, op: Operation) -> Any:
+        raise PermissionError(f"trajectory store {str(self.path)!r} is open read-only; nothing may be written")
+
+    def submit_many(self, ops: list[Operation]) -> Any:
+        return self.submit(lambda conn: None)
+
+    def close(self) -> None:
+        pass
 
 
 def _alive(thread_ref: weakref.ref) -> bool:

@@ -1,0 +1,115 @@
+"""The Anthropic Messages wire of a reference endpoint: ``POST <url>/v1/messages`` (``url``: https://api.anthropic.com).
+
+Chat messages become Messages content blocks: system messages the
+``system`` prompt; an assistant message its text and a ``tool_use`` block
+per call (arguments as the ``input`` object); each tool result a
+``tool_result`` block (``is_error`` when the agent flagged it) in a user
+message; consecutive blocks of one role share one message, as the API
+requires, and empty text is left out (the API refuses empty text blocks).
+Sampling: ``max_tokens``, ``temperature``, ``top_p`` (only below 1: newer
+models refuse both at once), ``stop_sequences``; the API takes no seed, so
+a reference behind it samples without the plan's seeds. The reply's
+``thinking`` blocks become ``reasoning_content`` and are not sent back in
+later calls (the API needs their signatures, which chat messages do not
+carry). The key goes as ``x-api-key``, with ``anthropic-version``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..types import ChatOptions, SamplingParams
+from ._reference_wire import ReferenceReply, append_blocks, arguments_object, assistant_reply, tool_call
+
+API_VERSION = "2023-06-01"
+_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
+           "refusal": "content_filter"}
+
+
+class AnthropicMessagesWire:
+    """``POST <url>/v1/messages``; the model list at ``<url>/v1/models``."""
+
+    def chat_url(self, base: str, model: str) -> str:
+        return base + "/v1/messages"
+
+    def models_url(self, base: str) -> str | None:
+        return base + "/v1/models"
+
+    def headers(self, api_key: str | None, method: str, url: str, content: bytes) -> dict[str, str]:
+        headers = {"anthropic-version": API_VERSION}
+        if api_key:
+            headers["x-api-key"] = api_key
+        return headers
+
+    def request_body(self, model: str, messages: list[dict[str, Any]], tools: list[Mapping[str, Any]],
+                     sampling: SamplingParams, options: ChatOptions) -> dict[str, Any]:
+        system: list[str] = []
+        turns: list[dict[str, Any]] = []
+        for message in messages:
+            role = message["role"]
+            if role == "system":
+                system.append(message.get("content") or "")
+            elif role == "assistant":
+                blocks = _text_blocks(message.get("content"))
+                blocks += [{"type": "tool_use", "id": call.get("id"), "name": call["function"]["name"],
+                            "input": arguments_object(call["function"]["arguments"])}
+                           for call in message.get("tool_calls") or ()]
+                append_blocks(turns, "assistant", blocks)
+            elif role == "tool":
+                block: dict[str, Any] = {"type": "tool_result", "tool_use_id": message.get("tool_call_id"),
+                                         "content": message.get("content") or ""}
+                if message.get("status") == "error":
+                    block["is_error"] = True
+                append_blocks(turns, "user", [block])
+            else:
+                append_blocks(turns, "user", _text_blocks(message.get("content")))
+        body: dict[str, Any] = {"model": model, "messages": turns, "max_tokens": sampling.max_tokens,
+                                "temperature": sampling.temperature}
+        if any(system):
+            body["system"] = "\n\n".join(s for s in system if s)
+        if sampling.top_p < 1.0:
+            body["top_p"] = sampling.top_p
+        if sampling.stop:
+            body["stop_sequences"] = list(sampling.stop)
+        if tools:
+            body["tools"] = [_tool(t) for t in tools]
+            choices = {"auto": {"type": "auto"}, "required": {"type": "any"},
+                       "function": {"type": "tool", "name": options.tool_name}}
+            body["tool_choice"] = choices[options.tool_choice]
+        return body
+
+    def parse_reply(self, payload: Any) -> ReferenceReply:
+        """A Messages ``message`` object: its text, thinking and tool_use blocks."""
+        blocks = payload.get("content") if isinstance(payload, Mapping) else None
+        if not isinstance(blocks, list):
+            raise ValueError("no content list")
+        texts: list[str] = []
+        thoughts: list[str] = []
+        calls: list[dict[str, Any]] = []
+        for i, block in enumerate(blocks):
+            kind = block.get("type") if isinstance(block, Mapping) else None
+            if kind == "text":
+                texts.append(str(block.get("text", "")))
+            elif kind == "thinking":
+                thoughts.append(str(block.get("thinking", "")))
+            elif kind == "tool_use":
+                if not isinstance(block.get("name"), str):
+                    raise ValueError(f"content[{i}] (tool_use) has no name")
+                calls.append(tool_call(str(block.get("id") or f"toolu_{i}"), block["name"], block.get("input")))
+        stop = payload.get("stop_reason")
+        return assistant_reply(texts, thoughts, calls, stop, _FINISH)
+
+
+def _text_blocks(content: Any) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) and content else []
+
+
+def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    fn = tool.get("function") or {}
+    out: dict[str, Any] = {"name": fn.get("name"), "input_schema": fn.get("parameters") or {"type": "object"}}
+    if fn.get("description"):
+        out["description"] = fn["description"]
+    return out
+
+
+__all__ = ["API_VERSION", "AnthropicMessagesWire"]

@@ -1,0 +1,367 @@
+"""Conversations from OpenTelemetry GenAI spans exported as JSON.
+
+``source`` is a file, or a folder of ``*.json`` / ``*.jsonl`` files, holding:
+
+- OTLP JSON: ``{"resourceSpans": [{"scopeSpans": [{"spans": [...]}]}]}``,
+  one document or one per line (what the Collector's ``file`` exporter and
+  ``opentelemetry-exporter-otlp-json-file``'s ``FileSpanExporter`` write);
+  attributes as OTLP ``AnyValue``s, ids in hex (or base64);
+- or the Python SDK's ``ConsoleSpanExporter`` output (``span.to_json()``
+  objects one after another).
+
+A chat span is one whose ``gen_ai.operation.name`` is ``chat`` or
+``generate_content``, or that carries messages. Its messages are read from
+the GenAI semantic conventions' attributes:
+
+- newer, structured: ``gen_ai.input.messages`` / ``gen_ai.output.messages``
+  (JSON: ``[{"role", "parts": [{"type": "text", "content"} | {"type":
+  "tool_call", "id", "name", "arguments"} | {"type": "tool_call_response",
+  "id", "response"} | {"type": "reasoning", "content"}]}]``, one output
+  message per choice), ``gen_ai.system_instructions``;
+- older, flattened: ``gen_ai.prompt.N.role`` / ``.content`` /
+  ``.tool_call_id`` / ``.tool_calls.M.id|name|arguments`` and
+  ``gen_ai.completion.N.*`` the same way;
+- tools: ``gen_ai.tool.definitions`` (``[{"type": "function", "name",
+  "description", "parameters"}]``) or the older ``llm.request.functions.N.
+  name|description|parameters``, on the chat span or an enclosing one (an
+  ``invoke_agent`` span), since some instrumentations record them there only.
+
+Spans are grouped by trace; ``_from_traces.assemble`` keeps one conversation
+per dialogue (the last chat span of a trace carries the whole history) and
+merges traces that are one chat call, nothing around it, into the
+conversation they begin. A chat span without
+messages (content capture off), with content uploaded elsewhere (``*.ref``),
+with a non-text part, or with tool calls but no tool definitions anywhere in
+its trace, is a ValueError naming the file, trace and span, and the setting
+that records what is missing. Traces without a chat span are skipped and
+counted.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from ._conversation import Conversation
+from ._from_traces import Call, assemble, function_tool, tool_call
+
+_CHAT_OPERATIONS = ("chat", "generate_content")
+_CAPTURE_HINT = ("the instrumentation recorded no message content: with opentelemetry-instrumentation-openai-v2 set "
+                 "OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental and "
+                 "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=span_only (content on the span, not in events); "
+                 "with OpenLLMetry (traceloop) TRACELOOP_TRACE_CONTENT=true")
+
+
+@dataclass(frozen=True)
+class _Span:
+    trace_id: str
+    span_id: str
+    parent_id: str
+    name: str
+    start: int
+    attributes: Mapping[str, Any]
+    where: str
+
+
+def load(source: str | os.PathLike[str]) -> list[Conversation]:
+    """Every conversation in the exported spans at ``source`` (a file, or a folder of .json/.jsonl files)."""
+    path = Path(source)
+    files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".jsonl")) if path.is_dir() else [path]
+    if not path.exists() or not files:
+        raise ValueError(f"otel source {str(path)!r}: no such file, or a folder without .json/.jsonl files")
+    traces: dict[str, list[_Span]] = {}
+    for file in files:
+        for span in _read_spans(file):
+            traces.setdefault(span.trace_id, []).append(span)
+    calls: dict[str, list[Call]] = {}
+    skipped = []
+    for trace_id, spans in sorted(traces.items(), key=lambda item: min(s.start for s in item[1])):
+        found = trace_calls(spans)
+        if found:
+            calls[trace_id] = found
+        else:
+            skipped.append(trace_id)
+    return assemble(calls, skipped, f"otel {path}")
+
+
+def trace_calls(spans: list[_Span]) -> list[Call]:
+    """The chat calls of one trace's spans, in the order they started (one per output message)."""
+    by_id = {s.span_id: s for s in spans}
+    out = []
+    for span in sorted(spans, key=lambda s: s.start):
+        if not _is_chat(span.attributes):
+            continue
+        request, replies = _messages(span)
+        tools = _tools(span, by_id)
+        if not tools and any(m.get("tool_calls") for m in (*request, *replies)):
+            raise ValueError(f"{span.where}: the conversation calls tools, and neither the span nor one enclosing it "
+                             "records their definitions (gen_ai.tool.definitions, or llm.request.functions.N.*); "
+                             "record them on the span or on the agent's invoke_agent span")
+        for i, reply in enumerate(replies):
+            where = span.where if len(replies) == 1 else f"{span.where} output {i}"
+            out.append(Call(span.trace_id, (*request, reply), tools, where, root=not span.parent_id))
+    return out
+
+
+# ---- reading the files ------------------------------------------------------------------------------------------
+
+
+def _read_spans(file: Path) -> Iterator[_Span]:
+    text = file.read_text(encoding="utf-8")
+    for index, value in enumerate(_json_values(file, text)):
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, Mapping) and "resourceSpans" in item:
+                yield from _otlp_spans(file, item)
+            elif isinstance(item, Mapping) and isinstance(item.get("context"), Mapping) and "name" in item:
+                yield _console_span(file, item)
+            else:
+                keys = sorted(item) if isinstance(item, Mapping) else type(item).__name__
+                raise ValueError(f"{file}: JSON value {index}: expected OTLP JSON ({{'resourceSpans': [...]}}) or "
+                                 f"the SDK's span.to_json(), got {keys}")
+
+
+def _json_values(file: Path, text: str) -> Iterator[Any]:
+    """The JSON values of ``text`` one after another (one document, JSON lines, or concatenated objects)."""
+    decoder, pos = json.JSONDecoder(), 0
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos >= len(text):
+            return
+        try:
+            value, pos = decoder.raw_decode(text, pos)
+        except ValueError as exc:
+            raise ValueError(f"{file}: not valid JSON at character {pos} ({exc})") from None
+        yield value
+
+
+def _otlp_spans(file: Path, document: Mapping[str, Any]) -> Iterator[_Span]:
+    for resource in document.get("resourceSpans") or ():
+        for scope in resource.get("scopeSpans") or resource.get("instrumentationLibrarySpans") or ():
+            for span in scope.get("spans") or ():
+                trace_id = _hex_id(span.get("traceId"))
+                attributes = {a["key"]: _any_value(a.get("value")) for a in span.get("attributes") or ()}
+                yield _Span(trace_id, _hex_id(span.get("spanId")), _hex_id(span.get("parentSpanId")),
+                            str(span.get("name", "")), int(span.get("startTimeUnixNano") or 0), attributes,
+                            f"{file}: trace {trace_id} span {span.get('name', '')!r}")
+
+
+def _console_span(file: Path, span: Mapping[str, Any]) -> _Span:
+    context = span["context"]
+    trace_id = str(context.get("trace_id", "")).removeprefix("0x")
+    parent = span.get("parent_id")
+    return _Span(trace_id, str(context.get("span_id", "")).removeprefix("0x"),
+                 str(parent).removeprefix("0x") if parent else "", str(span["name"]),
+                 0, dict(span.get("attributes") or {}), f"{file}: trace {trace_id} span {span['name']!r}")
+
+
+def _hex_id(value: Any) -> str:
+    """An OTLP id as hex (OTLP JSON writes hex; protobuf's own JSON mapping writes base64)."""
+    text = str(value or "")
+    if not text or all(c in "0123456789abcdefABCDEF" for c in text):
+        return text.lower()
+    try:
+        return base64.b64decode(text, validate=True).hex()
+    except ValueError:
+        return text
+
+
+def _any_value(value: Any) -> Any:
+    """An OTLP ``AnyValue`` as Python (int64 values come as strings in OTLP JSON)."""
+    if not isinstance(value, Mapping):
+        return value
+    if "stringValue" in value:
+        return value["stringValue"]
+    if "intValue" in value:
+        return int(value["intValue"])
+    if "doubleValue" in value:
+        return float(value["doubleValue"])
+    if "boolValue" in value:
+        return bool(value["boolValue"])
+    if "arrayValue" in value:
+        return [_any_value(v) for v in (value["arrayValue"] or {}).get("values") or ()]
+    if "kvlistValue" in value:
+        return {kv["key"]: _any_value(kv.get("value")) for kv in (value["kvlistValue"] or {}).get("values") or ()}
+    if "bytesValue" in value:
+        return value["bytesValue"]
+    return None
+
+
+# ---- messages ---------------------------------------------------------------------------------------------------
+
+
+def _is_chat(attributes: Mapping[str, Any]) -> bool:
+    operation = attributes.get("gen_ai.operation.name") or attributes.get("llm.request.type")
+    return (operation in _CHAT_OPERATIONS or "gen_ai.input.messages" in attributes
+            or "gen_ai.prompt.0.role" in attributes or "gen_ai.prompt.0.content" in attributes)
+
+
+def _messages(span: _Span) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(request messages, one reply per output message) of a chat span, in OpenAI's format."""
+    attrs = span.attributes
+    for key in ("gen_ai.input.messages.ref", "gen_ai.output.messages.ref"):
+        if key in attrs and key.removesuffix(".ref") not in attrs:
+            raise ValueError(f"{span.where}: its messages were uploaded to {attrs[key]!r} ({key}) and are not on "
+                             f"the span; also set OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=span_only")
+    if "gen_ai.input.messages" in attrs:
+        request = _structured(span, "gen_ai.input.messages")
+        system = _json_attribute(span, "gen_ai.system_instructions") if "gen_ai.system_instructions" in attrs else None
+        if system and not (request and request[0]["role"] == "system"):
+            request.insert(0, _from_parts(span, "gen_ai.system_instructions", "system",
+                                          system if isinstance(system, list) else [system])[0])
+        replies = _structured(span, "gen_ai.output.messages") if "gen_ai.output.messages" in attrs else []
+    else:
+        request, replies = _flattened(span, "gen_ai.prompt"), _flattened(span, "gen_ai.completion")
+    if not request:
+        raise ValueError(f"{span.where}: a chat span without its input messages; {_CAPTURE_HINT}")
+    if not replies:
+        raise ValueError(f"{span.where}: a chat span without the model's reply (gen_ai.output.messages or "
+                         f"gen_ai.completion.N.*): the call failed, or {_CAPTURE_HINT}")
+    return request, [dict(r, role="assistant") for r in replies]
+
+
+def _structured(span: _Span, key: str) -> list[dict[str, Any]]:
+    messages = _json_attribute(span, key)
+    if not isinstance(messages, list):
+        raise ValueError(f"{span.where}: {key} must be a JSON list of messages, got {type(messages).__name__}")
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not isinstance(message.get("parts", []), list):
+            raise ValueError(f"{span.where}: {key}[{i}] must be {{'role', 'parts': [...]}}, got {message!r}")
+        out += _from_parts(span, f"{key}[{i}]", message.get("role"), message.get("parts") or [])
+    return out
+
+
+def _from_parts(span: _Span, where: str, role: Any, parts: list[Any]) -> list[dict[str, Any]]:
+    """One semconv message as OpenAI messages: tool results become ``tool`` messages, one per result."""
+    texts, calls, reasoning, results = [], [], [], []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "text":
+            texts.append(str(part.get("content", "")))
+        elif kind == "tool_call":
+            calls.append(tool_call(part.get("id"), part.get("name"), part.get("arguments")))
+        elif kind == "tool_call_response":
+            response = part.get("response")
+            content = response if isinstance(response, str) else json.dumps(response, ensure_ascii=False)
+            results.append({"role": "tool", "content": content, **({"tool_call_id": str(part["id"])}
+                                                                   if part.get("id") else {})})
+        elif kind == "reasoning":
+            reasoning.append(str(part.get("content", "")))
+        else:
+            raise ValueError(f"{span.where}: {where}.parts[{j}]: a part of type {kind!r} is not read; the policy "
+                             "endpoint is text-only (text, tool_call, tool_call_response, reasoning)")
+    if results and not texts and not calls:
+        return results
+    message: dict[str, Any] = {"role": role, "content": _content(texts, bool(calls))}
+    if calls:
+        message["tool_calls"] = calls
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    return [message, *results]
+
+
+def _content(texts: list[str], has_calls: bool) -> Any:
+    if not texts:
+        return None if has_calls else ""
+    return texts[0] if len(texts) == 1 else [{"type": "text", "text": t} for t in texts]
+
+
+def _flattened(span: _Span, prefix: str) -> list[dict[str, Any]]:
+    """The older flattened attributes (``gen_ai.prompt.N.role`` ...) as OpenAI messages."""
+    attrs = span.attributes
+    indices = sorted({int(k.split(".")[2]) for k in attrs
+                      if k.startswith(prefix + ".") and k.split(".")[2].isdigit()})
+    out = []
+    for i in indices:
+        base = f"{prefix}.{i}"
+        role = attrs.get(f"{base}.role") or ("assistant" if prefix == "gen_ai.completion" else None)
+        calls = [tool_call(attrs.get(f"{base}.tool_calls.{j}.id"), attrs.get(f"{base}.tool_calls.{j}.name"),
+                           attrs.get(f"{base}.tool_calls.{j}.arguments"))
+                 for j in _sub_indices(attrs, f"{base}.tool_calls.")]
+        content = attrs.get(f"{base}.content")
+        message: dict[str, Any] = {"role": role, "content": _parts_or_text(content) if content is not None else (
+            None if calls else "")}
+        if calls:
+            message["tool_calls"] = calls
+        if attrs.get(f"{base}.tool_call_id"):
+            message["tool_call_id"] = str(attrs[f"{base}.tool_call_id"])
+        out.append(message)
+    return out
+
+
+def _sub_indices(attrs: Mapping[str, Any], prefix: str) -> list[int]:
+    return sorted({int(k[len(prefix):].split(".")[0]) for k in attrs
+                   if k.startswith(prefix) and k[len(prefix):].split(".")[0].isdigit()})
+
+
+def _parts_or_text(content: Any) -> Any:
+    """Flattened content: a string, or the JSON of a list of content parts (what OpenLLMetry writes for lists)."""
+    if isinstance(content, str) and content.startswith("[{"):
+        try:
+            parts = json.loads(content)
+        except ValueError:
+            return content
+        if isinstance(parts, list) and all(isinstance(p, Mapping) and "type" in p for p in parts):
+            return parts
+    return content
+
+
+def _json_attribute(span: _Span, key: str) -> Any:
+    value = span.attributes[key]
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise ValueError(f"{span.where}: {key} is not valid JSON ({exc})") from None
+
+
+# ---- tools ------------------------------------------------------------------------------------------------------
+
+
+def _tools(span: _Span, by_id: Mapping[str, _Span]) -> tuple[dict[str, Any], ...]:
+    """The tool definitions on the span, else on the nearest enclosing span that has them."""
+    seen = set()
+    current: _Span | None = span
+    while current is not None and current.span_id not in seen:
+        seen.add(current.span_id)
+        tools = _span_tools(current)
+        if tools:
+            return tools
+        current = by_id.get(current.parent_id)
+    return ()
+
+
+def _span_tools(span: _Span) -> tuple[dict[str, Any], ...]:
+    try:
+        return _definitions(span)
+    except ValueError as exc:
+        if str(exc).startswith(span.where):
+            raise
+        raise ValueError(f"{span.where}: {exc}") from None
+
+
+def _definitions(span: _Span) -> tuple[dict[str, Any], ...]:
+    attrs = span.attributes
+    if "gen_ai.tool.definitions" in attrs:
+        definitions = _json_attribute(span, "gen_ai.tool.definitions")
+        if not isinstance(definitions, list):
+            raise ValueError(f"{span.where}: gen_ai.tool.definitions must be a JSON list, got {definitions!r}")
+        out = []
+        for i, tool in enumerate(definitions):
+            if not isinstance(tool, Mapping):
+                raise ValueError(f"{span.where}: gen_ai.tool.definitions[{i}] must be an object, got {tool!r}")
+            fn = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool  # OpenAI's nesting
+            out.append(function_tool(fn.get("name"), fn.get("description"), fn.get("parameters")))
+        return tuple(out)
+    prefix = "llm.request.functions."
+    return tuple(function_tool(attrs.get(f"{prefix}{i}.name"), attrs.get(f"{prefix}{i}.description"),
+                               attrs.get(f"{prefix}{i}.parameters")) for i in _sub_indices(attrs, prefix))
+
+
+__all__ = ["load", "trace_calls"]
