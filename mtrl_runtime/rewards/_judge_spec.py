@@ -15,12 +15,13 @@ keys and bad values are errors naming the field and the value.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from ..datafile import read_data_file
 
 PLACEHOLDERS = ("{rubric}", "{task}", "{trajectories}", "{ids}", "{n}")  # replaced as text, no str.format
 
@@ -112,19 +113,7 @@ class JudgeSpec(BaseModel):
     @classmethod
     def load(cls, path: str | Path) -> "JudgeSpec":
         """A spec from a YAML (or ``.json``) file, its files read relative to the file's folder."""
-        file = Path(path)
-        if not file.is_file():
-            raise JudgeSpecError(f"judge: {str(path)!r} is not a file")
-        text = file.read_text(encoding="utf-8")
-        try:
-            if file.suffix == ".json":
-                data = json.loads(text)
-            else:
-                import yaml
-
-                data = yaml.safe_load(text)
-        except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
-            raise JudgeSpecError(f"judge {file}: cannot parse: {exc}") from None
+        file, data = read_data_file(path, JudgeSpecError, "judge", "judge")
         return cls.of(data, source=str(file)).resolved(file.parent)
 
     @classmethod

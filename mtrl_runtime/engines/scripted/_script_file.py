@@ -26,11 +26,11 @@ field and the value.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...datafile import read_data_file
 from ...types import GenerationRequest
 from ._engine import ScriptedReply, ScriptExhausted
 
@@ -83,19 +83,7 @@ class FileScript:
 
 def load_script_file(path: str | Path) -> FileScript:
     """Read and validate a JSON (``.json``) or YAML script file (see the module docstring)."""
-    file = Path(path)
-    if not file.is_file():
-        raise ScriptFileError(f"script_file: {str(path)!r} is not a file")
-    text = file.read_text(encoding="utf-8")
-    try:
-        if file.suffix == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text)
-    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
-        raise ScriptFileError(f"script {file}: cannot parse: {exc}") from None
+    file, data = read_data_file(path, ScriptFileError, "script_file", "script")
     return FileScript(parse_script(data, str(file)), str(file))
 
 
