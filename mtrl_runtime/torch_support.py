@@ -27,4 +27,20 @@ def plain_kv_cache(model: Any) -> bool:
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
-__all__ = ["cpu_has_native_bf16", "plain_kv_cache"]
+def cache_of(layers: Any) -> Any:
+    """A transformers ``DynamicCache`` holding ``layers`` (per layer ``(keys, values)``) as they are, no copy.
+
+    The model's next forward concatenates its new columns to them, so a
+    tensor given here may be a broadcast view or a leaf that collects
+    gradients."""
+    from transformers.cache_utils import DynamicCache
+
+    layers = list(layers)
+    cache = DynamicCache(ddp_cache_data=[(None, None)] * len(layers))  # plain DynamicLayers, filled below
+    for cache_layer, (keys, values) in zip(cache.layers, layers):
+        cache_layer.lazy_initialization(keys, values)
+        cache_layer.keys, cache_layer.values = keys, values
+    return cache
+
+
+__all__ = ["cache_of", "cpu_has_native_bf16", "plain_kv_cache"]

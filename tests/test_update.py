@@ -358,3 +358,43 @@ async def test_pushed_weights_train_every_step_on_one_thread(tokenizer, tmp_path
         weights.close()
     assert len(threads) == 3 and len(set(threads)) == 1 and threads[0].startswith("mtrl-update")
     assert engine.policy_version == 3 and (tmp_path / "adapters" / "v3").is_dir()
+
+
+PAIRED_ENDINGS = [  # two pairs: each pair shares more than the prompt all four share
+    ("Call validate first, then answer DONE.", 1.0), ("Call validate first, then answer 42.", -0.5),
+    ("The tool said pass; release it now.", 2.0), ("The tool said pass; ground it now.", -1.5)]
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.2])
+@pytest.mark.parametrize("chunk", [512, 0], ids=["chunked", "whole-logits"])
+def test_a_prefix_every_sample_shares_runs_once_per_step_with_the_same_gradient(tokenizer, kl_coef, chunk):
+    """Two micro-batches of two rows: the system prompt runs once for the step (its gradient gathered from both
+    batches), each pair's longer common opening once per batch on top of it; the gradient is the plain one."""
+    base = make_policy(tokenizer)
+    prompt = len(tokenizer(SHARED_PROMPT)["input_ids"])
+    samples = [sample_for(base.model, tokenizer, SHARED_PROMPT + end, advantage=adv,
+                          prompt_len=prompt + (6 if i < 2 else 2)) for i, (end, adv) in enumerate(PAIRED_ENDINGS)]
+    longest = max(len(s.token_ids_T) for s in samples)
+
+    def grads(share_prefix):
+        policy = make_policy(tokenizer)
+        settings = UpdateSettings(micro_batch_tokens=prompt + 2 * (longest - prompt), precision="fp32",
+                                  share_prefix=share_prefix, logprob_chunk_tokens=chunk,
+                                  loss=LossParams(kl_coef=kl_coef), fit_memory=False, gradient_checkpointing="off")
+        with torch.no_grad():
+            for name, param in policy.model.named_parameters():
+                if "lora_B" in name:
+                    param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * 0.1)
+        metrics = PolicyUpdate(policy, settings).backward(samples)
+        return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}, metrics
+
+    shared, m_shared = grads(True)
+    plain, m_plain = grads(False)
+    assert m_shared["train/micro_batches"] == 2
+    assert m_shared["train/tokens_step_prefix"] >= prompt - 1 and m_plain["train/tokens_step_prefix"] == 0
+    # the step prefix once, each pair's own longer opening once, then each row's rest
+    assert m_shared["train/tokens_forward"] < m_plain["train/tokens_forward"] - 2 * prompt
+    assert m_shared["train/loss"] == pytest.approx(m_plain["train/loss"], abs=1e-5)
+    for name in plain:
+        assert torch.allclose(shared[name], plain[name], atol=1e-5, rtol=1e-3), name
+    assert sum(float(g.abs().sum()) for g in shared.values()) > 0

@@ -25,6 +25,8 @@ class EngineStats:
     prompt_tokens: int = 0  # prompt tokens of admitted requests
     prefill_tokens: int = 0  # tokens computed by prefill passes (shared prefixes once, padding not counted)
     prefix_hit_tokens: int = 0  # prompt tokens whose KV came from a stored or shared prefix
+    shared_prefix_passes: int = 0  # decode passes whose rows held their common prompt prefix once (hf engine)
+    shared_prefix_columns_saved: int = 0  # KV columns those passes did not hold per row: (rows - 1) x prefix length
     repins: int = 0  # rollouts moved to another server because theirs left rotation (their prefix cache lost)
     servers: list["ServerStats"] = field(default_factory=list)  # one per server of a pool (vllm servers: N / urls)
 

@@ -2,7 +2,8 @@
 
 Samples are packed into right-padded micro-batches whose forward cost
 fits ``micro_batch_tokens`` (rows x longest row, a prompt prefix the rows
-share counted once: see ``_packing``). Each micro-batch gets one forward
+share counted once: see ``_packing``; a prefix every sample shares runs
+once for the whole step, ``StepPrefix``). Each micro-batch gets one forward
 pass (two with a shared prefix); the logits at position i give the log-probability of token
 i + 1. Every micro-batch's loss is divided by the whole step's token count
 (or sequence count), so the accumulated gradient equals that of one big
@@ -44,7 +45,8 @@ from . import _memory
 from ._checkpointing import checkpoint_layers, checkpointed
 from ._chunked import chunked_logprobs, decoder_and_head, splits_head
 from ._fit import MIN_MICRO_BATCH_TOKENS, StepMemory, check_fits, estimate_for_model, fit_tokens
-from ._packing import batch_cost, can_share_prefix, pack_micro_batches, shared_prefix_hidden, shared_prefix_logits
+from ._packing import (StepPrefix, batch_cost, can_share_prefix, common_prefix_length, pack_micro_batches,
+                       shared_prefix_hidden, shared_prefix_logits, usable_shared)
 from ._policy import Policy, atomic_folder
 from ._precision import resolve_autocast
 
@@ -202,25 +204,37 @@ class PolicyUpdate:
         if normalizer is None:
             normalizer = loss_normalizer(kept, self.settings.loss.aggregation)
         totals: dict[str, float] = {}
-        counts = {"loss": 0.0, "tokens_forward": 0.0, "tokens_real": 0.0, "tokens_shared": 0.0, "micro_batches": 0.0}
+        counts = {"loss": 0.0, "tokens_forward": 0.0, "tokens_real": 0.0, "tokens_shared": 0.0, "micro_batches": 0.0,
+                  "tokens_step_prefix": 0.0}
         budget, recompute = self.step_plan()
         # a checkpointed layer cannot write the KV cache a shared prefix hands to the rows (see _checkpointing)
         shareable = [_untrained_head(s) for s in kept] if self._share_prefix and not recompute else None
-        plan = pack_micro_batches([len(s.token_ids_T) for s in kept], budget, shareable)
+        lengths = [len(s.token_ids_T) for s in kept]
+        plan, base = pack_micro_batches(lengths, budget, shareable), 0
+        if shareable and len(plan) > 1:  # a prefix every sample shares: once for the step, not once per batch
+            base = usable_shared(len(kept), common_prefix_length(shareable))
+            plan = pack_micro_batches(lengths, budget, shareable, base) if base else plan
         counts.update({"micro_batch_budget": float(budget), "gradient_checkpointing": float(recompute)})
+        step = self._step_prefix(kept[0].token_ids_T[:base]) if base else None
+        if step is not None:
+            counts["tokens_forward"] += base
+            counts["tokens_shared"] += base * (len(plan) - 1)  # computed once, not once per micro-batch
+            counts["tokens_step_prefix"] = float(base)
         for indices, shared in plan:
             batch = [kept[i] for i in indices]
             with checkpointed(self.policy.model, recompute):
-                loss, metrics = self._micro_batch(batch, normalizer, shared)
+                loss, metrics = self._micro_batch(batch, normalizer, shared, step)
                 loss.backward()
             tokens = metrics.pop("tokens")
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + value * tokens
             counts["loss"] += float(loss.detach())
-            counts["tokens_forward"] += batch_cost([len(s.token_ids_T) for s in batch], shared)
+            counts["tokens_forward"] += batch_cost([len(s.token_ids_T) for s in batch], shared, base)
             counts["tokens_shared"] += (len(batch) - 1) * shared
             counts["tokens_real"] += sum(len(s.token_ids_T) for s in batch)
             counts["micro_batches"] += 1
+        if step is not None:
+            step.backward()
         trained = sum(sum(s.loss_mask_T[1:]) for s in kept)
         out = {f"train/{name}": value / max(trained, 1) for name, value in totals.items()}
         out.update({f"train/{name}": value for name, value in counts.items()})
@@ -268,8 +282,18 @@ class PolicyUpdate:
                 checkpointing=recompute, chunk_tokens=self._chunk_tokens)
         return self._estimates[recompute]
 
+    def _step_prefix(self, ids: Sequence[int]) -> StepPrefix:
+        """Run ``ids``, the prefix every sample of the step shares, once through what ``_logprobs`` runs."""
+        ids_1P = torch.tensor([list(ids)], dtype=torch.long, device=self.policy.device)
+        parts = decoder_and_head(self.policy.model) if self._chunk_tokens else None
+        with self._autocast():
+            if parts is not None:
+                return StepPrefix(parts[0], ids_1P)
+            return StepPrefix(self.policy.model, ids_1P,
+                              **({"logits_to_keep": 1} if self.policy.supports_logits_to_keep else {}))
+
     def _micro_batch(
-        self, batch: Sequence[Sample], normalizer: float, shared: int = 0
+        self, batch: Sequence[Sample], normalizer: float, shared: int = 0, step: StepPrefix | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         device = self.policy.device
         width = max(len(s.token_ids_T) for s in batch)
@@ -286,7 +310,7 @@ class PolicyUpdate:
         adv_BT = rows((s.advantages_T for s in batch), 0.0, torch.float32)[:, 1:]
         keep_K = torch.nonzero(mask_BT.any(0)).squeeze(-1)  # positions (in target space) any row trains
         targets_BK = ids_BT[:, 1:][:, keep_K]
-        logprobs_BK = self._logprobs(self.policy.model, ids_BT, attention_BT, keep_K, targets_BK, shared)
+        logprobs_BK = self._logprobs(self.policy.model, ids_BT, attention_BT, keep_K, targets_BK, shared, step)
         ref_BK = None
         if self.settings.loss.kl_coef > 0:
             with torch.no_grad(), self.policy.reference() as reference:
@@ -303,15 +327,16 @@ class PolicyUpdate:
 
     def _logprobs(
         self, model: Any, ids_BT: torch.Tensor, attention_BT: torch.Tensor, keep_K: torch.Tensor,
-        targets_BK: torch.Tensor, shared: int = 0,
+        targets_BK: torch.Tensor, shared: int = 0, step: StepPrefix | None = None,
     ) -> torch.Tensor:
-        """log pi(target) at the kept positions, in fp32: [B, K]. ``shared``: leading tokens all rows share."""
+        """log pi(target) at the kept positions, in fp32: [B, K]. ``shared``: leading tokens all rows share
+        (``step``: the first of them, already run once for the step)."""
         parts = decoder_and_head(model) if self._chunk_tokens else None
         if parts is not None:
             decoder, head = parts
             with self._autocast():
                 if shared:
-                    hidden_BKD = shared_prefix_hidden(decoder, ids_BT, attention_BT, shared, keep_K)
+                    hidden_BKD = shared_prefix_hidden(decoder, ids_BT, attention_BT, shared, keep_K, step)
                 else:
                     hidden_BKD = decoder(input_ids=ids_BT, attention_mask=attention_BT,
                                          use_cache=False).last_hidden_state[:, keep_K]
@@ -319,7 +344,7 @@ class PolicyUpdate:
         with self._autocast():
             if shared:
                 logits = shared_prefix_logits(model, ids_BT, attention_BT, shared, keep_K,
-                                              self.policy.supports_logits_to_keep)
+                                              self.policy.supports_logits_to_keep, step)
             elif self.policy.supports_logits_to_keep:
                 logits = model(input_ids=ids_BT, attention_mask=attention_BT, logits_to_keep=keep_K).logits
             else:

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._shared_prefix import SHARED_PREFIX_KWARG, shared_prefix_attention
+
 ATTENTION_NAME = "mtrl_short_query"
 SHORT_QUERY_TOKENS = 64  # queries up to this length use matmul attention when not training
 SMALL_ATTENTION_POSITIONS = 1 << 18  # batch x query x key positions up to which matmul attention always runs
@@ -74,9 +76,17 @@ def grouped_matmul_attention(
 
 
 def short_query_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
-    """Grouped matmul attention for a short query (not training) or a small score matrix, SDPA otherwise."""
+    """Grouped matmul attention for a short query (not training) or a small score matrix, SDPA otherwise.
+
+    A decode step of rows sharing a prompt prefix passes it as ``SHARED_PREFIX_KWARG``
+    (``_shared_prefix``): this layer's part of it is attended as one matrix for all rows."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    shared = kwargs.get(SHARED_PREFIX_KWARG)
+    if shared is not None:
+        shared.layers_used += 1
+        scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
+        return shared_prefix_attention(query, key, value, attention_mask, scaling, shared, module.layer_idx), None
     batch, q_length, kv_length = query.shape[0], query.shape[-2], key.shape[-2]
     short = q_length <= SHORT_QUERY_TOKENS and not module.training
     small = _small(batch, q_length, kv_length) and attention_mask is not None and attention_mask.is_floating_point()
@@ -92,7 +102,10 @@ def use_short_query_attention(model: Any) -> bool:
     from transformers.masking_utils import AttentionMaskInterface
 
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation == ATTENTION_NAME:
+        return True  # selected before (the model served by an earlier engine)
+    if implementation != "sdpa":
         return False
     if next(model.parameters()).device.type != "cpu":
         return False

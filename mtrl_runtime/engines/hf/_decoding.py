@@ -12,6 +12,12 @@ left-padded in the first columns and its left-padded rest after them, so
 the mask can have holes between a row's prefix and its suffix. Merging,
 decoding and cropping only look at the mask, so holes cost columns, never
 correctness.
+
+Rows whose prompts open with the same tokens (an agent's system prompt)
+hold that common prefix once (``_shared_prefix``): ``shared`` is its KV,
+the cache holds each row's columns after it, and the mask covers only
+those. Merging two batches keeps what their shared prefixes have in
+common and moves the rest into the rows' own columns.
 """
 
 from __future__ import annotations
@@ -21,11 +27,13 @@ from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import DynamicCache
 
+from ...torch_support import cache_of
 from ._kv_buffer import KV_CACHES, mergeable
 from ._prefix_cache import KV
 from ._sampling import RowSampling
+from ._shared_prefix import (SHARED_PREFIX_KWARG, SharedPrefix, choose_shared, cut_shared, drop_leading_columns,
+                             leading_columns, plan_join, with_shared_prefix)
 
 
 @dataclass
@@ -49,24 +57,49 @@ class Row:
 
 
 class DecodeBatch:
-    """Rows sharing forward passes. ``logits_BV`` holds each row's next-token logits."""
+    """Rows sharing forward passes. ``logits_BV`` holds each row's next-token logits; ``shared`` the KV of
+    the first tokens every row's prompt has in common, when it is held once (the cache then starts after it)."""
 
-    def __init__(self, rows: list[Row], cache: Any, mask_BL: torch.Tensor, logits_BV: torch.Tensor) -> None:
+    def __init__(self, rows: list[Row], cache: Any, mask_BL: torch.Tensor, logits_BV: torch.Tensor,
+                 shared: SharedPrefix | None = None) -> None:
         self.rows = rows
         self.cache = cache
         self.mask_BL = mask_BL
         self.logits_BV = logits_BV
+        self.shared = shared
+        self.sharing = False  # whether rows' common prefixes are held once (set by prefill's share_prefix)
 
     @classmethod
     def prefill(
         cls, model: Any, rows: list[Row], pad_id: int, device: torch.device, prefixes: Sequence[KV | None] = (),
-        kv_cache: str = "preallocated",
+        kv_cache: str = "preallocated", share_prefix: bool = False,
     ) -> "DecodeBatch":
         """Run the prompts of ``rows`` through ``model``; ``prefixes[b]`` (optional) is reused KV of row b's
         first prompt tokens, and only the tokens after it are fed. ``kv_cache`` names how the batch then holds
-        its KV (``_kv_buffer.KV_CACHES``: preallocated buffers, or transformers' per-step concatenation)."""
+        its KV (``_kv_buffer.KV_CACHES``: preallocated buffers, or transformers' per-step concatenation).
+        ``share_prefix``: hold the prompts' common prefix once (``_shared_prefix``; the model's attention
+        must be ``_attention.short_query_attention``, which reads it)."""
         cache, mask_BL, logits_BV = forward_prompts(model, [r.prompt_ids for r in rows], pad_id, device, prefixes)
-        return cls(rows, KV_CACHES[kv_cache](cache), mask_BL, logits_BV)
+        batch = cls(rows, cache, mask_BL, logits_BV)
+        batch.sharing = share_prefix and batch.can_merge()
+        if batch.sharing:
+            batch.share()
+        batch.cache = KV_CACHES[kv_cache](cache)
+        return batch
+
+    def share(self) -> None:
+        """Hold the stretch that most rows begin with once (``_shared_prefix.choose_shared``), if there is one."""
+        if self.shared is not None:
+            return
+        choice = choose_shared([r.prompt_ids for r in self.rows])
+        if choice is None:
+            return
+        members, n = choice
+        users_B = torch.zeros(len(self.rows), dtype=torch.bool, device=self.mask_BL.device)
+        users_B[members] = True
+        kv = leading_columns(self.cache, self.mask_BL, members[0], n)
+        self.mask_BL = drop_leading_columns(self.cache, self.mask_BL, [n if u else 0 for u in users_B.tolist()])
+        self.shared = SharedPrefix(self.rows[members[0]].prompt_ids[:n], kv, users_B)
 
     def decode(self, model: Any, tokens_B: list[int]) -> None:
         """Feed one new token per row; ``logits_BV`` becomes the logits after it."""
@@ -74,6 +107,10 @@ class DecodeBatch:
         ids_B1 = torch.tensor(tokens_B, dtype=torch.long, device=device)[:, None]
         positions_B1 = torch.tensor([r.next_position - 1 for r in self.rows], device=device)[:, None]
         self.mask_BL = F.pad(self.mask_BL, (0, 1), value=1)
+        shared = {}
+        if self.shared is not None:
+            self.shared.prepare(self.logits_BV.dtype if self.logits_BV.is_floating_point() else torch.float32)
+            shared = {SHARED_PREFIX_KWARG: self.shared}
         out = model(
             input_ids=ids_B1,
             attention_mask=self.mask_BL,
@@ -81,17 +118,39 @@ class DecodeBatch:
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1,
+            **shared,
         )
+        if self.shared is not None:
+            self.shared.check_used(len(self.cache.layers), model)
         self.cache = out.past_key_values
         self.logits_BV = out.logits[:, -1, :]
 
     def can_merge(self) -> bool:
         """Whether other rows can join this cache (only plain full-attention layers can be re-padded)."""
-        layers = getattr(self.cache, "layers", None)
-        return bool(layers) and all(mergeable(layer) for layer in layers)
+        return _plain_layers(self.cache)
 
     def merge(self, other: "DecodeBatch") -> None:
-        """Append ``other``'s rows, left-padding the shorter cache so both have one length."""
+        """Append ``other``'s rows, left-padding the shorter cache so both have one length.
+
+        ``other``'s rows that begin with this batch's shared prefix use it
+        (``_shared_prefix.plan_join``, which may cut it shorter); a batch
+        sharing none takes the one ``other``'s rows have."""
+        if other.shared is not None:  # its users take their prefix columns back; the plan below decides anew
+            other.shared, other.mask_BL = cut_shared(other.cache, other.mask_BL, other.shared, 0)
+        if self.shared is None:
+            if self.sharing:
+                other.share()
+            if other.shared is not None:
+                mine = torch.zeros(len(self.rows), dtype=torch.bool, device=self.mask_BL.device)
+                self.shared = other.shared
+                self.shared.users_B = torch.cat([mine, other.shared.users_B])
+        else:
+            n, joining = plan_join(self.shared, [r.prompt_ids for r in other.rows])
+            self.shared, self.mask_BL = cut_shared(self.cache, self.mask_BL, self.shared, n)
+            other.mask_BL = drop_leading_columns(other.cache, other.mask_BL, [n if j else 0 for j in joining])
+            assert self.shared is not None  # plan_join keeps at least MIN_SHARED_PREFIX tokens
+            self.shared.users_B = torch.cat([self.shared.users_B, torch.tensor(joining, dtype=torch.bool,
+                                                                                device=self.mask_BL.device)])
         length = max(self.mask_BL.shape[1], other.mask_BL.shape[1])
         for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
             mine.keys = torch.cat([_left_pad(mine.keys, length), _left_pad(theirs.keys, length)])
@@ -108,6 +167,10 @@ class DecodeBatch:
         self.rows = [self.rows[i] for i in indices]
         self.mask_BL = self.mask_BL[index_K]
         self.logits_BV = self.logits_BV[index_K]
+        if self.shared is not None:
+            self.shared.users_B = self.shared.users_B[index_K]
+            if not bool(self.shared.users_B.any()):
+                self.shared = None  # its last user left
         if not self.rows:
             return
         if not self.can_merge():
@@ -120,8 +183,11 @@ class DecodeBatch:
             layer.values = layer.values[index_K, :, first:, :]
 
     def row_states(self, b: int, start: int = 0) -> KV:
-        """Row ``b``'s KV from its ``start``-th real token on, per layer [1, H, n, D] (padding and holes dropped)."""
-        return row_states(self.cache, self.mask_BL, b, start)
+        """Row ``b``'s KV from its ``start``-th token on, per layer [1, H, n, D] (padding and holes dropped)."""
+        if self.shared is None or not bool(self.shared.users_B[b]):
+            return row_states(self.cache, self.mask_BL, b, start)
+        own = row_states(self.cache, self.mask_BL, b, max(0, start - self.shared.length))
+        return with_shared_prefix(self.shared, own, start)
 
 
 def forward_prompts(
@@ -164,7 +230,7 @@ def row_states(cache: Any, mask_BL: torch.Tensor, b: int, start: int = 0) -> KV:
     ]
 
 
-def _stack_prefixes(prefixes: Sequence[KV | None], lengths_B: list[int], width_P: int) -> DynamicCache:
+def _stack_prefixes(prefixes: Sequence[KV | None], lengths_B: list[int], width_P: int) -> Any:
     """A cache whose row b holds ``prefixes[b]`` right-aligned in ``width_P`` columns (zeros before it).
 
     Rows that all share one prefix get a broadcast view (the model's first
@@ -185,11 +251,12 @@ def _stack_prefixes(prefixes: Sequence[KV | None], lengths_B: list[int], width_P
                 keys[b, :, width_P - n :] = prefix[layer][0][0]
                 values[b, :, width_P - n :] = prefix[layer][1][0]
         layers.append((keys, values))
-    cache = DynamicCache(ddp_cache_data=[(None, None)] * len(layers))  # plain DynamicLayers, filled below
-    for cache_layer, (keys, values) in zip(cache.layers, layers):
-        cache_layer.lazy_initialization(keys, values)
-        cache_layer.keys, cache_layer.values = keys, values  # no copy: the model's update concatenates
-    return cache
+    return cache_of(layers)  # no copy: the model's update concatenates
+
+
+def _plain_layers(cache: Any) -> bool:
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(mergeable(layer) for layer in layers)
 
 
 def _left_pad(states_BHLD: torch.Tensor, length: int) -> torch.Tensor:

@@ -32,16 +32,16 @@ MIN_SHARED_TOKENS = 32  # a common stretch shorter than this is cheaper to recom
 
 def prefill_rows(
     model: Any, rows: list[Row], cache: PrefixCache | None, pad_id: int, device: torch.device, stats: EngineStats,
-    min_shared: int = MIN_SHARED_TOKENS, kv_cache: str = "preallocated",
+    min_shared: int = MIN_SHARED_TOKENS, kv_cache: str = "preallocated", share_prefix: bool = False,
 ) -> DecodeBatch:
     """Prefill ``rows`` reusing stored and shared prefixes (see the module docstring); the cache may be None.
 
-    ``kv_cache``: how the returned batch holds its KV (``DecodeBatch.prefill``)."""
+    ``kv_cache``, ``share_prefix``: how the returned batch holds its KV (``DecodeBatch.prefill``)."""
     prefixes: list[KV | None] = [None] * len(rows)
     if cache is not None:
         starts = [cache.lookup(row.prompt_ids) for row in rows]
         _share_common_stretches(model, cache, rows, starts, prefixes, pad_id, device, stats, min_shared)
-    batch = DecodeBatch.prefill(model, rows, pad_id, device, prefixes, kv_cache)
+    batch = DecodeBatch.prefill(model, rows, pad_id, device, prefixes, kv_cache, share_prefix)
     for row, prefix in zip(rows, prefixes):
         reused = 0 if prefix is None else prefix[0][0].shape[2]
         stats.prompt_tokens += len(row.prompt_ids)

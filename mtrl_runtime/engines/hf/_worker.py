@@ -97,7 +97,8 @@ class WorkerLoop:
                     row.policy_version = self.policy_version
                     row.cache_epoch = self._prefix.epoch if self._prefix is not None else 0
                 new = prefill_rows(self._model, rows, self._prefix, self._pad_id, self.device, self.stats,
-                                   kv_cache=self.kv_cache)
+                                   kv_cache=self.kv_cache,
+                                   share_prefix=self.share_prefix and batch is None)  # joiners: merge() plans
         except Exception as exc:  # these jobs fail; the running batch goes on
             for job in jobs:
                 job.settle(None, exc)
@@ -156,6 +157,9 @@ class WorkerLoop:
             batch.decode(self._model, [row.completion_ids[-1] for row in batch.rows])
             self.stats.decode_s += time.perf_counter() - started
         self.stats.decode_passes += 1
+        if batch.shared is not None:
+            self.stats.shared_prefix_passes += 1
+            self.stats.shared_prefix_columns_saved += (batch.shared.users - 1) * batch.shared.length
         self.stats.rows_decoded += len(batch.rows)
         self.stats.max_rows = max(self.stats.max_rows, len(batch.rows))
         return batch
