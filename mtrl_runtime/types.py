@@ -122,6 +122,9 @@ class GenerationRequest:
     ``stop_token_ids`` end the completion besides the engine's own eos: the
     chat format's stop tokens (gpt-oss ``<|call|>`` / ``<|return|>``, Llama
     ``<|eom_id|>``, ...); the stop id is the completion's last id, finish "stop".
+    ``base_model``: produce the tokens with the engine's adapter switched off
+    (the base model it was trained from), beside requests that use it; only
+    an engine that ``MixesBaseRows`` takes it (others refuse it).
     """
 
     prompt_ids: tuple[int, ...]
@@ -130,6 +133,7 @@ class GenerationRequest:
     rollout_id: str | None = None
     turn_index: int = 0
     stop_token_ids: frozenset[int] = frozenset()
+    base_model: bool = False
 
 
 @dataclass(frozen=True)
@@ -433,6 +437,16 @@ class SharedModelEngine(PolicyEngine, Protocol):
 
 
 @runtime_checkable
+class MixesBaseRows(Protocol):
+    """An engine that serves ``GenerationRequest.base_model`` requests with its adapter switched off for
+    those rows only, in the same batches as requests that use it (an evaluation's base and fine-tuned
+    sides at once). ``mixes_base_rows()``: whether it can now (it holds an adapter of a kind it can switch
+    off per row). Such rows report policy version 0, as the base model. Implementation: ``hf``."""
+
+    def mixes_base_rows(self) -> bool: ...
+
+
+@runtime_checkable
 class StreamingEngine(PolicyEngine, Protocol):
     """An engine that hands out tokens as it decodes them (``hf``, ``scripted``, ``vllm``).
 
@@ -501,7 +515,8 @@ class RolloutCoordinator(Protocol):
     def policy_version(self) -> int: ...
 
     def create_rollout(
-        self, task: Task, group_id: str | None = None, *, step: int | None = None, max_turns: int | None = None
+        self, task: Task, group_id: str | None = None, *, step: int | None = None, max_turns: int | None = None,
+        base_model: bool = False,
     ) -> RolloutHandle: ...
 
     async def chat(
@@ -633,6 +648,7 @@ __all__ = [
     "GenerationRequest",
     "Group",
     "GroupRescorer",
+    "MixesBaseRows",
     "ModelCall",
     "NamesServedModel",
     "PolicyEngine",

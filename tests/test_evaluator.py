@@ -253,6 +253,8 @@ async def test_hf_base_and_adapter_side_by_side_on_one_engine(tmp_path, tiny_tok
             assert turn.prompt_ids == base_turns[task_id].prompt_ids
             assert turn.completion_ids == await greedy(reference, turn.prompt_ids)  # base + adapter
         assert any(ft_turns[t].completion_ids != base_turns[t].completion_ids for t in ft_turns)
+        # the two sides ran at once: base rows decoded in the same passes as the adapter's
+        assert engine.stats.mixed_passes > 0 and engine.stats.base_rows_decoded > 0
         # afterwards the engine serves the adapter again
         first = ft_turns["t-a"]
         assert await greedy(engine, first.prompt_ids) == first.completion_ids

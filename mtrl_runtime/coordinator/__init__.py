@@ -41,6 +41,7 @@ from ..types import (
     Abandoned,
     ChatOptions,
     ExecutorEnded,
+    MixesBaseRows,
     NamesServedModel,
     PolicyEngine,
     Rollout,
@@ -123,11 +124,19 @@ class Coordinator:
 
     # ------------------------------------------------------------------ rollouts
     def create_rollout(
-        self, task: Task, group_id: str | None = None, *, step: int | None = None, max_turns: int | None = None
+        self, task: Task, group_id: str | None = None, *, step: int | None = None, max_turns: int | None = None,
+        base_model: bool = False,
     ) -> RolloutHandle:
-        """Register a rollout (durably) and return its id and token. Thread-safe."""
-        return self._live.create(task, group_id, self.engine.policy_version, step=step, max_turns=max_turns,
-                                 reference=self._reference)
+        """Register a rollout (durably) and return its id and token. Thread-safe.
+
+        ``base_model``: its calls are answered with the engine's adapter switched off (policy version 0),
+        beside rollouts that use it; the engine must mix such rows (``types.MixesBaseRows``)."""
+        if base_model and not (isinstance(self.engine, MixesBaseRows) and self.engine.mixes_base_rows()):
+            raise ValueError(f"base_model: engine {self.engine_name!r} cannot serve the base model beside its "
+                             "adapter (it holds none it can switch off per row)")
+        version = 0 if base_model else self.engine.policy_version
+        return self._live.create(task, group_id, version, step=step, max_turns=max_turns,
+                                 reference=self._reference, base_model=base_model)
 
     @asynccontextmanager
     async def reference_side(

@@ -148,6 +148,7 @@ class CallCapture:
             rollout_id=live.rollout_id,
             turn_index=live.turns,
             stop_token_ids=self.renderer.stop_token_ids,  # the format's stop tokens (and eos)
+            base_model=live.base_model,
         )
         gen = await self._generate(request, self._streaming(stream, prefix, tools, sampling, len(plan.prompt_ids)))
         text, message, finish, malformed, reasoning_tokens = self._reply(gen, tools, sampling, prefix)

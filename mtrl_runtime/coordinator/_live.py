@@ -55,6 +55,7 @@ class LiveRollout:
     life: RolloutLife = field(default_factory=RolloutLife)
     last_seen: float = field(default_factory=time.monotonic)  # the last call or report (the serve-mode TTL reads it)
     reference: ReferenceClient | None = None  # set: a reference model answers its calls, not the policy
+    base_model: bool = False  # its calls are answered with the engine's adapter switched off (``MixesBaseRows``)
 
     def note_answers(self, messages: list[dict]) -> None:
         """Remember which of the model's tool calls the agent answered (a ``tool`` message naming its id), and
@@ -113,9 +114,10 @@ class LiveRollouts:
         step: int | None = None,
         max_turns: int | None = None,
         reference: ReferenceClient | None = None,
+        base_model: bool = False,
     ) -> RolloutHandle:
         """Register a rollout (durably) and return its id and token (``reference``: who answers its calls, when
-        not the policy)."""
+        not the policy; ``base_model``: the policy's base, its adapter switched off)."""
         rollout_id = "r-" + secrets.token_hex(12)
         token = secrets.token_urlsafe(32)
         group_id = group_id or "g-" + secrets.token_hex(8)
@@ -138,6 +140,7 @@ class LiveRollouts:
             policy_version=policy_version,
             max_turns=max_turns or self.default_max_turns,
             reference=reference,
+            base_model=base_model,
         )
         with self._lock:
             self._live[rollout_id] = live

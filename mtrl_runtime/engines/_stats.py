@@ -27,6 +27,8 @@ class EngineStats:
     prefix_hit_tokens: int = 0  # prompt tokens whose KV came from a stored or shared prefix
     shared_prefix_passes: int = 0  # decode passes whose rows held their common prompt prefix once (hf engine)
     shared_prefix_columns_saved: int = 0  # KV columns those passes did not hold per row: (rows - 1) x prefix length
+    base_rows_decoded: int = 0  # rows decoded with the adapter switched off (``GenerationRequest.base_model``)
+    mixed_passes: int = 0  # decode passes holding base-model rows beside the adapter's
     repins: int = 0  # rollouts moved to another server because theirs left rotation (their prefix cache lost)
     servers: list["ServerStats"] = field(default_factory=list)  # one per server of a pool (vllm servers: N / urls)
 

@@ -16,9 +16,14 @@ its arguments where they mean the same thing here::
 
 Each model runs ``k`` samples per task (k = max(``pass_k_values``), capped by
 ``max_samples``) with ``val_sampling_params`` and fixed per-sample seeds.
-The fine-tuned adapter is loaded onto the engine and evaluated first; the
-base model is then evaluated on the same engine with the adapter disabled
-(``base_policy``). The report (Markdown, JSON, PNG) goes to
+The fine-tuned adapter is loaded onto the engine. Where the engine can
+switch it off per row (``types.MixesBaseRows``: the hf engine with a LoRA
+adapter), the fine-tuned and the base side run at once on that engine,
+their rows decoding in the same batches, each side with its own
+concurrency limit (so the engine holds up to twice the rows, and their KV);
+elsewhere the fine-tuned side runs first, then the base model with the
+adapter disabled for the whole engine (``base_policy``). Either way each
+side gets the same tasks and seeds. The report (Markdown, JSON, PNG) goes to
 ``<run_dir>/eval`` (or ``output_path``) and, with ``tracking``, to an MLflow
 run named ``eval``: the fine-tuned model's metrics as ``val/...``, the
 base model's as ``base/val/...``, the report as artifacts, and a trace of
@@ -44,7 +49,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 from ..config import MtrlConfig
 from ..coordinator import ReferenceModel, check_reference
 from ..rollouts import HEARTBEAT_S, executor_kind, open_stack
-from ..types import Rollout, Task
+from ..types import MixesBaseRows, Rollout, Task
 from ._base_model import base_policy
 from ._progress import EvalProgress
 from ._report import ReportPaths, report_data, write_report
@@ -190,10 +195,17 @@ class MultiTurnRLEvaluator:
                 display.attach(self._describe(stack, plan), dispatcher.tally, stack.coordinator.counters)
             if self.adapter is not None:
                 await stack.engine.load_adapter(str(self.adapter), int(stack.engine.policy_version) + 1)
-            if self.adapter is not None or stack.engine.policy_version > 0:
+            fine_tuned = self.adapter is not None or stack.engine.policy_version > 0
+            if fine_tuned and self.evaluate_base_model and mixes_base_rows(stack.engine):  # both sides at once
+                sides[FINE_TUNED], sides[BASE] = await asyncio.gather(
+                    run_side(dispatcher, plan, label=FINE_TUNED, group_prefix=f"eval-{tag}-ft",
+                             scorer=self.strict_scorer),
+                    run_side(dispatcher, plan, label=BASE, group_prefix=f"eval-{tag}-base",
+                             scorer=self.strict_scorer, base_model=True))
+            elif fine_tuned:
                 sides[FINE_TUNED] = await run_side(dispatcher, plan, label=FINE_TUNED, group_prefix=f"eval-{tag}-ft",
                                                    scorer=self.strict_scorer)
-            if self.evaluate_base_model or not sides:
+            if BASE not in sides and (self.evaluate_base_model or not sides):
                 async with base_policy(stack.engine):
                     sides[BASE] = await run_side(dispatcher, plan, label=BASE, group_prefix=f"eval-{tag}-base",
                                                  scorer=self.strict_scorer)
@@ -240,6 +252,11 @@ class MultiTurnRLEvaluator:
         tracker.close("FINISHED")
         return EvaluationResult(result.sides, result.plan, result.output_path, result.report, tracker.run_id,
                                 tracker.tracking_uri, result.data)
+
+
+def mixes_base_rows(engine: Any) -> bool:
+    """Whether ``engine`` serves the base model's rows beside its adapter's now (``types.MixesBaseRows``)."""
+    return isinstance(engine, MixesBaseRows) and engine.mixes_base_rows()
 
 
 def log_evaluation(tracker: Any, result: EvaluationResult, step: int = 0) -> None:

@@ -190,15 +190,20 @@ async def run_side(
     scorer: StrictScorer | None = None,
     prefix: str = "val",
     model: str | None = None,
+    base_model: bool = False,
 ) -> EvalSide:
     """Run every task of ``plan`` k times on the policy served now and summarize the rollouts.
 
     ``dispatcher`` is any dispatcher over the coordinator to evaluate on (its
-    executor runs the agent); the plan's sampling, seeds and k replace its own.
+    executor runs the agent); the plan's sampling, seeds and k replace its own,
+    and the side gets a concurrency limit of its own.
     ``model``: the reference model the coordinator passes these rollouts' calls to (see the module docstring).
+    ``base_model``: the rollouts are answered by the base model, its adapter switched off for their rows only
+    (the engine mixes them with the fine-tuned side's, ``types.MixesBaseRows``).
     """
-    version = int(dispatcher.coordinator.policy_version)
-    seeded = dispatcher.with_plan(plan.dispatch_config(dispatcher.config), SeededExecutor(dispatcher.executor, plan))
+    version = 0 if base_model else int(dispatcher.coordinator.policy_version)
+    seeded = dispatcher.with_plan(plan.dispatch_config(dispatcher.config), SeededExecutor(dispatcher.executor, plan),
+                                  base_model=base_model)
     groups = await asyncio.gather(
         *(seeded.run_group(f"{group_prefix}-t{i}", task) for i, task in enumerate(plan.tasks))
     )

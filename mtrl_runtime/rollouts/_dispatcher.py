@@ -130,8 +130,10 @@ class Dispatcher:
         endpoint: str,
         server_loop: asyncio.AbstractEventLoop | None = None,
         group_scorer: GroupRescorer | None = None,
+        base_model: bool = False,
     ) -> None:
         self.coordinator = coordinator
+        self.base_model = base_model  # its rollouts are answered by the base model (``create_rollout``)
         self.executor = executor
         self.config = config
         self.endpoint = endpoint
@@ -141,9 +143,11 @@ class Dispatcher:
         self._slots: asyncio.Semaphore | None = None
         self.tally = RolloutTally()  # rollouts planned / ended per step, for progress lines
 
-    def with_plan(self, config: MtrlConfig, executor: RolloutExecutor) -> "Dispatcher":
-        """A dispatcher over the same coordinator and endpoint (and tally) with another config and executor."""
-        planned = Dispatcher(self.coordinator, executor, config, self.endpoint, self.server_loop, self.group_scorer)
+    def with_plan(self, config: MtrlConfig, executor: RolloutExecutor, base_model: bool = False) -> "Dispatcher":
+        """A dispatcher over the same coordinator and endpoint (and tally) with another config and executor
+        (and its own concurrency limit); ``base_model``: its rollouts are the base model's."""
+        planned = Dispatcher(self.coordinator, executor, config, self.endpoint, self.server_loop, self.group_scorer,
+                             base_model)
         planned.tally = self.tally
         return planned
 
@@ -233,7 +237,8 @@ class Dispatcher:
         core, advanced = self.config.core, self.config.advanced
         async with self.slots:
             handle = await asyncio.to_thread(
-                self.coordinator.create_rollout, task, group_id, step=step, max_turns=core.max_turns
+                self.coordinator.create_rollout, task, group_id, step=step, max_turns=core.max_turns,
+                **({"base_model": True} if self.base_model else {}),
             )
             spec = RolloutSpec(
                 rollout_id=handle.rollout_id,

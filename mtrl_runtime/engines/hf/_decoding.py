@@ -46,6 +46,7 @@ class Row:
     max_new: int  # max_tokens, capped by the model's context
     stop: tuple[str, ...]
     policy_version: int = 0
+    base: bool = False  # decoded with the adapter switched off (``GenerationRequest.base_model``)
     cache_epoch: int = 0  # the prefix cache's epoch at prefill: its KV may be stored only while it holds
     completion_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -91,7 +92,7 @@ class DecodeBatch:
         """Hold the stretch that most rows begin with once (``_shared_prefix.choose_shared``), if there is one."""
         if self.shared is not None:
             return
-        choice = choose_shared([r.prompt_ids for r in self.rows])
+        choice = choose_shared([r.prompt_ids for r in self.rows], [r.base for r in self.rows])
         if choice is None:
             return
         members, n = choice
@@ -99,7 +100,14 @@ class DecodeBatch:
         users_B[members] = True
         kv = leading_columns(self.cache, self.mask_BL, members[0], n)
         self.mask_BL = drop_leading_columns(self.cache, self.mask_BL, [n if u else 0 for u in users_B.tolist()])
-        self.shared = SharedPrefix(self.rows[members[0]].prompt_ids[:n], kv, users_B)
+        first = self.rows[members[0]]
+        self.shared = SharedPrefix(first.prompt_ids[:n], kv, users_B, first.base)
+
+    def base_rows_B(self) -> torch.Tensor | None:
+        """Which rows decode without the adapter (bool per row), or None when none does."""
+        if not any(r.base for r in self.rows):
+            return None
+        return torch.tensor([r.base for r in self.rows], dtype=torch.bool, device=self.mask_BL.device)
 
     def decode(self, model: Any, tokens_B: list[int]) -> None:
         """Feed one new token per row; ``logits_BV`` becomes the logits after it."""
@@ -145,7 +153,7 @@ class DecodeBatch:
                 self.shared = other.shared
                 self.shared.users_B = torch.cat([mine, other.shared.users_B])
         else:
-            n, joining = plan_join(self.shared, [r.prompt_ids for r in other.rows])
+            n, joining = plan_join(self.shared, [r.prompt_ids for r in other.rows], [r.base for r in other.rows])
             self.shared, self.mask_BL = cut_shared(self.cache, self.mask_BL, self.shared, n)
             other.mask_BL = drop_leading_columns(other.cache, other.mask_BL, [n if j else 0 for j in joining])
             assert self.shared is not None  # plan_join keeps at least MIN_SHARED_PREFIX tokens

@@ -57,12 +57,12 @@ it as one matrix (``_shared_prefix``), where each row would otherwise read
 its own copy every decode step. Same tokens and logprobs up to float
 summation order (fp32: within 1e-5 in the tests).
 
-KV during decoding (``kv_cache``, default ``concat``): transformers'
-per-step concatenation, ``preallocated`` buffers a step writes one column
-into, or ``auto`` (preallocated except bf16/fp16 on CPU). Both give the
-same tokens and logprobs; which is faster in fp32 is not settled yet
-(``_kv_buffer`` and docs/performance.md give the two runs), so the default
-stays the path before.
+KV during decoding (``kv_cache``, default ``auto``): transformers'
+per-step concatenation (``concat``), ``preallocated`` buffers a step writes
+one column into, or ``auto``: preallocated for fp32 on CPU, concat
+elsewhere (in bf16 the buffers' strided views leave oneDNN's fast matmul;
+GPUs are not measured: ``_kv_buffer`` and docs/performance.md give the runs). Both give the same tokens and
+logprobs.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class HFEngine(WorkerLoop):
         eos_token_ids: list[int] | tuple[int, ...] | None = None,
         num_threads: int | None = None,
         prefix_cache_tokens: int = 32768,
-        kv_cache: str = "concat",
+        kv_cache: str = "auto",
         share_prefix: bool = True,
     ) -> None:
         if dtype == "auto":
@@ -126,7 +126,7 @@ class HFEngine(WorkerLoop):
         eos_token_ids: list[int] | tuple[int, ...] | None = None,
         num_threads: int | None = None,
         prefix_cache_tokens: int = 32768,
-        kv_cache: str = "concat",
+        kv_cache: str = "auto",
         share_prefix: bool = True,
     ) -> "HFEngine":
         """Serve an already built model (its device and dtype as they are), e.g. the tiny test model."""
@@ -138,7 +138,7 @@ class HFEngine(WorkerLoop):
     def _setup(
         self, model: Any, tokenizer: Any, max_batch_size: int, max_prefill_tokens: int,
         eos_token_ids: list[int] | tuple[int, ...] | None, num_threads: int | None, prefix_cache_tokens: int,
-        kv_cache: str = "concat", share_prefix: bool = True,
+        kv_cache: str = "auto", share_prefix: bool = True,
     ) -> None:
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads: must be >= 1, got {num_threads}")
@@ -156,6 +156,7 @@ class HFEngine(WorkerLoop):
         self.weights_lock = threading.RLock()
         # None when disabled, or when the model's cache has layers (sliding windows, ...) KV cannot be cut from
         self._prefix = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens and plain_kv_cache(model) else None
+        self._base_prefix = PrefixCache(prefix_cache_tokens) if self._prefix is not None else None  # base-model rows
         self.policy_version = 0
         self.stats = EngineStats()
         self.max_batch_size = max_batch_size
@@ -199,10 +200,18 @@ class HFEngine(WorkerLoop):
         return self._prefix
 
     def invalidate_prefix_cache(self) -> None:
-        """Drop every stored prefix: call after changing the weights without setting a version."""
+        """Drop every stored prefix (the base model's rows' too): call after changing the weights without
+        setting a version."""
         if self._prefix is not None:
             with self.weights_lock:
                 self._prefix.clear()
+                self._base_prefix.clear()
+
+    def mixes_base_rows(self) -> bool:
+        """Whether a ``base_model`` request can be served beside the adapter's (``types.MixesBaseRows``): the
+        model holds a LoRA adapter whose term can be taken off per row (``LoraFold.per_row``). Read without the
+        weights lock (callers are event loops; the worker holds it for whole passes)."""
+        return self.lora_fold.per_row()
 
     def set_policy_version(self, version: int) -> None:
         """Record that the shared weights now are policy ``version`` (in-process trainer); clears the prefix cache."""
@@ -284,6 +293,9 @@ class HFEngine(WorkerLoop):
     # ------------------------------------------------------------------ caller side
     def _check_request(self, request: GenerationRequest) -> None:
         check_request(request, self.vocab_size)
+        if request.base_model and not self.mixes_base_rows():
+            raise ValueError("base_model: this engine's model holds no LoRA adapter it can switch off per row "
+                             "(none loaded, or one of another kind); evaluate its base model on its own instead")
         if len(request.prompt_ids) >= self.context_length:
             raise ValueError(
                 f"prompt_ids: {len(request.prompt_ids)} tokens leave no room in the context of {self.context_length}"
@@ -330,7 +342,7 @@ def create(
     num_threads: int | None = None,
     cache_dir: str | None = None,
     prefix_cache_tokens: int = 32768,
-    kv_cache: str = "concat",
+    kv_cache: str = "auto",
     share_prefix: bool = True,
 ) -> HFEngine:
     """The ``hf`` factory: resolve ``model`` (folder, alias, cached hub id) and load it."""

@@ -12,11 +12,11 @@ On CPU this pays in fp32 only. The attention then multiplies views whose
 batch stride is the buffer's, not the view's: fp32 BLAS takes such strides
 as they are, while bf16 matmuls leave oneDNN for a generic kernel several
 times slower than the copy saved (``bench/decode_long_context.py``: SmolLM2,
-8 rows x 2,000 tokens). ``kv_cache="auto"`` therefore preallocates except
-for half precision on CPU. In fp32 two runs on a shared 2-core box
-disagree (1.96x faster with 1 thread at load ~10; 0.31x with 2 threads at
-a load swinging 1-7), so the engine's default stays ``concat`` until a
-quiet run decides.
+8 rows x 2,000 tokens). ``kv_cache="auto"``, the engine's default,
+therefore preallocates for fp32 on CPU only (on a GPU it is not measured:
+transformers' concatenation stays). In fp32 on a quiet
+2-core box it decodes 1.21x (rows sharing a system prompt) to 1.48x (rows
+with nothing in common) faster than the concatenation.
 
 Everything else the decode batch does (merging rows, dropping rows,
 cropping padding, reading a row's KV for the prefix cache) assigns
@@ -140,10 +140,9 @@ KV_CACHES = {"preallocated": buffered, "concat": concatenated}
 
 def resolve_kv_cache(name: str, model: Any) -> str:
     """The ``kv_cache`` path for ``model``: a name of ``KV_CACHES``, or "auto" (see the module docstring)."""
-    if name == "auto":
+    if name == "auto":  # measured on CPU only: fp32 gains, half precision loses; GPUs keep transformers' path
         weight = next(model.parameters())
-        half_on_cpu = weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float16)
-        return "concat" if half_on_cpu else "preallocated"
+        return "preallocated" if weight.device.type == "cpu" and weight.dtype == torch.float32 else "concat"
     if name not in KV_CACHES:
         raise ValueError(f"kv_cache: expected auto or one of {sorted(KV_CACHES)}, got {name!r}")
     return name

@@ -54,6 +54,7 @@ class SharedPrefix:
     ids: tuple[int, ...]
     kv: KV
     users_B: torch.Tensor  # bool, one per row of the batch
+    base: bool = False  # computed without the adapter: only base-model rows may use it (``Row.base``)
     layers_used: int = field(default=0, repr=False)  # layers that attended to it in the current forward pass
     bias_B: torch.Tensor | None = field(default=None, repr=False)  # set by prepare() for a forward pass
 
@@ -122,23 +123,28 @@ def shared_prefix_attention(
     return out_BKND.reshape(B, H, Q, D).transpose(1, 2).contiguous()
 
 
-def choose_shared(prompts: Sequence[tuple[int, ...]]) -> tuple[list[int], int] | None:
+def choose_shared(prompts: Sequence[tuple[int, ...]], variants: Sequence[bool] | None = None,
+                  ) -> tuple[list[int], int] | None:
     """The rows and length of the stretch that saves most columns held once: (members, n), or None.
 
     Prompts sorted, neighbours sharing at least ``MIN_SHARED_PREFIX``
     tokens form a group whose stretch is their common prefix; a group saves
     (members - 1) x stretch. Every member keeps at least its last prompt
     token. A lone row shares its prompt (nothing saved until others join).
+    ``variants`` (base-model rows True): rows of different variants never
+    share, their KV differs.
     """
+    variants = list(variants) if variants is not None else [False] * len(prompts)
     if len(prompts) == 1:
         n = len(prompts[0]) - 1
         return ([0], n) if n >= MIN_SHARED_PREFIX else None
-    order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+    order = sorted(range(len(prompts)), key=lambda i: (variants[i], prompts[i]))
     best: tuple[list[int], int] | None = None
     members, common = [order[0]], len(prompts[order[0]]) - 1
     for nxt in [*order[1:], None]:
-        shared = -1 if nxt is None else min(common, common_length(prompts[members[-1]], prompts[nxt]),
-                                             len(prompts[nxt]) - 1)
+        same = nxt is not None and variants[nxt] == variants[members[-1]]
+        shared = -1 if not same else min(common, common_length(prompts[members[-1]], prompts[nxt]),
+                                         len(prompts[nxt]) - 1)
         if shared >= MIN_SHARED_PREFIX:
             members.append(nxt)
             common = shared
@@ -151,14 +157,18 @@ def choose_shared(prompts: Sequence[tuple[int, ...]]) -> tuple[list[int], int] |
     return best
 
 
-def plan_join(shared: SharedPrefix, prompts: Sequence[tuple[int, ...]]) -> tuple[int, list[bool]]:
+def plan_join(shared: SharedPrefix, prompts: Sequence[tuple[int, ...]], variants: Sequence[bool] | None = None,
+              ) -> tuple[int, list[bool]]:
     """For rows joining a batch that shares ``shared``: the prefix length to keep and which rows use it.
 
     Either the prefix stays whole (rows beginning with all of it join its
     users) or it is cut to what more rows share (at least
-    ``MIN_SHARED_PREFIX``), whichever saves more columns.
+    ``MIN_SHARED_PREFIX``), whichever saves more columns. A row of another
+    variant than the prefix's (``variants``, base-model rows True) never joins.
     """
-    reach = [min(common_length(p, shared.ids), len(p) - 1) for p in prompts]
+    variants = list(variants) if variants is not None else [False] * len(prompts)
+    reach = [min(common_length(p, shared.ids), len(p) - 1) if v == shared.base else 0
+             for p, v in zip(prompts, variants, strict=True)]
     users = shared.users
     whole = [r >= shared.length for r in reach]
     best = ((users + sum(whole) - 1) * shared.length, shared.length, whole)
@@ -218,7 +228,7 @@ def cut_shared(cache: Any, mask_BL: torch.Tensor, shared: SharedPrefix, n: int,
     if not start:
         return None, mask_BL
     kept = SharedPrefix(shared.ids[:start], [(k[:, :, :start], v[:, :, :start]) for k, v in shared.kv],
-                        shared.users_B)
+                        shared.users_B, shared.base)
     return kept, mask_BL
 
 

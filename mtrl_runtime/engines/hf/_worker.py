@@ -18,6 +18,11 @@ step run on yet another thread.
 Between decode steps the worker runs queued calls, then admits queued jobs
 into the running batch (continuous batching, see ``_decoding``), samples one
 token per row, and resolves the rows that finished.
+
+Base-model rows (``GenerationRequest.base_model``) decode in the same batch
+with the adapter's term taken off for them (``LoraFold.without_adapter``);
+their KV differs from the adapter's, so they are prefilled in a pass of
+their own and their prompts are cached apart (``_base_prefix``).
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ from collections import deque
 
 import torch
 
-from ...types import Generation
+from ...types import Generation, GenerationRequest
 from .._stats import EngineClosedError
 from ._decoding import DecodeBatch, Row
 from ._jobs import Call, Job
+from ._prefix_cache import PrefixCache
 from ._prefix_prefill import prefill_rows, store_finished
 from ._sampling import RowSampling, choose_tokens
 
@@ -83,20 +89,29 @@ class WorkerLoop:
             if waiting[0].cancelled:
                 waiting.popleft()
                 continue
-            longest_next = max(longest, self._tokens_to_prefill(waiting[0].request.prompt_ids))
+            longest_next = max(longest, self._tokens_to_prefill(waiting[0].request))
             if jobs and longest_next * (len(jobs) + 1) > self.max_prefill_tokens:
                 break  # the padded prefill would exceed its token budget: the rest joins next step
             jobs.append(waiting.popleft())
             longest = longest_next
         if not jobs:
             return batch
+        for base in (False, True):  # the adapter's rows and the base model's, each prefilled in its own pass
+            group = [job for job in jobs if job.request.base_model == base]
+            if group:
+                batch = self._prefill_into(batch, group, base)
+        return batch
+
+    def _prefill_into(self, batch: DecodeBatch | None, jobs: list[Job], base: bool) -> DecodeBatch | None:
+        """Prefill ``jobs`` (all base-model rows, or none) and merge them into ``batch``."""
+        cache = self._prefix_for(base)
         try:
             rows = [self._row(job) for job in jobs]
-            with self.weights_lock:
+            with self.weights_lock, self.lora_fold.without_adapter(base):  # base: every row of these passes
                 for row in rows:
-                    row.policy_version = self.policy_version
-                    row.cache_epoch = self._prefix.epoch if self._prefix is not None else 0
-                new = prefill_rows(self._model, rows, self._prefix, self._pad_id, self.device, self.stats,
+                    row.policy_version = 0 if base else self.policy_version
+                    row.cache_epoch = cache.epoch if cache is not None else 0
+                new = prefill_rows(self._model, rows, cache, self._pad_id, self.device, self.stats,
                                    kv_cache=self.kv_cache,
                                    share_prefix=self.share_prefix and batch is None)  # joiners: merge() plans
         except Exception as exc:  # these jobs fail; the running batch goes on
@@ -110,9 +125,14 @@ class WorkerLoop:
         self.stats.joins += 1
         return batch
 
-    def _tokens_to_prefill(self, prompt_ids: tuple[int, ...]) -> int:
+    def _prefix_for(self, base: bool) -> PrefixCache | None:
+        """The prefix cache of the adapter's rows, or of the base model's."""
+        return self._base_prefix if base else self._prefix
+
+    def _tokens_to_prefill(self, request: GenerationRequest) -> int:
         """Prompt tokens past the longest stored prefix (an estimate: the cache may change before prefill)."""
-        return len(prompt_ids) - (self._prefix.match_length(prompt_ids) if self._prefix is not None else 0)
+        cache = self._prefix_for(request.base_model)
+        return len(request.prompt_ids) - (cache.match_length(request.prompt_ids) if cache is not None else 0)
 
     def _row(self, job: Job) -> Row:
         request, s = job.request, job.request.sampling
@@ -129,6 +149,7 @@ class WorkerLoop:
             sampling=RowSampling(s.temperature, s.top_p, s.top_logprobs, generator),
             max_new=min(s.max_tokens, self.context_length - len(request.prompt_ids)),
             stop=tuple(s.stop),
+            base=request.base_model,
         )
 
     def _step(self, batch: DecodeBatch) -> DecodeBatch | None:
@@ -148,11 +169,16 @@ class WorkerLoop:
                 keep.append(i)
             else:
                 self._resolve(row, reason)
-                store_finished(self._prefix, batch, i)
+                store_finished(self._prefix_for(row.base), batch, i)
         batch.keep(keep)
         if not batch.rows:
             return None
-        with self.weights_lock:
+        base_B = batch.base_rows_B()
+        if base_B is not None:
+            base_rows = int(base_B.sum())
+            self.stats.base_rows_decoded += base_rows
+            self.stats.mixed_passes += base_rows < len(batch.rows)
+        with self.weights_lock, self.lora_fold.without_adapter(base_B):
             started = time.perf_counter()
             batch.decode(self._model, [row.completion_ids[-1] for row in batch.rows])
             self.stats.decode_s += time.perf_counter() - started
