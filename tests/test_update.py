@@ -398,3 +398,17 @@ def test_a_prefix_every_sample_shares_runs_once_per_step_with_the_same_gradient(
     for name in plain:
         assert torch.allclose(shared[name], plain[name], atol=1e-5, rtol=1e-3), name
     assert sum(float(g.abs().sum()) for g in shared.values()) > 0
+
+
+def test_the_adapters_initial_weights_follow_the_seed_not_what_ran_before(tokenizer):
+    def adapter(seed: int, drawn: int = 0) -> dict[str, torch.Tensor]:
+        model = tiny_model(tokenizer, seed=0)
+        torch.rand(drawn)  # whatever another part of the process drew
+        state = torch.random.get_rng_state()
+        policy = build_policy(model, tokenizer, rank=4, alpha=8, seed=seed)
+        assert torch.equal(torch.random.get_rng_state(), state)  # the process's random state is left as it was
+        return {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+
+    first, again, other = adapter(0), adapter(0, drawn=1000), adapter(1)
+    assert first.keys() == again.keys() and all(torch.equal(first[n], again[n]) for n in first)
+    assert any(not torch.equal(first[n], other[n]) for n in first if "lora_A" in n)

@@ -318,9 +318,11 @@ def sft_run(tmp_path_factory, tiny_model_dir):
     demos.write_text("".join(json.dumps(tool_conversation(p)) + "\n" for p in PROMPTS))
     config = sft_config(tmp / "sft.yaml", tiny_model_dir, tmp / "unused")
     buffer = io.StringIO()
+    # lr 0.005 over 8 epochs learns for every adapter init tried (seeds 0-5: held-out loss falls each epoch, by
+    # 1.12-1.18 nats; the call gains 31-33 nats); 0.02 over 4 epochs diverged for two of the six
     with contextlib.redirect_stdout(buffer):
-        status = main(["sft", str(config), "--conversations", str(demos), "--out", str(tmp / "out"), "--epochs", "4",
-                       "--lr", "0.02", "--held-out", "0.25", "--batch-size", "1"])
+        status = main(["sft", str(config), "--conversations", str(demos), "--out", str(tmp / "out"), "--epochs", "8",
+                       "--lr", "0.005", "--held-out", "0.25", "--batch-size", "1"])
     lines = buffer.getvalue().splitlines()
     return tmp, config, status, lines
 
@@ -331,7 +333,7 @@ def test_sft_lowers_the_held_out_loss_and_prints_both_losses_per_epoch(sft_run):
     report = json.loads((tmp / "out" / "sft.json").read_text())
     assert report["demonstrations"] == {"train": 9, "held_out": 3}
     epochs = report["epochs"]
-    assert [e["epoch"] for e in epochs] == [1, 2, 3, 4]
+    assert [e["epoch"] for e in epochs] == list(range(1, 9))
     before, after = report["held_out_loss_before"], epochs[-1]["held_out_loss"]
     # the tiny model's LoRA cannot grow its tied embeddings, so its logits stay small: about 1 nat per token is
     # what it can gain (ln 512 = 6.2 at the start); a full fine-tune goes further
@@ -339,7 +341,7 @@ def test_sft_lowers_the_held_out_loss_and_prints_both_losses_per_epoch(sft_run):
     assert all(b < a for a, b in zip(held, held[1:])) and held[-1] < before - 0.75, held
     assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
     printed = [line for line in lines if "mtrl sft: epoch" in line]
-    assert len(printed) == 4 and all("train loss" in line and "held-out loss" in line for line in printed)
+    assert len(printed) == 8 and all("train loss" in line and "held-out loss" in line for line in printed)
     assert any("--init-adapter" in line and str(tmp / "out" / "adapter") in line for line in lines)
     assert (tmp / "out" / "adapter" / "adapter_config.json").is_file()
 

@@ -117,6 +117,7 @@ def build_policy(
     keep_reference: bool = False,
     device: str = "auto",
     base_dtype: torch.dtype = torch.float32,
+    seed: int = 0,
 ) -> Policy:
     """Load (from a local folder) or take a causal LM and make it trainable.
 
@@ -126,7 +127,10 @@ def build_policy(
     model loaded from a folder goes to ``device`` (``auto``: CUDA when there
     is one); a model object stays where it is (e.g. shared with the hf engine).
     ``base_dtype``: the dtype a folder's weights are loaded in under LoRA
-    (full fine-tuning keeps fp32 master weights).
+    (full fine-tuning keeps fp32 master weights). ``seed`` draws the adapters'
+    random initial weights from a generator of their own, so the same config
+    starts from the same adapter whatever ran before in the process (the
+    process's random state is left as it was).
     """
     if isinstance(model, (str, Path)):
         model, tokenizer = _load_folder(Path(model), tokenizer, base_dtype if lora else torch.float32)
@@ -139,7 +143,8 @@ def build_policy(
             r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(present),
             bias="none", task_type="CAUSAL_LM",
         )
-        model = get_peft_model(model, config)
+        with _seeded(seed, _device_of(model)):
+            model = get_peft_model(model, config)
         for param in model.parameters():  # LoRA weights, their gradients and AdamW state in fp32 over any base
             if param.requires_grad and param.dtype != torch.float32:
                 param.data = param.data.float()
@@ -151,6 +156,20 @@ def build_policy(
         policy = Policy(model=model, tokenizer=tokenizer, lora=False, reference_model=reference)
     policy.model.eval()
     return policy
+
+
+@contextlib.contextmanager
+def _seeded(seed: int, device: torch.device) -> Iterator[None]:
+    """Torch's random state set to ``seed`` inside, restored after (CPU, and ``device`` when it is CUDA)."""
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def _device_of(model: Any) -> torch.device:
+    first = next(iter(model.parameters()), None)
+    return first.device if first is not None else torch.device("cpu")
 
 
 def policy_from_config(config: Any, model: str | Path | Any, tokenizer: Any | None = None) -> Policy:
@@ -174,6 +193,7 @@ def policy_settings(config: Any, model: str | Path | Any) -> dict[str, Any]:
         keep_reference=advanced.full_finetune and advanced.kl_coef > 0,
         device=advanced.train_device,
         base_dtype=base_dtype,
+        seed=core.seed,
     )
 
 
