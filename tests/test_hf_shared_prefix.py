@@ -12,33 +12,42 @@ from mtrl_runtime.engines import HFEngine
 from mtrl_runtime.engines.hf import grouped_matmul_attention
 from mtrl_runtime.engines.hf._decoding import DecodeBatch, Row
 from mtrl_runtime.engines.hf._sampling import RowSampling
-from mtrl_runtime.engines.hf._shared_prefix import (MIN_SHARED_PREFIX, SharedPrefix, choose_shared, plan_join,
-                                                    shared_prefix_attention)
+from mtrl_runtime.engines.hf._shared_prefix import (MIN_SHARED_PREFIX, HeldPrefixes, SharedPrefix, choose_shared,
+                                                    plan_join, shared_prefix_attention)
 from mtrl_runtime.testing import tiny_model, tiny_tokenizer
 from mtrl_runtime.types import GenerationRequest, SamplingParams
 
 
 # ---------------------------------------------------------------------- the attention on its own
-@pytest.mark.parametrize("all_users", [True, False], ids=["every-row-a-user", "some-rows-not"])
-def test_shared_prefix_attention_is_attention_over_prefix_then_own_columns(all_users):
+def dense_reference(query, keys, values, own_mask, prefixes, scale):
+    """Attention over each row's whole columns: every prefix copied into every row, masked off for non-users."""
+    B = query.shape[0]
+    whole_k = torch.cat([p.kv[0][0].expand(B, -1, -1, -1) for p in prefixes] + [keys], dim=2)
+    whole_v = torch.cat([p.kv[0][1].expand(B, -1, -1, -1) for p in prefixes] + [values], dim=2)
+    masks = [torch.where(p.users_B, 0.0, torch.finfo(torch.float32).min)[:, None, None, None].expand(B, 1, 1, p.length)
+             for p in prefixes]
+    out, _ = grouped_matmul_attention(query, whole_k, whole_v, torch.cat(masks + [own_mask], dim=-1), scale)
+    return out
+
+
+@pytest.mark.parametrize("users", [
+    [[True] * 5],  # one prefix, every row a user
+    [[True, True, False, True, False]],  # one prefix, two rows without one
+    [[True, False, True, False, False], [False, True, False, True, False]],  # two prefixes (two variants), one row none
+], ids=["every-row-a-user", "some-rows-not", "two-prefixes"])
+def test_shared_prefix_attention_is_attention_over_prefix_then_own_columns(users):
     torch.manual_seed(0)
-    B, H, K, D, P, S = 5, 6, 2, 8, 37, 11
+    B, H, K, D, S = 5, 6, 2, 8, 11
     query = torch.randn(B, H, 1, D)
     keys, values = torch.randn(B, K, S, D), torch.randn(B, K, S, D)
-    prefix_k, prefix_v = torch.randn(1, K, P, D), torch.randn(1, K, P, D)
     own_mask = torch.zeros(B, 1, 1, S)
     own_mask[1, ..., :4] = torch.finfo(torch.float32).min  # left padding of one row
-    users = torch.tensor([True, True, not all_users, True, not all_users])
-    shared = SharedPrefix(tuple(range(P)), [(prefix_k, prefix_v)], users)
-    shared.prepare(torch.float32)
-    out = shared_prefix_attention(query, keys, values, own_mask, D ** -0.5, shared, 0)
-
-    # the same rows with the prefix copied into each (masked off where a row is not a user)
-    whole_k = torch.cat([prefix_k.expand(B, -1, -1, -1), keys], dim=2)
-    whole_v = torch.cat([prefix_v.expand(B, -1, -1, -1), values], dim=2)
-    prefix_mask = torch.where(users, 0.0, torch.finfo(torch.float32).min)[:, None, None, None].expand(B, 1, 1, P)
-    expected, _ = grouped_matmul_attention(query, whole_k, whole_v, torch.cat([prefix_mask, own_mask], dim=-1),
-                                           D ** -0.5)
+    prefixes = [SharedPrefix(tuple(range(P)), [(torch.randn(1, K, P, D), torch.randn(1, K, P, D))], torch.tensor(u),
+                             base=bool(i)) for i, (P, u) in enumerate(zip((37, 23), users))]
+    held = HeldPrefixes(prefixes)
+    held.prepare(torch.float32)
+    out = shared_prefix_attention(query, keys, values, own_mask, D ** -0.5, held, 0)
+    expected = dense_reference(query, keys, values, own_mask, prefixes, D ** -0.5)
     assert out.shape == (B, 1, H, D)
     assert torch.allclose(out, expected, atol=1e-5), (out - expected).abs().max()
 
@@ -148,7 +157,7 @@ def test_a_forward_pass_that_leaves_the_prefix_unread_fails_loudly():
             for p in prompts]
     with torch.inference_mode():
         batch = DecodeBatch.prefill(model, rows, tok.pad_token_id, torch.device("cpu"), share_prefix=True)
-        assert batch.shared is not None and batch.shared.users == 2
+        assert len(batch.prefixes) == 1 and batch.prefixes[0].users == 2
         batch.decode(model, [5, 6])  # the engine's attention reads it
         model.set_attn_implementation("sdpa")  # transformers' own attention: the prefix is never read
         with pytest.raises(RuntimeError, match="0 of 2 attention layers of LlamaForCausalLM read the shared prefix"):

@@ -65,6 +65,9 @@ TABLE_ROWS = (
 def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, help=f"training steps (default {DEMO_RECIPE['core']['max_steps']})")
     p.add_argument("--run-dir", help="the run folder (default runs/demo)")
+    p.add_argument("--staleness", type=int,
+                   help="rollouts of the next steps run while the trainer updates, at most this many versions behind "
+                        "(advanced.async_config.max_steps_off_policy; 0: synchronous; default: the recipe's)")
     p.add_argument("--eval-tasks", type=int, default=25, help="test tasks to evaluate (default: the whole split, 25)")
     p.add_argument("--samples", type=int, default=2, help="samples per test task (pass@k up to this)")
     p.add_argument("--fields", default="full", help="answer fields: full (six), three, or decision")
@@ -126,7 +129,6 @@ def _demo(args: argparse.Namespace) -> int:
     from mtrl_examples.aircraft_inspection import FIELD_SETS, strict_score
     from mtrl_examples.aircraft_inspection.agent import run
 
-    from ..config import MtrlConfig
     from ..evaluation import MultiTurnRLEvaluator
     from ..training import MultiTurnRLTrainer
     from ._demo_timing import demo_timing, timing_lines
@@ -136,12 +138,10 @@ def _demo(args: argparse.Namespace) -> int:
     if args.fields not in FIELD_SETS:
         raise SystemExit(f"--fields: expected one of {', '.join(FIELD_SETS)}, got {args.fields!r}")
     fields = FIELD_SETS[args.fields]
-    config = MtrlConfig.from_dict(DEMO_RECIPE)
-    overrides = {"core.max_steps": args.steps, "core.run_dir": args.run_dir}
-    config = config.with_overrides({k: v for k, v in overrides.items() if v is not None})
-    config, precision = resolve_precision(config)  # the run's params record the dtype it really runs
+    config, precision = resolve_precision(demo_config(args.steps, args.run_dir, args.staleness))
     console.print(f"[bold]mtrl demo[/]: {config.core.model}, LoRA r{config.core.lora_rank}, "
-                  f"{config.core.max_steps} steps × {config.core.train_batch_size} tasks × {config.core.group_size} rollouts")
+                  f"{config.core.max_steps} steps × {config.core.train_batch_size} tasks × {config.core.group_size} rollouts, "
+                  + training_mode(config))
     console.print(precision)
     trainer = MultiTurnRLTrainer(agent_env=run, training_dataset=_rows("train", args.fields), config=config,
                                  tracking=not args.no_mlflow)
@@ -180,6 +180,31 @@ def _demo(args: argparse.Namespace) -> int:
     for line in timing_lines(timing, precision):
         console.print(line)
     return 0
+
+
+def demo_config(steps: int | None = None, run_dir: str | None = None, staleness: int | None = None) -> Any:
+    """The demo recipe as an ``MtrlConfig`` with the command line's overrides (None: the recipe's).
+
+    ``staleness`` > 0 trains asynchronously, the next steps' rollouts running while the trainer updates, at
+    most that many versions behind (``advanced.async_config``); 0 trains synchronously.
+    """
+    from ..config import MtrlConfig
+
+    overrides: dict[str, Any] = {"core.max_steps": steps, "core.run_dir": run_dir}
+    if staleness is not None:
+        if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+            raise SystemExit(f"--staleness: expected an int >= 0, got {staleness!r}")
+        overrides.update({"advanced.async_config.enabled": staleness > 0,
+                          "advanced.async_config.max_steps_off_policy": staleness})
+    return MtrlConfig.from_dict(DEMO_RECIPE).with_overrides({k: v for k, v in overrides.items() if v is not None})
+
+
+def training_mode(config: Any) -> str:
+    """How ``config`` trains, in words: synchronous, or asynchronous with its staleness bound."""
+    asynchronous = config.advanced.async_config
+    if asynchronous.enabled and asynchronous.max_steps_off_policy > 0:
+        return f"asynchronous (rollouts at most {asynchronous.max_steps_off_policy} version(s) behind)"
+    return "synchronous"
 
 
 DEMO = Command("demo", "train SmolLM2-135M on the aircraft inspection SOP on CPU, then compare it with the base",

@@ -21,7 +21,7 @@ switch it off per row (``types.MixesBaseRows``: the hf engine with a LoRA
 adapter), the fine-tuned and the base side run at once on that engine,
 their rows decoding in the same batches, each side with its own
 concurrency limit (so the engine holds up to twice the rows, and their KV);
-elsewhere the fine-tuned side runs first, then the base model with the
+``sides_at_once=False``, or elsewhere, the fine-tuned side runs first, then the base model with the
 adapter disabled for the whole engine (``base_policy``). Either way each
 side gets the same tasks and seeds. The report (Markdown, JSON, PNG) goes to
 ``<run_dir>/eval`` (or ``output_path``) and, with ``tracking``, to an MLflow
@@ -132,6 +132,7 @@ class MultiTurnRLEvaluator:
         max_samples: int | None = None,
         tracking: bool = True,
         reference: ReferenceModel | Mapping[str, Any] | None = None,
+        sides_at_once: bool = True,
     ) -> None:
         if model is not None and not isinstance(model, (str, Path)):  # a MultiTurnRLTrainer
             if not isinstance(model, _Trained):
@@ -163,6 +164,7 @@ class MultiTurnRLEvaluator:
         self.max_samples = max_samples
         self.tracking = tracking
         self.reference = ReferenceModel.coerce(reference) if reference is not None else None
+        self.sides_at_once = sides_at_once  # base and fine-tuned at once where the engine mixes their rows
 
     def tasks(self) -> list[Task]:
         """The evaluation tasks: the dataset, filtered to ``split`` and cut to ``max_tasks``, in file order."""
@@ -196,7 +198,8 @@ class MultiTurnRLEvaluator:
             if self.adapter is not None:
                 await stack.engine.load_adapter(str(self.adapter), int(stack.engine.policy_version) + 1)
             fine_tuned = self.adapter is not None or stack.engine.policy_version > 0
-            if fine_tuned and self.evaluate_base_model and mixes_base_rows(stack.engine):  # both sides at once
+            at_once = self.sides_at_once and mixes_base_rows(stack.engine)
+            if fine_tuned and self.evaluate_base_model and at_once:  # both sides at once
                 sides[FINE_TUNED], sides[BASE] = await asyncio.gather(
                     run_side(dispatcher, plan, label=FINE_TUNED, group_prefix=f"eval-{tag}-ft",
                              scorer=self.strict_scorer),

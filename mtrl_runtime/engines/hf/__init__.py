@@ -11,6 +11,6 @@ caching (``_prefix_cache``, ``_prefix_prefill``), LoRA folding
 from ._engine import HFEngine, create
 from ._attention import grouped_matmul_attention
 from ._pretrained import auto_dtype
-from ._shared_prefix import SharedPrefix, shared_prefix_attention
+from ._shared_prefix import HeldPrefixes, SharedPrefix, shared_prefix_attention
 
-__all__ = ["HFEngine", "SharedPrefix", "auto_dtype", "create", "grouped_matmul_attention", "shared_prefix_attention"]
+__all__ = ["HFEngine", "HeldPrefixes", "SharedPrefix", "auto_dtype", "create", "grouped_matmul_attention", "shared_prefix_attention"]

@@ -14,10 +14,12 @@ decoding and cropping only look at the mask, so holes cost columns, never
 correctness.
 
 Rows whose prompts open with the same tokens (an agent's system prompt)
-hold that common prefix once (``_shared_prefix``): ``shared`` is its KV,
-the cache holds each row's columns after it, and the mask covers only
-those. Merging two batches keeps what their shared prefixes have in
-common and moves the rest into the rows' own columns.
+hold that common prefix once (``_shared_prefix``): ``prefixes`` hold its
+KV (one per variant: rows decoding with the adapter, rows decoding the base
+model), each user's cache holds its columns after it, and the mask covers
+only those. Rows joining a batch use its prefix of their variant where they
+begin with it (it may be cut shorter, its tail moved into the users' own
+columns).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from ...torch_support import cache_of
 from ._kv_buffer import KV_CACHES, mergeable
 from ._prefix_cache import KV
 from ._sampling import RowSampling
-from ._shared_prefix import (SHARED_PREFIX_KWARG, SharedPrefix, choose_shared, cut_shared, drop_leading_columns,
-                             leading_columns, plan_join, with_shared_prefix)
+from ._shared_prefix import (SHARED_PREFIX_KWARG, HeldPrefixes, SharedPrefix, choose_shared, cut_shared,
+                             drop_leading_columns, leading_columns, plan_join, with_shared_prefix)
 
 
 @dataclass
@@ -58,16 +60,16 @@ class Row:
 
 
 class DecodeBatch:
-    """Rows sharing forward passes. ``logits_BV`` holds each row's next-token logits; ``shared`` the KV of
-    the first tokens every row's prompt has in common, when it is held once (the cache then starts after it)."""
+    """Rows sharing forward passes. ``logits_BV`` holds each row's next-token logits; ``prefixes`` the KV of
+    first tokens rows have in common, held once (at most one per variant: the adapter's rows, the base
+    model's), their users' caches starting after them."""
 
-    def __init__(self, rows: list[Row], cache: Any, mask_BL: torch.Tensor, logits_BV: torch.Tensor,
-                 shared: SharedPrefix | None = None) -> None:
+    def __init__(self, rows: list[Row], cache: Any, mask_BL: torch.Tensor, logits_BV: torch.Tensor) -> None:
         self.rows = rows
         self.cache = cache
         self.mask_BL = mask_BL
         self.logits_BV = logits_BV
-        self.shared = shared
+        self.prefixes: list[SharedPrefix] = []
         self.sharing = False  # whether rows' common prefixes are held once (set by prefill's share_prefix)
 
     @classmethod
@@ -78,30 +80,38 @@ class DecodeBatch:
         """Run the prompts of ``rows`` through ``model``; ``prefixes[b]`` (optional) is reused KV of row b's
         first prompt tokens, and only the tokens after it are fed. ``kv_cache`` names how the batch then holds
         its KV (``_kv_buffer.KV_CACHES``: preallocated buffers, or transformers' per-step concatenation).
-        ``share_prefix``: hold the prompts' common prefix once (``_shared_prefix``; the model's attention
-        must be ``_attention.short_query_attention``, which reads it)."""
+        ``share_prefix``: hold the prompts' common prefixes once (``_shared_prefix``; the model's attention
+        must be ``_attention.short_query_attention``, which reads them)."""
         cache, mask_BL, logits_BV = forward_prompts(model, [r.prompt_ids for r in rows], pad_id, device, prefixes)
         batch = cls(rows, cache, mask_BL, logits_BV)
         batch.sharing = share_prefix and batch.can_merge()
         if batch.sharing:
-            batch.share()
+            batch.mask_BL = batch._share_among(batch, 0, [0] * len(rows))
         batch.cache = KV_CACHES[kv_cache](cache)
         return batch
 
-    def share(self) -> None:
-        """Hold the stretch that most rows begin with once (``_shared_prefix.choose_shared``), if there is one."""
-        if self.shared is not None:
-            return
-        choice = choose_shared([r.prompt_ids for r in self.rows], [r.base for r in self.rows])
-        if choice is None:
-            return
-        members, n = choice
-        users_B = torch.zeros(len(self.rows), dtype=torch.bool, device=self.mask_BL.device)
-        users_B[members] = True
-        kv = leading_columns(self.cache, self.mask_BL, members[0], n)
-        self.mask_BL = drop_leading_columns(self.cache, self.mask_BL, [n if u else 0 for u in users_B.tolist()])
-        first = self.rows[members[0]]
-        self.shared = SharedPrefix(first.prompt_ids[:n], kv, users_B, first.base)
+    def _share_among(self, source: "DecodeBatch", offset: int, drops: list[int],
+                     variants: Sequence[bool] | None = None) -> torch.Tensor:
+        """For each variant (of ``variants``, default all) that holds no prefix yet: hold the stretch most of
+        ``source``'s rows of that variant begin with (``choose_shared``) as a new prefix; its users are those
+        rows, at ``offset`` in this batch. Returns ``source``'s mask with the users' leading columns dropped
+        (``drops`` per source row, added to)."""
+        held = {p.base for p in self.prefixes}
+        for base in sorted({r.base for r in source.rows} if variants is None else set(variants)):
+            if base in held:
+                continue
+            index = [b for b, r in enumerate(source.rows) if r.base == base]
+            choice = choose_shared([source.rows[b].prompt_ids for b in index]) if index else None
+            if choice is None:
+                continue
+            members, n = [index[m] for m in choice[0]], choice[1]
+            users_B = torch.zeros(offset + len(source.rows), dtype=torch.bool, device=self.mask_BL.device)
+            users_B[[offset + m for m in members]] = True
+            kv = leading_columns(source.cache, source.mask_BL, members[0], n)
+            self.prefixes.append(SharedPrefix(source.rows[members[0]].prompt_ids[:n], kv, users_B, base))
+            for m in members:
+                drops[m] = n
+        return drop_leading_columns(source.cache, source.mask_BL, drops)
 
     def base_rows_B(self) -> torch.Tensor | None:
         """Which rows decode without the adapter (bool per row), or None when none does."""
@@ -115,10 +125,9 @@ class DecodeBatch:
         ids_B1 = torch.tensor(tokens_B, dtype=torch.long, device=device)[:, None]
         positions_B1 = torch.tensor([r.next_position - 1 for r in self.rows], device=device)[:, None]
         self.mask_BL = F.pad(self.mask_BL, (0, 1), value=1)
-        shared = {}
-        if self.shared is not None:
-            self.shared.prepare(self.logits_BV.dtype if self.logits_BV.is_floating_point() else torch.float32)
-            shared = {SHARED_PREFIX_KWARG: self.shared}
+        held = HeldPrefixes(self.prefixes) if self.prefixes else None
+        if held is not None:
+            held.prepare(self.logits_BV.dtype if self.logits_BV.is_floating_point() else torch.float32)
         out = model(
             input_ids=ids_B1,
             attention_mask=self.mask_BL,
@@ -126,10 +135,10 @@ class DecodeBatch:
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1,
-            **shared,
+            **({SHARED_PREFIX_KWARG: held} if held is not None else {}),
         )
-        if self.shared is not None:
-            self.shared.check_used(len(self.cache.layers), model)
+        if held is not None:
+            held.check_used(len(self.cache.layers), model)
         self.cache = out.past_key_values
         self.logits_BV = out.logits[:, -1, :]
 
@@ -140,29 +149,40 @@ class DecodeBatch:
     def merge(self, other: "DecodeBatch") -> None:
         """Append ``other``'s rows, left-padding the shorter cache so both have one length.
 
-        ``other``'s rows that begin with this batch's shared prefix use it
-        (``_shared_prefix.plan_join``, which may cut it shorter); a batch
-        sharing none takes the one ``other``'s rows have."""
-        if other.shared is not None:  # its users take their prefix columns back; the plan below decides anew
-            other.shared, other.mask_BL = cut_shared(other.cache, other.mask_BL, other.shared, 0)
-        if self.shared is None:
-            if self.sharing:
-                other.share()
-            if other.shared is not None:
-                mine = torch.zeros(len(self.rows), dtype=torch.bool, device=self.mask_BL.device)
-                self.shared = other.shared
-                self.shared.users_B = torch.cat([mine, other.shared.users_B])
+        Per variant, ``other``'s rows that begin with this batch's prefix of
+        their variant use it (``_shared_prefix.plan_join``, which may cut it
+        shorter); where this batch holds none for their variant, the one
+        they have in common becomes a prefix of the merged batch."""
+        for prefix in other.prefixes:  # its users take their prefix columns back; the plans below decide anew
+            _, other.mask_BL = cut_shared(other.cache, other.mask_BL, prefix, 0)
+        other.prefixes = []
+        drops, joined = [0] * len(other.rows), {}
+        for base in sorted({r.base for r in other.rows}):
+            mine = next((i for i, p in enumerate(self.prefixes) if p.base == base), None)
+            if mine is None:
+                continue
+            index = [b for b, r in enumerate(other.rows) if r.base == base]
+            n, joining = plan_join(self.prefixes[mine], [other.rows[b].prompt_ids for b in index])
+            cut, self.mask_BL = cut_shared(self.cache, self.mask_BL, self.prefixes[mine], n)
+            assert cut is not None  # plan_join keeps at least MIN_SHARED_PREFIX tokens
+            self.prefixes[mine] = cut
+            flags = [False] * len(other.rows)
+            for b, join in zip(index, joining):
+                flags[b], drops[b] = join, n if join else 0
+            joined[id(cut)] = flags
+        existing = list(self.prefixes)
+        if self.sharing:  # variants this batch holds no prefix for: what other's rows of them share
+            other.mask_BL = self._share_among(other, len(self.rows), drops)
         else:
-            n, joining = plan_join(self.shared, [r.prompt_ids for r in other.rows], [r.base for r in other.rows])
-            self.shared, self.mask_BL = cut_shared(self.cache, self.mask_BL, self.shared, n)
-            other.mask_BL = drop_leading_columns(other.cache, other.mask_BL, [n if j else 0 for j in joining])
-            assert self.shared is not None  # plan_join keeps at least MIN_SHARED_PREFIX tokens
-            self.shared.users_B = torch.cat([self.shared.users_B, torch.tensor(joining, dtype=torch.bool,
-                                                                                device=self.mask_BL.device)])
+            other.mask_BL = drop_leading_columns(other.cache, other.mask_BL, drops)
+        for prefix in existing:
+            flags = joined.get(id(prefix), [False] * len(other.rows))
+            prefix.users_B = torch.cat([prefix.users_B, torch.tensor(flags, dtype=torch.bool,
+                                                                     device=self.mask_BL.device)])
         length = max(self.mask_BL.shape[1], other.mask_BL.shape[1])
-        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
-            mine.keys = torch.cat([_left_pad(mine.keys, length), _left_pad(theirs.keys, length)])
-            mine.values = torch.cat([_left_pad(mine.values, length), _left_pad(theirs.values, length)])
+        for mine_layer, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            mine_layer.keys = torch.cat([_left_pad(mine_layer.keys, length), _left_pad(theirs.keys, length)])
+            mine_layer.values = torch.cat([_left_pad(mine_layer.values, length), _left_pad(theirs.values, length)])
         self.mask_BL = torch.cat([_left_pad_mask(self.mask_BL, length), _left_pad_mask(other.mask_BL, length)])
         self.logits_BV = torch.cat([self.logits_BV, other.logits_BV])
         self.rows = self.rows + other.rows
@@ -175,10 +195,9 @@ class DecodeBatch:
         self.rows = [self.rows[i] for i in indices]
         self.mask_BL = self.mask_BL[index_K]
         self.logits_BV = self.logits_BV[index_K]
-        if self.shared is not None:
-            self.shared.users_B = self.shared.users_B[index_K]
-            if not bool(self.shared.users_B.any()):
-                self.shared = None  # its last user left
+        for prefix in self.prefixes:
+            prefix.users_B = prefix.users_B[index_K]
+        self.prefixes = [p for p in self.prefixes if bool(p.users_B.any())]  # a prefix goes with its last user
         if not self.rows:
             return
         if not self.can_merge():
@@ -190,12 +209,17 @@ class DecodeBatch:
             layer.keys = layer.keys[index_K, :, first:, :]
             layer.values = layer.values[index_K, :, first:, :]
 
+    def prefix_of(self, b: int) -> SharedPrefix | None:
+        """The shared prefix row ``b`` begins with, if it uses one."""
+        return next((p for p in self.prefixes if bool(p.users_B[b])), None)
+
     def row_states(self, b: int, start: int = 0) -> KV:
         """Row ``b``'s KV from its ``start``-th token on, per layer [1, H, n, D] (padding and holes dropped)."""
-        if self.shared is None or not bool(self.shared.users_B[b]):
+        prefix = self.prefix_of(b)
+        if prefix is None:
             return row_states(self.cache, self.mask_BL, b, start)
-        own = row_states(self.cache, self.mask_BL, b, max(0, start - self.shared.length))
-        return with_shared_prefix(self.shared, own, start)
+        own = row_states(self.cache, self.mask_BL, b, max(0, start - prefix.length))
+        return with_shared_prefix(prefix, own, start)
 
 
 def forward_prompts(

@@ -153,8 +153,8 @@ def _take_off_adapter(index_R: torch.Tensor | None, layer: Any, args: tuple[Any,
     if delta is None:
         return out
     if index_R is None:
-        return out - delta.to(out.dtype)
-    return out.index_add(0, index_R, delta.to(out.dtype), alpha=-1)
+        return out.sub_(delta.to(out.dtype))
+    return out.index_add_(0, index_R, delta.to(out.dtype), alpha=-1)  # in place: served passes record no grads
 
 
 __all__ = ["LoraFold"]

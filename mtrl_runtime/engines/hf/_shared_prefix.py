@@ -15,20 +15,27 @@ keys and values as attention over the whole row, summed in another order.
 Rows that do not begin with the prefix keep all their columns and have the
 prefix masked out.
 
-Which prefix a batch shares, and who uses it (``DecodeBatch`` applies these):
+Which prefixes a batch shares, and who uses them (``DecodeBatch`` applies these):
 
-- a new batch shares the longest stretch that the largest group of its
-  rows opens with (``choose_shared``: most columns saved);
-- a row that joins a running batch uses the batch's prefix when its prompt
-  begins with it; when joining rows share only the first part of it, the
-  prefix is cut to that part (its tail moved into the users' own columns)
-  if that saves more columns than leaving them out (``plan_join``);
-- rows leave as before; when the last user leaves, the prefix goes.
+- a batch holds at most one prefix per variant: rows decoding with the
+  adapter, and rows decoding the base model with it switched off
+  (``GenerationRequest.base_model``), whose KV differs; a row attends to
+  its variant's prefix only, so with two prefixes each one's scores are
+  computed for its users' queries alone;
+- a new batch shares, per variant, the longest stretch that the largest
+  group of its rows opens with (``choose_shared``: most columns saved);
+- a row that joins a running batch uses its variant's prefix when its
+  prompt begins with it; when joining rows share only the first part of
+  it, the prefix is cut to that part (its tail moved into the users' own
+  columns) if that saves more columns than leaving them out
+  (``plan_join``); a variant without a prefix takes the one its joining
+  rows have in common;
+- rows leave as before; when the last user of a prefix leaves, it goes.
 
 The model reaches the shared prefix through a keyword argument of its
 forward call (``SHARED_PREFIX_KWARG``), which transformers passes down to
 the attention function; only ``_attention.short_query_attention`` reads
-it. Each layer that used it ticks ``SharedPrefix.layers_used``: a forward
+it. Each layer that used it ticks ``HeldPrefixes.layers_used``: a forward
 pass that left a layer's prefix unread (a model class that does not pass
 its keyword arguments down) would have computed attention without the
 prefix, so ``check_used`` raises instead of letting such logits through.
@@ -55,8 +62,6 @@ class SharedPrefix:
     kv: KV
     users_B: torch.Tensor  # bool, one per row of the batch
     base: bool = False  # computed without the adapter: only base-model rows may use it (``Row.base``)
-    layers_used: int = field(default=0, repr=False)  # layers that attended to it in the current forward pass
-    bias_B: torch.Tensor | None = field(default=None, repr=False)  # set by prepare() for a forward pass
 
     def __post_init__(self) -> None:
         lengths = {t.shape[2] for pair in self.kv for t in pair}
@@ -71,18 +76,28 @@ class SharedPrefix:
     def users(self) -> int:
         return int(self.users_B.sum())
 
+
+@dataclass(eq=False)
+class HeldPrefixes:
+    """What one forward pass reads: the batch's shared prefixes (at most one per variant, users disjoint)."""
+
+    items: list[SharedPrefix]
+    layers_used: int = field(default=0, repr=False)  # attention layers that read them in the current pass
+    bias_B: torch.Tensor | None = field(default=None, repr=False)  # one prefix: 0 for its users, min for others
+    index_U: list[torch.Tensor] = field(default_factory=list, repr=False)  # several: each one's user rows
+
     def prepare(self, dtype: torch.dtype) -> None:
-        """Before a forward pass: what attention adds to a row's prefix scores (0 for users, the dtype's
-        minimum for the other rows; None when every row is a user)."""
+        """Before a forward pass: the masks attention applies to the prefixes' scores."""
         self.layers_used = 0
-        if bool(self.users_B.all()):
-            self.bias_B = None
-            return
-        bias = torch.zeros(self.users_B.shape, dtype=dtype, device=self.users_B.device)
-        self.bias_B = bias.masked_fill(~self.users_B, torch.finfo(dtype).min)
+        if len(self.items) == 1:
+            users_B = self.items[0].users_B
+            self.bias_B = None if bool(users_B.all()) else torch.zeros(
+                users_B.shape, dtype=dtype, device=users_B.device).masked_fill(~users_B, torch.finfo(dtype).min)
+        else:
+            self.index_U = [p.users_B.nonzero()[:, 0] for p in self.items]
 
     def check_used(self, layers: int, model: Any) -> None:
-        """Raise unless each of the model's ``layers`` attention layers read this prefix in the last pass."""
+        """Raise unless each of the model's ``layers`` attention layers read the prefixes in the last pass."""
         used, self.layers_used = self.layers_used, 0
         if used != layers:
             raise RuntimeError(
@@ -94,57 +109,83 @@ class SharedPrefix:
 
 def shared_prefix_attention(
     query_BHQD: torch.Tensor, key_BKSD: torch.Tensor, value_BKSD: torch.Tensor, mask_B1QS: torch.Tensor | None,
-    scaling: float, shared: SharedPrefix, layer: int,
+    scaling: float, held: HeldPrefixes, layer: int,
 ) -> torch.Tensor:
-    """Attention over the shared prefix of layer ``layer`` followed by each row's own columns.
+    """Attention over each row's shared prefix of layer ``layer`` (if it has one) followed by its own columns.
 
     Query head h uses KV head h // G (G = H / K), as ``repeat_kv`` orders
-    them; ``mask_B1QS`` covers the own columns, the prefix is visible to
-    its users only. Returns [B, Q, H, D].
+    them; ``mask_B1QS`` covers the own columns, a prefix is visible to its
+    users only. Returns [B, Q, H, D].
     """
-    prefix_keys_1KPD, prefix_values_1KPD = shared.kv[layer]
     B, H, Q, D = query_BHQD.shape
-    K, S, P = key_BKSD.shape[1], key_BKSD.shape[2], prefix_keys_1KPD.shape[2]
+    K, S = key_BKSD.shape[1], key_BKSD.shape[2]
     N = H // K * Q  # query rows per (row, KV head): (head in group, query position)
     query_BKND = (query_BHQD * scaling).reshape(B, K, N, D)
-    query_KMD = query_BKND.transpose(0, 1).reshape(K, B * N, D)  # every row's queries of one KV head together
-    shared_KBNP = torch.matmul(query_KMD, prefix_keys_1KPD[0].transpose(1, 2)).view(K, B, N, P)
-    if shared.bias_B is not None:
-        shared_KBNP = shared_KBNP + shared.bias_B[None, :, None, None]
     own_BKNS = torch.matmul(query_BKND, key_BKSD.transpose(2, 3))
     if mask_B1QS is not None:
         mask = mask_B1QS[:, :, :, :S].unsqueeze(2)  # [B, 1, 1, Q, S]: the same for every head
         own_BKNS = (own_BKNS.view(B, K, N // Q, Q, S) + mask).view(B, K, N, S)
-    scores_KBNL = torch.cat([shared_KBNP, own_BKNS.transpose(0, 1)], dim=-1)
-    weights_KBNL = torch.softmax(scores_KBNL, dim=-1, dtype=torch.float32).to(query_BHQD.dtype)
-    shared_out_KMD = torch.matmul(weights_KBNL[..., :P].reshape(K, B * N, P), prefix_values_1KPD[0])
-    out_BKND = torch.matmul(weights_KBNL[..., P:].transpose(0, 1), value_BKSD)
-    out_BKND = out_BKND + shared_out_KMD.view(K, B, N, D).transpose(0, 1)
+    if len(held.items) == 1:
+        return _one_prefix(query_BKND, own_BKNS, value_BKSD, held, layer).reshape(B, H, Q, D).transpose(1, 2) \
+            .contiguous()
+    total = sum(p.length for p in held.items)
+    scores_BKNL = own_BKNS.new_full((B, K, N, total + S), torch.finfo(own_BKNS.dtype).min)
+    offset = 0
+    for prefix, index_U in zip(held.items, held.index_U, strict=True):  # each prefix: its users' queries only
+        keys_1KPD = prefix.kv[layer][0]
+        U, P = len(index_U), prefix.length
+        query_KMD = query_BKND.index_select(0, index_U).transpose(0, 1).reshape(K, U * N, D)
+        scores_BKNL[index_U, :, :, offset:offset + P] = \
+            torch.matmul(query_KMD, keys_1KPD[0].transpose(1, 2)).view(K, U, N, P).transpose(0, 1)
+        offset += P
+    scores_BKNL[..., total:] = own_BKNS
+    weights_BKNL = torch.softmax(scores_BKNL, dim=-1, dtype=torch.float32).to(query_BKND.dtype)
+    out_BKND = torch.matmul(weights_BKNL[..., total:], value_BKSD)
+    offset = 0
+    for prefix, index_U in zip(held.items, held.index_U, strict=True):
+        values_1KPD = prefix.kv[layer][1]
+        U, P = len(index_U), prefix.length
+        weights_KMP = weights_BKNL.index_select(0, index_U)[..., offset:offset + P].transpose(0, 1) \
+            .reshape(K, U * N, P)
+        out_BKND.index_add_(0, index_U, torch.matmul(weights_KMP, values_1KPD[0]).view(K, U, N, D).transpose(0, 1))
+        offset += P
     return out_BKND.reshape(B, H, Q, D).transpose(1, 2).contiguous()
 
 
-def choose_shared(prompts: Sequence[tuple[int, ...]], variants: Sequence[bool] | None = None,
-                  ) -> tuple[list[int], int] | None:
+def _one_prefix(query_BKND: torch.Tensor, own_BKNS: torch.Tensor, value_BKSD: torch.Tensor, held: HeldPrefixes,
+                layer: int) -> torch.Tensor:
+    """The common case, one prefix: every row's queries against it in one product per KV head; [B, K, N, D]."""
+    B, K, N, D = query_BKND.shape
+    prefix_keys_1KPD, prefix_values_1KPD = held.items[0].kv[layer]
+    P = prefix_keys_1KPD.shape[2]
+    query_KMD = query_BKND.transpose(0, 1).reshape(K, B * N, D)
+    shared_KBNP = torch.matmul(query_KMD, prefix_keys_1KPD[0].transpose(1, 2)).view(K, B, N, P)
+    if held.bias_B is not None:
+        shared_KBNP = shared_KBNP + held.bias_B[None, :, None, None]
+    scores_KBNL = torch.cat([shared_KBNP, own_BKNS.transpose(0, 1)], dim=-1)
+    weights_KBNL = torch.softmax(scores_KBNL, dim=-1, dtype=torch.float32).to(query_BKND.dtype)
+    shared_out_KMD = torch.matmul(weights_KBNL[..., :P].reshape(K, B * N, P), prefix_values_1KPD[0])
+    out_BKND = torch.matmul(weights_KBNL[..., P:].transpose(0, 1), value_BKSD)
+    return out_BKND + shared_out_KMD.view(K, B, N, D).transpose(0, 1)
+
+
+def choose_shared(prompts: Sequence[tuple[int, ...]]) -> tuple[list[int], int] | None:
     """The rows and length of the stretch that saves most columns held once: (members, n), or None.
 
     Prompts sorted, neighbours sharing at least ``MIN_SHARED_PREFIX``
     tokens form a group whose stretch is their common prefix; a group saves
     (members - 1) x stretch. Every member keeps at least its last prompt
     token. A lone row shares its prompt (nothing saved until others join).
-    ``variants`` (base-model rows True): rows of different variants never
-    share, their KV differs.
     """
-    variants = list(variants) if variants is not None else [False] * len(prompts)
     if len(prompts) == 1:
         n = len(prompts[0]) - 1
         return ([0], n) if n >= MIN_SHARED_PREFIX else None
-    order = sorted(range(len(prompts)), key=lambda i: (variants[i], prompts[i]))
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i])
     best: tuple[list[int], int] | None = None
     members, common = [order[0]], len(prompts[order[0]]) - 1
     for nxt in [*order[1:], None]:
-        same = nxt is not None and variants[nxt] == variants[members[-1]]
-        shared = -1 if not same else min(common, common_length(prompts[members[-1]], prompts[nxt]),
-                                         len(prompts[nxt]) - 1)
+        shared = -1 if nxt is None else min(common, common_length(prompts[members[-1]], prompts[nxt]),
+                                             len(prompts[nxt]) - 1)
         if shared >= MIN_SHARED_PREFIX:
             members.append(nxt)
             common = shared
@@ -157,18 +198,15 @@ def choose_shared(prompts: Sequence[tuple[int, ...]], variants: Sequence[bool] |
     return best
 
 
-def plan_join(shared: SharedPrefix, prompts: Sequence[tuple[int, ...]], variants: Sequence[bool] | None = None,
-              ) -> tuple[int, list[bool]]:
-    """For rows joining a batch that shares ``shared``: the prefix length to keep and which rows use it.
+def plan_join(shared: SharedPrefix, prompts: Sequence[tuple[int, ...]]) -> tuple[int, list[bool]]:
+    """For rows (of the prefix's variant) joining a batch that shares ``shared``: the prefix length to keep and
+    which rows use it.
 
     Either the prefix stays whole (rows beginning with all of it join its
     users) or it is cut to what more rows share (at least
-    ``MIN_SHARED_PREFIX``), whichever saves more columns. A row of another
-    variant than the prefix's (``variants``, base-model rows True) never joins.
+    ``MIN_SHARED_PREFIX``), whichever saves more columns.
     """
-    variants = list(variants) if variants is not None else [False] * len(prompts)
-    reach = [min(common_length(p, shared.ids), len(p) - 1) if v == shared.base else 0
-             for p, v in zip(prompts, variants, strict=True)]
+    reach = [min(common_length(p, shared.ids), len(p) - 1) for p in prompts]
     users = shared.users
     whole = [r >= shared.length for r in reach]
     best = ((users + sum(whole) - 1) * shared.length, shared.length, whole)
@@ -249,6 +287,7 @@ def _gather_columns(states_BKLD: torch.Tensor, index_BS: torch.Tensor) -> torch.
 __all__ = [
     "MIN_SHARED_PREFIX",
     "SHARED_PREFIX_KWARG",
+    "HeldPrefixes",
     "SharedPrefix",
     "choose_shared",
     "cut_shared",

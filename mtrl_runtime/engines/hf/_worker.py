@@ -183,9 +183,9 @@ class WorkerLoop:
             batch.decode(self._model, [row.completion_ids[-1] for row in batch.rows])
             self.stats.decode_s += time.perf_counter() - started
         self.stats.decode_passes += 1
-        if batch.shared is not None:
+        if batch.prefixes:
             self.stats.shared_prefix_passes += 1
-            self.stats.shared_prefix_columns_saved += (batch.shared.users - 1) * batch.shared.length
+            self.stats.shared_prefix_columns_saved += sum((p.users - 1) * p.length for p in batch.prefixes)
         self.stats.rows_decoded += len(batch.rows)
         self.stats.max_rows = max(self.stats.max_rows, len(batch.rows))
         return batch
