@@ -110,6 +110,7 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()
     started = time.time()
+    commit = _commit(Path(args.tree) if args.tree else REPO)  # the code the run starts from
     if args.summarize:
         run_dir, log_path = Path(args.summarize[0]), Path(args.summarize[1])
         log, command = log_path.read_text(), "mtrl demo --run-dir " + str(run_dir) + " (run by hand; its log)"
@@ -125,7 +126,7 @@ def main() -> None:
         "label": args.label,
         "command": command,
         "tree": str(Path(args.tree).resolve()) if args.tree else str(REPO),
-        "commit": _commit(Path(args.tree) if args.tree else REPO),
+        "commit": commit,
         "run_dir": str(run_dir),
         "log": str(log_path),
         # the demo's engine runs 2 threads; the dtype is what the demo printed it chose for this CPU
