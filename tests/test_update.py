@@ -56,6 +56,18 @@ def sequence_logprob(model, sample):
     return float((logp * torch.tensor(sample.loss_mask_T[1:], dtype=torch.float32)).sum())
 
 
+def step_gradients(tokenizer, samples, settings) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """The LoRA gradients and metrics of one ``backward`` over ``samples`` on a fresh policy whose lora_B is
+    nonzero (seeded), so every adapter weight gets a gradient."""
+    policy = make_policy(tokenizer)
+    with torch.no_grad():
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * 0.1)
+    metrics = PolicyUpdate(policy, settings).backward(samples)
+    return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}, metrics
+
+
 def test_plan_micro_batches_fits_the_budget():
     # longest first: 10+8 fill 2 x 10 = 20; 5+3 fill 2 x 5 = 10
     assert plan_micro_batches([5, 10, 3, 8], budget=20) == [[1, 3], [0, 2]]
@@ -252,15 +264,9 @@ def test_a_shared_prompt_prefix_runs_once_with_the_same_gradient(tokenizer, kl_c
                for end, adv in zip(ENDINGS, [1.0, -0.5, 2.0, -1.5])]
 
     def grads(share_prefix):
-        policy = make_policy(tokenizer)
         settings = UpdateSettings(micro_batch_tokens=10_000, precision="fp32", share_prefix=share_prefix,
                                   loss=LossParams(kl_coef=kl_coef))
-        with torch.no_grad():
-            for name, param in policy.model.named_parameters():
-                if "lora_B" in name:
-                    param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * 0.1)
-        metrics = PolicyUpdate(policy, settings).backward(samples)
-        return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}, metrics
+        return step_gradients(tokenizer, samples, settings)
 
     shared, m_shared = grads(True)
     plain, m_plain = grads(False)
@@ -377,16 +383,10 @@ def test_a_prefix_every_sample_shares_runs_once_per_step_with_the_same_gradient(
     longest = max(len(s.token_ids_T) for s in samples)
 
     def grads(share_prefix):
-        policy = make_policy(tokenizer)
         settings = UpdateSettings(micro_batch_tokens=prompt + 2 * (longest - prompt), precision="fp32",
                                   share_prefix=share_prefix, logprob_chunk_tokens=chunk,
                                   loss=LossParams(kl_coef=kl_coef), fit_memory=False, gradient_checkpointing="off")
-        with torch.no_grad():
-            for name, param in policy.model.named_parameters():
-                if "lora_B" in name:
-                    param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * 0.1)
-        metrics = PolicyUpdate(policy, settings).backward(samples)
-        return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}, metrics
+        return step_gradients(tokenizer, samples, settings)
 
     shared, m_shared = grads(True)
     plain, m_plain = grads(False)

@@ -7,7 +7,7 @@ matmul streams weights, not by arithmetic. torch's default fp32 CPU matmul
 is most of a small-batch matmul; oneDNN's ``_linear_pointwise`` reads a
 weight reordered once (``_reorder_linear_weight``). Measured on SmolLM2's
 weights, cold (each read once, as in a decode step), 2 threads: see
-``docs/performance.md`` "Decode: prepacked weights".
+``docs/performance.md``, "Decode at long context".
 
 ``PackedLinears`` keeps the reordered copy of each ``nn.Linear`` weight
 (one more copy of the model's linear weights) and serves a layer's forward
