@@ -121,7 +121,7 @@ async def measure(folder: Path, dtype: str, workload: str, args: argparse.Namesp
             for name in names[r % len(names):] + names[: r % len(names)]:  # rotated: each path leads once
                 engine.kv_cache, share, packed = PATHS[name]
                 engine.share_prefix = share  # read at the next prefill
-                engine.packed_linears.enabled = packed and model_dtype(engine.model) == "fp32"
+                engine.packed_linears.enabled = packed  # a bf16 model's linears stay on F.linear either way
                 passes = engine.stats.shared_prefix_passes
                 tps, outputs[name] = await decode_round(engine, prompts, args.max_tokens)
                 if share != (engine.stats.shared_prefix_passes > passes) and workload == "agent":

@@ -40,14 +40,14 @@ from typing import Any
 
 import torch
 
+from _conversation import Conversation
 from _machine import load_note, machine_info, model_dtype
 
-from mtrl_examples.aircraft_inspection import TOOL_SPECS, build_messages, load_instances
+from mtrl_examples.aircraft_inspection import load_instances
 from mtrl_runtime.chat import ChatRenderer, PromptBuilder
 from mtrl_runtime.engines import HFEngine, resolve_model
 from mtrl_runtime.types import GenerationRequest, SamplingParams
 
-TOOL_RESULT = '<tool_response>\n{"status": "ok", "step": %d, "finding": "no defect recorded"}\n</tool_response>'
 CONFIGS = {
     "before": {"kv_cache": "concat", "share_prefix": False, "cpu_linear": "aten"},
     "after": {},
@@ -57,17 +57,12 @@ CONFIGS = {
 async def conversation(engine: HFEngine, builder: PromptBuilder, instance: dict[str, Any], index: int,
                        args: argparse.Namespace, base: bool) -> list[tuple[int, ...]]:
     """One episode at its own pace: its turns' completions."""
-    messages, state = build_messages(instance), None
-    plan = builder.build(None, messages, TOOL_SPECS)
-    out = []
+    episode, out = Conversation(builder, instance), []
     for turn in range(args.turns):
-        gen = await engine.generate(GenerationRequest(plan.prompt_ids, SamplingParams(
+        gen = await engine.generate(GenerationRequest(episode.plan.prompt_ids, SamplingParams(
             temperature=0.7, max_tokens=args.max_tokens, seed=1000 * index + turn), base_model=base))
         out.append(gen.completion_ids)
-        reply = {"role": "assistant", "content": builder.renderer.decode(gen.completion_ids)}
-        state = builder.advance(state, plan, messages, TOOL_SPECS, gen.completion_ids, gen.finish_reason, reply)
-        messages = [*messages, reply, {"role": "user", "content": TOOL_RESULT % turn}]
-        plan = builder.build(state, messages, TOOL_SPECS)
+        episode.advance(gen.completion_ids, gen.finish_reason, turn)
     return out
 
 

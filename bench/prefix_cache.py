@@ -26,35 +26,13 @@ from typing import Any
 
 import torch
 
+from _conversation import Conversation
 from _machine import load_note, machine_info
 
-from mtrl_examples.aircraft_inspection import TOOL_SPECS, build_messages, load_instances
+from mtrl_examples.aircraft_inspection import load_instances
 from mtrl_runtime.chat import ChatRenderer, PromptBuilder
 from mtrl_runtime.engines import HFEngine, resolve_model
 from mtrl_runtime.types import GenerationRequest, SamplingParams
-
-TOOL_RESULT = '<tool_response>\n{"status": "ok", "step": %d, "finding": "no defect recorded"}\n</tool_response>'
-
-
-class Conversation:
-    """One episode: its messages, the builder's state, and the prompt of its next turn."""
-
-    def __init__(self, builder: PromptBuilder, instance: dict[str, Any]) -> None:
-        self.builder = builder
-        self.messages = build_messages(instance)
-        self.state = None
-        self.plan = builder.build(None, self.messages, TOOL_SPECS)
-
-    def advance(self, completion_ids: tuple[int, ...], finish_reason: str, turn: int) -> None:
-        """Append the reply and a short tool result; the next prompt extends this one token-in-token-out."""
-        reply = {"role": "assistant", "content": self.builder.renderer.decode(completion_ids)}
-        self.state = self.builder.advance(self.state, self.plan, self.messages, TOOL_SPECS, completion_ids,
-                                          finish_reason, reply)
-        self.messages = [*self.messages, reply, {"role": "user", "content": TOOL_RESULT % turn}]
-        self.plan = self.builder.build(self.state, self.messages, TOOL_SPECS)
-        if self.plan.break_reason is not None:
-            raise RuntimeError(f"turn {turn}: the prompt did not extend the previous one ({self.plan.break_reason})")
-
 
 async def run_mode(folder: Path, cache_tokens: int, args: argparse.Namespace) -> dict[str, Any]:
     engine = HFEngine(folder, dtype=args.dtype, num_threads=args.threads, prefix_cache_tokens=cache_tokens)

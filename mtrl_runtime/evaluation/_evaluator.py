@@ -21,13 +21,14 @@ switch it off per row (``types.MixesBaseRows``: the hf engine with a LoRA
 adapter), the fine-tuned and the base side run at once on that engine,
 their rows decoding in the same batches, each side with its own
 concurrency limit (so the engine holds up to twice the rows, and their KV);
-``sides_at_once=False``, or elsewhere, the fine-tuned side runs first, then the base model with the
-adapter disabled for the whole engine (``base_policy``). Either way each
-side gets the same tasks and seeds. The report (Markdown, JSON, PNG) goes to
-``<run_dir>/eval`` (or ``output_path``) and, with ``tracking``, to an MLflow
-run named ``eval``: the fine-tuned model's metrics as ``val/...``, the
-base model's as ``base/val/...``, the report as artifacts, and a trace of
-every trajectory the strict scorer disputes.
+with ``sides_at_once=False``, or on other engines, the fine-tuned side runs
+first, then the base model with the adapter disabled for the whole engine
+(``base_policy``). Either way each side gets the same tasks and seeds.
+The report (Markdown, JSON, PNG) goes to ``<run_dir>/eval`` (or
+``output_path``) and, with ``tracking``, to an MLflow run named ``eval``:
+the fine-tuned model's metrics as ``val/...``, the base model's as
+``base/val/...``, the report as artifacts, and a trace of every trajectory
+the strict scorer disputes.
 
 With ``reference``, the same agent runs the same tasks and seeds a third
 time on a reference model behind its own endpoint (OpenAI-compatible,

@@ -90,14 +90,12 @@ class DecodeBatch:
         batch.cache = KV_CACHES[kv_cache](cache)
         return batch
 
-    def _share_among(self, source: "DecodeBatch", offset: int, drops: list[int],
-                     variants: Sequence[bool] | None = None) -> torch.Tensor:
-        """For each variant (of ``variants``, default all) that holds no prefix yet: hold the stretch most of
-        ``source``'s rows of that variant begin with (``choose_shared``) as a new prefix; its users are those
-        rows, at ``offset`` in this batch. Returns ``source``'s mask with the users' leading columns dropped
-        (``drops`` per source row, added to)."""
+    def _share_among(self, source: "DecodeBatch", offset: int, drops: list[int]) -> torch.Tensor:
+        """For each variant of ``source``'s rows that holds no prefix yet: hold the stretch most of those rows
+        begin with (``choose_shared``) as a new prefix; its users are those rows, at ``offset`` in this batch.
+        Returns ``source``'s mask with the users' leading columns dropped (``drops`` per source row, added to)."""
         held = {p.base for p in self.prefixes}
-        for base in sorted({r.base for r in source.rows} if variants is None else set(variants)):
+        for base in sorted({r.base for r in source.rows}):
             if base in held:
                 continue
             index = [b for b, r in enumerate(source.rows) if r.base == base]
