@@ -61,12 +61,10 @@ class TemplateReport:
 def check_template(store_path: str | Path, model: str, chat_format: str | None = None,
                    max_rollouts: int | None = None) -> TemplateReport:
     """Re-render the rollouts stored at ``store_path`` with ``model``'s template and report the drift."""
-    from transformers import AutoTokenizer
-
-    from ..engines import resolve_model
+    from ..engines import load_tokenizer, resolve_model
     from ..store import open_store
 
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(model)))
+    tokenizer = load_tokenizer(resolve_model(model))
     fmt = resolve_format(tokenizer, chat_format, model)
     renderer = ChatRenderer(tokenizer, fallback=fmt.template, stop_tokens=fmt.stop_tokens)
     store = open_store(store_path)

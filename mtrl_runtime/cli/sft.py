@@ -45,7 +45,7 @@ def _sft_args(p: argparse.ArgumentParser) -> None:
 
 def _sft(args: argparse.Namespace) -> int:
     from ..config import MtrlConfig
-    from ..engines import resolve_model
+    from ..engines import load_tokenizer, resolve_model
     from ..evaluation import StrictScorer
     from ..warmstart import (SftSettings, conversation_demonstrations, conversation_renderer, importer, sft,
                              store_demonstrations)
@@ -57,9 +57,7 @@ def _sft(args: argparse.Namespace) -> int:
     print(f"mtrl: {precision}", flush=True)
     settings = SftSettings(epochs=args.epochs, learning_rate=args.lr, held_out=args.held_out,
                            batch_size=args.batch_size, seed=config.core.seed if args.seed is None else args.seed)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.core.model))
+    tokenizer = load_tokenizer(resolve_model(config.core.model))
     renderer = conversation_renderer(tokenizer, config.advanced.chat_format, config.advanced.history_training)
     try:  # bad input (a source, a line, a filter) is named by the error itself: no traceback
         if args.from_run:

@@ -1,7 +1,9 @@
 """Policy engines: the registry, the ``hf`` and ``vllm`` engines, the ``scripted`` test double, model resolution.
 
 ``create_engine(name, model, **options)`` builds any registered engine;
-``resolve_model`` turns a model spec into a local Hugging Face folder. Each
+``resolve_model`` turns a model spec into a local Hugging Face folder and
+``load_tokenizer`` loads its tokenizer as ``AutoTokenizer`` does, without
+importing transformers' model registry once the folder is known. Each
 engine is one folder (``hf/``, ``vllm/``, ``scripted/``) with a ``create``
 factory; its names below are imported on first use, so importing this
 package (and listing ``ENGINES.names()``) never imports torch or transformers.
@@ -16,6 +18,7 @@ from ._loading import ModelNotFoundError, atomic_folder, default_cache_dir, reso
 from ._pool_options import POOL_OPTIONS, check_pool_options
 from ._registry import ENGINES, EngineFactory, create_engine
 from ._stats import EngineClosedError, EngineStats, ServerStats
+from ._tokenizer import load_tokenizer
 
 _LAZY = {  # name -> the engine folder that defines it
     "HFEngine": ".hf",
@@ -62,6 +65,7 @@ __all__ = [
     "check_pool_options",
     "create_engine",
     "default_cache_dir",
+    "load_tokenizer",
     "resolve_model",
     "scripted_logprob",
 ]

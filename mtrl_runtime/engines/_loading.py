@@ -27,10 +27,14 @@ class ModelNotFoundError(FileNotFoundError):
     """A model spec names no local folder, no known alias and nothing in the offline hub cache."""
 
 
+def mtrl_cache_root() -> Path:
+    """mtrl's cache folder: ``$MTRL_CACHE``, else ``~/.cache/mtrl``."""
+    return Path(os.environ.get("MTRL_CACHE") or "~/.cache/mtrl").expanduser()
+
+
 def default_cache_dir() -> Path:
     """Where converted models live: ``$MTRL_CACHE/models``, else ``~/.cache/mtrl/models``."""
-    root = os.environ.get("MTRL_CACHE") or "~/.cache/mtrl"
-    return Path(root).expanduser() / "models"
+    return mtrl_cache_root() / "models"
 
 
 def resolve_model(spec: str, cache_dir: Path | None = None) -> Path:
@@ -161,6 +165,7 @@ __all__ = [
     "atomic_folder",
     "convert_gguf",
     "default_cache_dir",
+    "mtrl_cache_root",
     "resolve_model",
     "smollm2_folder",
     "smollm2_gguf_path",

@@ -234,11 +234,10 @@ def create(
     Without a script every turn answers ``DONE``.
     """
     if tokenizer is None and model is not None:
-        from transformers import AutoTokenizer
-
         from .._loading import resolve_model
+        from .._tokenizer import load_tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
+        tokenizer = load_tokenizer(resolve_model(model))
     if tokenizer is None:
         from ...testing import tiny_tokenizer
 

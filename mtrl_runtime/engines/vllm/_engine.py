@@ -59,6 +59,7 @@ import httpx
 from ...types import Generation, GenerationRequest, TokenDelta
 from .._loading import resolve_model
 from .._stats import EngineClosedError, EngineStats
+from .._tokenizer import load_tokenizer
 from ._loop import LoopThread
 from ._server import VLLMServer, VLLMServerError, find_vllm_python
 from ._stream import CompletionStream, stream_body
@@ -402,9 +403,7 @@ class VLLMEngine:
 def _load_tokenizer(folder: Path | None, url: str | None) -> Any:
     if folder is None:
         raise ValueError(f"url={url!r}: also pass model= (the served model's folder) or tokenizer= for the tokenizer")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(folder)
+    return load_tokenizer(folder)
 
 
 def _shutdown(server: VLLMServer | None, runner: LoopThread) -> None:

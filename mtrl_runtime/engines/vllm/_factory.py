@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 import httpx
 
 from .._loading import resolve_model
+from .._tokenizer import load_tokenizer
 from .._pool_options import check_pool_options
 from ._engine import VLLMEngine
 from ._pool import EnginePool, PoolMember, Probe, make_pool
@@ -74,9 +75,7 @@ def create_pool(
                          "mtrl starts)")
     folder = resolve_model(str(model)) if model is not None else None
     if tokenizer is None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer = load_tokenizer(folder)
     members: list[PoolMember] = []
     if servers:
         members += _started_servers(folder, servers, gpus_per_server, tokenizer, shared, options)
