@@ -173,8 +173,14 @@ class RolloutContext:
             return False
 
     def defer(self, coroutine: Any) -> None:
-        """Send a report in the background on the owner's loop; :meth:`drain` awaits it."""
-        self._pending.append(asyncio.get_running_loop().create_task(coroutine))
+        """Send a report in the background on the owner's loop, after those deferred before; :meth:`drain` awaits it.
+
+        The reports leave one after another, so the coordinator records them in
+        the order the agent made them (a later reward replaces an earlier one):
+        sent at once, on connections of their own, they could arrive swapped.
+        """
+        previous = self._pending[-1] if self._pending else None
+        self._pending.append(asyncio.get_running_loop().create_task(_after(previous, coroutine)))
 
     async def drain(self) -> list[BaseException]:
         """Await the background reports; returns the errors they raised."""
@@ -290,6 +296,13 @@ class RolloutContext:
     def state(self) -> RolloutState:
         """The coordinator's view of this rollout now (status, turns, reward)."""
         return self.client().state()
+
+
+async def _after(previous: "asyncio.Task[Any] | None", coroutine: Any) -> Any:
+    """Await ``coroutine`` once ``previous`` has finished (its error is :meth:`RolloutContext.drain`'s to report)."""
+    if previous is not None:
+        await asyncio.wait({previous})
+    return await coroutine
 
 
 def current_rollout() -> RolloutContext | None:

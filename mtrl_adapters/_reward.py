@@ -25,8 +25,9 @@ def update_reward(reward: float | Sequence[float], metrics: Mapping[str, float] 
     recorded, False outside a rollout.
 
     Called from async agent code, the report is sent in the background (the
-    event loop is never blocked) and a refusal is raised when the rollout
-    closes; ``await aupdate_reward(...)`` reports and raises at once.
+    event loop is never blocked), after the reports made before it, and a
+    refusal is raised when the rollout closes; ``await aupdate_reward(...)``
+    reports and raises at once.
     """
     report = reward_report(reward, metrics)
     ctx = current_rollout()

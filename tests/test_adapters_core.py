@@ -18,6 +18,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 import openai
 import pytest
 
@@ -194,6 +195,44 @@ def test_decorator_forms_nesting_and_context_manager(server):
         return ctx_d
 
     assert asyncio.run(async_block()).outcome.status == "completed"
+
+
+class _FirstRewardLate(httpx.AsyncBaseTransport):
+    """Real HTTP to the coordinator, the rollout's first reward report held back 0.3 s (a slow connection)."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.held = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/reward") and self.held == 0:
+            self.held += 1
+            await asyncio.sleep(0.3)
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_rewards_reported_in_the_background_are_recorded_in_the_order_the_agent_made_them(server):
+    """From async code update_reward sends in the background; the report made last is the one kept."""
+    client = openai.AsyncOpenAI(api_key="unused", max_retries=0)
+
+    @rollout
+    async def agent(task):
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": task.prompt}])
+        update_reward(0.25, {"report": 1.0})
+        update_reward(1.0, {"report": 2.0})  # replaces the first while it is still on its way
+        return "done"
+
+    [spec] = specs(server, tasks(1))
+    transport = _FirstRewardLate()
+    async with httpx.AsyncClient(transport=transport) as http:
+        with rollout_scope(spec, http=http):
+            assert await agent(spec.task) == "done"
+    assert transport.held == 1
+    stored = server.store.get_rollout(spec.rollout_id)
+    assert (stored.reward, stored.metrics.get("report")) == (1.0, 2.0), (stored.reward, stored.metrics)
 
 
 def test_outside_a_rollout_the_decorated_function_runs_plain():
