@@ -68,7 +68,7 @@ def make_model(client: openai.AsyncOpenAI) -> OpenAIModel:
 
     (Strands' other form, ``client_args``, builds a client, and with it a TLS
     context, for every model call: about 80 ms of CPU each on a 2-core
-    machine, a sixth of a short scripted run.)
+    machine.)
     """
     return OpenAIModel(client=client, model_id="policy", params={"max_tokens": 96})
 

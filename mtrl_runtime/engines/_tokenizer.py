@@ -49,13 +49,10 @@ def load_tokenizer(folder: str | Path, cache_dir: Path | None = None) -> Any:
     """The tokenizer ``AutoTokenizer.from_pretrained(folder)`` returns, choosing its class once per folder state."""
     folder = Path(folder)
     entry = Path(cache_dir or tokenizer_cache_dir()) / f"{_folder_key(folder)}.json"
-    remembered = _remembered_class(entry)
+    remembered = _load_remembered(entry, folder)
     if remembered is not None:
-        try:
-            return remembered.from_pretrained(folder)
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            remembered = None  # asked again below: AutoTokenizer loads the folder or raises its own error
-    from transformers import AutoTokenizer
+        return remembered
+    from transformers import AutoTokenizer  # loads the folder, or raises its own error
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     chosen = type(tokenizer)
@@ -66,21 +63,22 @@ def load_tokenizer(folder: str | Path, cache_dir: Path | None = None) -> Any:
 
 def _folder_key(folder: Path) -> str:
     """A hash of the transformers version and every file's name, size and modification time in ``folder``."""
+    folder = folder.resolve()
     files = []
-    for path in sorted(folder.resolve().iterdir()):
+    for path in sorted(folder.iterdir()):
         if path.is_file():
             stat = path.stat()
             files.append((path.name, stat.st_size, stat.st_mtime_ns))
-    state = {"transformers": importlib.metadata.version("transformers"), "folder": str(folder.resolve()),
-             "files": files}
+    state = {"transformers": importlib.metadata.version("transformers"), "folder": str(folder), "files": files}
     return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()[:40]
 
 
-def _remembered_class(entry: Path) -> Any:
-    """The tokenizer class an entry names, or None (no entry, unreadable, or the class no longer imports)."""
+def _load_remembered(entry: Path, folder: Path) -> Any:
+    """``folder``'s tokenizer loaded by the class ``entry`` names, or None: no entry, an unreadable one, or a
+    class that no longer imports or loads the folder (then AutoTokenizer is asked again)."""
     try:
         named = json.loads(entry.read_text())
-        return getattr(importlib.import_module(named["module"]), named["class"])
+        return getattr(importlib.import_module(named["module"]), named["class"]).from_pretrained(folder)
     except (OSError, ValueError, KeyError, TypeError, ImportError, AttributeError):
         return None
 
