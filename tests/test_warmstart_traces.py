@@ -399,3 +399,79 @@ def test_chat_spans_that_cannot_be_rebuilt_are_named_with_the_setting_that_recor
         "gen_ai.output.messages": json.dumps(reply)}}, indent=4))  # the SDK's ConsoleSpanExporter shape
     with pytest.raises(ValueError, match=r"gen_ai.input.messages\[0\].parts\[0\]: a part of type 'blob' is not read"):
         importer("otel")(tmp_path / "image.json")
+
+
+def console_spans(path: Path, spans: list[tuple[str, str | None, dict[str, Any]]]) -> Path:
+    """Spans of one trace as the SDK's ``span.to_json()`` writes them: (name, parent span id, attributes)."""
+    path.write_text(json.dumps([{"name": name, "context": {"trace_id": "0x7", "span_id": f"0x{i + 1}"},
+                                 "parent_id": parent, "attributes": attributes}
+                                for i, (name, parent, attributes) in enumerate(spans)]))
+    return path
+
+
+def semconv(*messages: tuple[str, list[dict[str, Any]]]) -> str:
+    return json.dumps([{"role": role, "parts": parts} for role, parts in messages])
+
+
+USER = ("user", [{"type": "text", "content": "What is under A1?"}])
+CALL = ("assistant", [{"type": "tool_call", "id": "c1", "name": "lookup", "arguments": {"key": "A1"}}])
+ANSWER = ("assistant", [{"type": "text", "content": "ANSWER 42"}])
+
+
+def test_an_agent_span_that_carries_the_agents_input_and_answer_is_not_a_chat_call_of_its_own(tmp_path, tiny_tok):
+    definitions = json.dumps([{"type": "function", **LOOKUP["function"]}])
+    result = ("tool", [{"type": "tool_call_response", "id": "c1", "response": "42"}])
+    path = console_spans(tmp_path / "agent.json", [
+        ("invoke_agent lookup", None, {  # AG2-style: the agent's span holds its input and its final answer
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.tool.definitions": definitions,
+            "gen_ai.input.messages": semconv(USER), "gen_ai.output.messages": semconv(ANSWER)}),
+        ("chat policy", "0x1", {"gen_ai.operation.name": "chat", "gen_ai.input.messages": semconv(USER),
+                                "gen_ai.output.messages": semconv(CALL)}),
+        ("chat policy", "0x1", {"gen_ai.operation.name": "chat", "gen_ai.input.messages": semconv(USER, CALL, result),
+                                "gen_ai.output.messages": semconv(ANSWER)}),
+    ])
+    [conversation] = importer("otel")(path)  # before: a second, made-up conversation (question -> answer, no call)
+    assert [m["role"] for m in conversation.messages] == ["user", "assistant", "tool", "assistant"]
+    assert conversation.messages[1]["tool_calls"][0]["function"]["name"] == "lookup"
+    render_conversation(tiny_tok, conversation)
+
+
+def test_semconv_messages_whose_text_is_not_where_the_conventions_put_it_are_named(tmp_path):
+    cases = [  # (input messages, what the error must name)
+        ([{"role": "user", "content": "Q"}], r"gen_ai.input.messages\[0\] must be .*'content' is OpenAI's message shape"),
+        ([{"role": "user", "parts": [{"type": "text", "text": "Q"}]}],
+         r"gen_ai.input.messages\[0\].parts\[0\].content: a text part's content must be a string, got None"),
+        ([{"role": "user", "parts": [{"type": "reasoning", "content": None}]}],
+         r"gen_ai.input.messages\[0\].parts\[0\].content: a reasoning part's"),
+    ]
+    for i, (request, match) in enumerate(cases):  # before: an empty message, trained on as if the user said nothing
+        path = console_spans(tmp_path / f"bad{i}.json", [("chat m", None, {
+            "gen_ai.operation.name": "chat", "gen_ai.input.messages": json.dumps(request),
+            "gen_ai.output.messages": semconv(ANSWER)})])
+        with pytest.raises(ValueError, match=match):
+            importer("otel")(path)
+
+
+def test_tool_results_and_text_in_one_user_message_keep_the_results_next_to_their_calls(tmp_path):
+    definitions = json.dumps([{"type": "function", **LOOKUP["function"]}])
+    mixed = ("user", [{"type": "tool_call_response", "id": "c1", "response": "42"},
+                      {"type": "text", "content": "Now answer."}])
+    path = console_spans(tmp_path / "mixed.json", [("chat m", None, {
+        "gen_ai.operation.name": "chat", "gen_ai.tool.definitions": definitions,
+        "gen_ai.input.messages": semconv(USER, CALL, mixed), "gen_ai.output.messages": semconv(ANSWER)})])
+    [conversation] = importer("otel")(path)
+    assert [(m["role"], m.get("content")) for m in conversation.messages[2:]] == [
+        ("tool", "42"), ("user", "Now answer."), ("assistant", "ANSWER 42")]
+
+
+@pytest.mark.parametrize("field, value, hint", [
+    ("refusal", "I can't help with that.", "send the refusal's text as content"),
+    ("function_call", {"name": "lookup", "arguments": "{}"}, "send it as tool_calls"),
+])
+def test_assistant_fields_the_policy_has_no_place_for_are_named_not_dropped(tmp_path, field, value, hint):
+    line = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": None, field: value}]}
+    (tmp_path / "c.jsonl").write_text(json.dumps(line) + "\n")
+    with pytest.raises(ValueError, match=rf"c.jsonl:1: .*messages\[1\]\.{field}: .* is not read .*; {hint}"):
+        importer("openai")(tmp_path / "c.jsonl")
+    echoed = {"role": "assistant", "content": "ok", "refusal": None, "function_call": None, "audio": None}
+    assert normalize_messages([{"role": "user", "content": "q"}, echoed])[1] == {"role": "assistant", "content": "ok"}

@@ -54,6 +54,15 @@ def normalize_tools(tools: Iterable[Mapping[str, Any]] | None) -> list[dict[str,
     return out
 
 
+# an assistant message's fields with content the policy's format has no place for: dropped, the history
+# would render as something the agent never said
+_UNREAD_ASSISTANT_FIELDS = {
+    "refusal": "send the refusal's text as content",
+    "function_call": "send it as tool_calls (the legacy functions API is not read)",
+    "audio": "send its transcript as content",
+}
+
+
 def message_key(message: Mapping[str, Any]) -> tuple:
     """What must be equal for two canonical messages to count as the same turn.
 
@@ -77,6 +86,10 @@ def _normalize_message(index: int, message: Any) -> dict[str, Any]:
     role = _ROLE_ALIASES.get(role, role)
     out: dict[str, Any] = {"role": role, "content": _content_text(where, message.get("content"))}
     if role == "assistant":
+        for key, hint in _UNREAD_ASSISTANT_FIELDS.items():
+            if message.get(key):  # None, [] and "" are what clients echo when the model did not use them
+                raise ValueError(f"{where}.{key}: {message[key]!r} is not read (the policy speaks text and "
+                                 f"tool calls); {hint}")
         calls = [_normalize_tool_call(f"{where}.tool_calls[{j}]", tc) for j, tc in enumerate(message.get("tool_calls") or ())]
         if calls:
             out["tool_calls"] = calls

@@ -26,6 +26,14 @@ the GenAI semantic conventions' attributes:
   name|description|parameters``, on the chat span or an enclosing one (an
   ``invoke_agent`` span), since some instrumentations record them there only.
 
+A span whose ``gen_ai.operation.name`` is an agent's or a tool's
+(``invoke_agent``, ``execute_tool`` ...) is not a model call even when it
+carries messages (some frameworks put the agent's input and final answer
+there): its chat spans hold the dialogue. A semconv message without a
+``parts`` list, or a text or reasoning part whose ``content`` is not a
+string, is a ValueError naming the part; tool results that share a message
+with text come first, next to the calls they answer.
+
 Spans are grouped by trace; ``_from_traces.assemble`` keeps one conversation
 per dialogue (the last chat span of a trace carries the whole history) and
 merges traces that are one chat call, nothing around it, into the
@@ -50,6 +58,7 @@ from ._conversation import Conversation
 from ._from_traces import Call, assemble, function_tool, tool_call
 
 _CHAT_OPERATIONS = ("chat", "generate_content")
+_NOT_CHAT_OPERATIONS = ("invoke_agent", "create_agent", "execute_tool", "embeddings")
 _CAPTURE_HINT = ("the instrumentation recorded no message content: with opentelemetry-instrumentation-openai-v2 set "
                  "OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental and "
                  "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=span_only (content on the span, not in events); "
@@ -195,7 +204,11 @@ def _any_value(value: Any) -> Any:
 
 
 def _is_chat(attributes: Mapping[str, Any]) -> bool:
+    """A model call. An agent's or a tool's span may carry the agent's input and final answer as messages
+    (``invoke_agent``); those repeat what its chat spans hold and are not a call of their own."""
     operation = attributes.get("gen_ai.operation.name") or attributes.get("llm.request.type")
+    if operation in _NOT_CHAT_OPERATIONS:
+        return False
     return (operation in _CHAT_OPERATIONS or "gen_ai.input.messages" in attributes
             or "gen_ai.prompt.0.role" in attributes or "gen_ai.prompt.0.content" in attributes)
 
@@ -230,8 +243,10 @@ def _structured(span: _Span, key: str) -> list[dict[str, Any]]:
         raise ValueError(f"{span.where}: {key} must be a JSON list of messages, got {type(messages).__name__}")
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
-        if not isinstance(message, Mapping) or not isinstance(message.get("parts", []), list):
-            raise ValueError(f"{span.where}: {key}[{i}] must be {{'role', 'parts': [...]}}, got {message!r}")
+        if not isinstance(message, Mapping) or not isinstance(message.get("parts"), list):
+            hint = ("; 'content' is OpenAI's message shape, the GenAI conventions put the text in parts"
+                    if isinstance(message, Mapping) and "content" in message else "")
+            raise ValueError(f"{span.where}: {key}[{i}] must be {{'role', 'parts': [...]}}, got {message!r}{hint}")
         out += _from_parts(span, f"{key}[{i}]", message.get("role"), message.get("parts") or [])
     return out
 
@@ -241,8 +256,11 @@ def _from_parts(span: _Span, where: str, role: Any, parts: list[Any]) -> list[di
     texts, calls, reasoning, results = [], [], [], []
     for j, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind in ("text", "reasoning") and not isinstance(part.get("content"), str):
+            raise ValueError(f"{span.where}: {where}.parts[{j}].content: a {kind} part's content must be a string, "
+                             f"got {part.get('content')!r} (keys {sorted(part)})")
         if kind == "text":
-            texts.append(str(part.get("content", "")))
+            texts.append(part["content"])
         elif kind == "tool_call":
             calls.append(tool_call(part.get("id"), part.get("name"), part.get("arguments")))
         elif kind == "tool_call_response":
@@ -251,12 +269,12 @@ def _from_parts(span: _Span, where: str, role: Any, parts: list[Any]) -> list[di
             results.append({"role": "tool", "content": content, **({"tool_call_id": str(part["id"])}
                                                                    if part.get("id") else {})})
         elif kind == "reasoning":
-            reasoning.append(str(part.get("content", "")))
+            reasoning.append(part["content"])
         else:
             raise ValueError(f"{span.where}: {where}.parts[{j}]: a part of type {kind!r} is not read; the policy "
                              "endpoint is text-only (text, tool_call, tool_call_response, reasoning)")
-    if results and not texts and not calls:
-        return results
+    if results and not calls:  # results answer the calls before them: they come first, then any text
+        return results if not texts else [*results, {"role": role, "content": _content(texts, False)}]
     message: dict[str, Any] = {"role": role, "content": _content(texts, bool(calls))}
     if calls:
         message["tool_calls"] = calls
