@@ -2,8 +2,11 @@
 
 Both sides train SmolLM2-135M-Instruct (the converted local folder) with
 the same settings: LoRA r16 alpha 32 on q/k/v/o/gate/up/down, dropout 0;
-base weights in ``--weights`` (fp32 or bf16), LoRA weights in fp32, the
-training forward under bf16 autocast; one prompt per step with 8
+LoRA weights in fp32; ``--precision`` for the training forward: ``bf16``
+(bf16 autocast, base weights bf16 unless ``--weights fp32``) or ``fp32``
+(no autocast, fp32 weights); ``auto`` (the default) takes bf16 where this
+CPU computes it natively (AVX512-BF16/AMX: the probe the engines use) and
+fp32 elsewhere, each side's best precision on the machine; one prompt per step with 8
 completions of exactly ``--max-tokens`` tokens (eos cannot end them: mtrl's
 engine runs with no eos ids, TRL with ``min_new_tokens``), so every step
 trains the same prompt + completion tokens on both sides; the same fixed
@@ -37,7 +40,8 @@ What is timed per step:
 ``--setup`` creates it (python3.11, torch 2.13.0 CPU, this environment's
 transformers / peft / accelerate versions, TRL 1.16.0).
 
-    python bench/trl_vs_mtrl.py [--steps 4] [--warmup 2] [--threads 2] [--weights fp32] [--max-tokens 64]
+    python bench/trl_vs_mtrl.py [--steps 4] [--warmup 2] [--threads 2] [--precision auto|bf16|fp32]
+                                [--weights fp32|bf16] [--max-tokens 64]
                                 [--trl-gradient-checkpointing] [--no-trl] [--out PATH]
     python bench/trl_vs_mtrl.py --setup
 
@@ -195,6 +199,24 @@ class Interleave:
         return len(self.mtrl) >= self.total
 
 
+def resolve_precision(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """``auto`` -> bf16 on a CPU that computes it natively, fp32 elsewhere; the weights follow unless given."""
+    if args.precision == "auto":
+        args.precision = "bf16" if cpu_bf16()["cpu_native_bf16"] else "fp32"
+    if args.weights is None:
+        args.weights = args.precision
+    if args.precision == "fp32" and args.weights == "bf16":
+        parser.error("--weights bf16 with --precision fp32: fp32 training needs fp32 base weights (--precision auto "
+                     "picks fp32 on a CPU without native bf16; pass --precision bf16 to measure bf16 autocast anyway)")
+
+
+def precision_label(args: argparse.Namespace) -> str:
+    """What both sides ran, as the results and the printout name it."""
+    if args.precision == "fp32":
+        return "fp32 weights, fp32 (no autocast)"
+    return f"{args.weights} weights, bf16 autocast"
+
+
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
@@ -210,15 +232,16 @@ def mtrl_config(args: argparse.Namespace, model: Path, folder: Path) -> Any:
             "sampling_params": {"max_tokens": args.max_tokens, "temperature": 1.0, "top_p": 1.0},
         },
         "advanced": {
-            "precision": "bf16", "checkpoint_every": 0, "lora_dropout": 0.0, "kl_coef": 0.0,
+            "precision": args.precision, "checkpoint_every": 0, "lora_dropout": 0.0, "kl_coef": 0.0,
             "lora_target_modules": TARGET_MODULES, "max_concurrency": args.group_size,
+            "reward_range": [0.0, 64.0],  # characters / 256 passes 1 past ~60 tokens; TRL's reward is the same
         },
     })
 
 
 def trl_setup(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     return {
-        "model": str(model), "prompts": PROMPTS, "threads": args.threads, "bf16": True,
+        "model": str(model), "prompts": PROMPTS, "threads": args.threads, "bf16": args.precision == "bf16",
         "weights": {"fp32": "float32", "bf16": "bfloat16"}[args.weights],
         "gradient_checkpointing": args.trl_gradient_checkpointing, "group_size": args.group_size,
         "max_tokens": args.max_tokens, "learning_rate": args.learning_rate, "steps": args.warmup + args.steps,
@@ -278,7 +301,7 @@ def write_results(args: argparse.Namespace, hook: Interleave, trl_info: dict[str
     if trl is not None and mtrl["train_tokens_per_s"] and trl["train_tokens_per_s"]:
         ratios = {"train_tokens_per_s": round(mtrl["train_tokens_per_s"] / trl["train_tokens_per_s"], 2),
                   "wall_per_step": round(trl["wall_s_per_step_mean"] / mtrl["wall_s_per_step_mean"], 2)}
-    print(f"SmolLM2-135M-Instruct, LoRA r16, {args.weights} weights + bf16 autocast, {args.group_size} x "
+    print(f"SmolLM2-135M-Instruct, LoRA r16, {precision_label(args)}, {args.group_size} x "
           f"{args.max_tokens} tokens per step, {args.threads} threads, {args.steps} steps after {args.warmup} "
           f"warm-up; load average {load[0][0]:.2f} -> {load[1][0]:.2f} on {os.cpu_count()} CPUs")
     print(f"{'':<24}{'mtrl':>10}{'TRL':>10}{'ratio':>8}")
@@ -290,16 +313,18 @@ def write_results(args: argparse.Namespace, hook: Interleave, trl_info: dict[str
         a, b = mtrl[key], trl[key] if trl else None
         ratio = f"{(a / b if better == 'high' else b / a):.2f}x" if better and a and b else "-"
         print(f"{label:<24}{a if a is not None else '-':>10}{b if b is not None else '-':>10}{ratio:>8}")
-    print("goal: mtrl >= 1.5x TRL on train tokens/s and on wall time per step")
+    print("goal (issue 21): mtrl >= 3x TRL in wall time per step, each side in its best precision for the CPU")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "benchmark": "trl_vs_mtrl",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     "loadavg_before": [round(x, 2) for x in load[0]],
                     "loadavg_after": [round(x, 2) for x in load[1]], **cpu_bf16(),
-                    "dtype": f"{args.weights} weights, bf16 autocast"},
+                    "dtype": precision_label(args)},
         "model": "SmolLM2-135M-Instruct",
-        "settings": {"weights": args.weights, "autocast": "bf16", "lora": {"rank": 16, "alpha": 32, "dropout": 0.0,
+        "settings": {"weights": args.weights, "precision": args.precision,
+                     "autocast": "bf16" if args.precision == "bf16" else None,
+                     "lora": {"rank": 16, "alpha": 32, "dropout": 0.0,
                      "target_modules": TARGET_MODULES}, "group_size": args.group_size, "prompts_per_step": 1,
                      "max_tokens": args.max_tokens, "learning_rate": args.learning_rate, "threads": args.threads,
                      "warmup_steps": args.warmup, "measured_steps": args.steps,
@@ -319,7 +344,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="measured steps per side")
     parser.add_argument("--warmup", type=int, default=2, help="steps per side not measured")
     parser.add_argument("--threads", type=int, default=2, help="torch threads on both sides")
-    parser.add_argument("--weights", choices=["fp32", "bf16"], default="fp32", help="dtype of the base weights")
+    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                        help="the training forward: bf16 autocast or fp32; auto: bf16 where the CPU computes it "
+                             "natively")
+    parser.add_argument("--weights", choices=["fp32", "bf16"], default=None,
+                        help="dtype of the base weights (default: the precision's; fp32 precision needs fp32)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per completion")
     parser.add_argument("--group-size", type=int, default=8, help="completions per prompt (one prompt per step)")
     parser.add_argument("--learning-rate", type=float, default=1e-5)
@@ -332,6 +361,7 @@ def main() -> None:
     if args.setup:
         create_trl_env()
         return
+    resolve_precision(args, parser)
     if args.steps < 1 or args.warmup < 1:
         parser.error(f"--steps and --warmup must be >= 1, got {args.steps} and {args.warmup}")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before torch starts its thread pool (here and in TRL)

@@ -56,6 +56,7 @@ from _machine import load_note, machine_info  # noqa: E402
 from mtrl_runtime.cli.demo import DEMO_RECIPE  # noqa: E402
 from mtrl_runtime.config import MtrlConfig  # noqa: E402
 from mtrl_runtime.engines import resolve_model  # noqa: E402
+from mtrl_runtime.engines.hf import auto_dtype  # noqa: E402
 from mtrl_runtime.evaluation import StrictScorer  # noqa: E402
 from mtrl_runtime.rollouts import collect_rollouts, load_tasks  # noqa: E402
 from mtrl_runtime.training import MultiTurnRLTrainer  # noqa: E402
@@ -223,7 +224,7 @@ def main() -> int:
         "model": "tiny random Llama (--tiny: the figures mean nothing)" if args.tiny else DEMO_RECIPE["core"]["model"],
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "machine": machine_info(load_before, load_after, threads=2,
-                                dtype="fp32" if args.tiny else "auto (bf16 where the CPU computes it natively)"),
+                                dtype="fp32" if args.tiny else auto_dtype("cpu")),  # what the recipe's auto ran
         "load": load_note(load_before, load_after, "both arms share the 2 cores with other work: compare with care"),
         "summary": summary,
         "arms": {"rl_only": rl_only, "warm_start": warm},
