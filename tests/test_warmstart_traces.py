@@ -438,7 +438,8 @@ def test_an_agent_span_that_carries_the_agents_input_and_answer_is_not_a_chat_ca
 
 def test_semconv_messages_whose_text_is_not_where_the_conventions_put_it_are_named(tmp_path):
     cases = [  # (input messages, what the error must name)
-        ([{"role": "user", "content": "Q"}], r"gen_ai.input.messages\[0\] must be .*'content' is OpenAI's message shape"),
+        ([{"role": "user", "content": "Q"}],
+         r"gen_ai.input.messages\[0\] must be .*'content' is OpenAI's message shape"),
         ([{"role": "user", "parts": [{"type": "text", "text": "Q"}]}],
          r"gen_ai.input.messages\[0\].parts\[0\].content: a text part's content must be a string, got None"),
         ([{"role": "user", "parts": [{"type": "reasoning", "content": None}]}],
