@@ -202,7 +202,9 @@ class Interleave:
 def resolve_precision(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """``auto`` -> bf16 on a CPU that computes it natively, fp32 elsewhere; the weights follow unless given."""
     if args.precision == "auto":
-        args.precision = "bf16" if cpu_bf16()["cpu_native_bf16"] else "fp32"
+        from mtrl_runtime.engines.hf import auto_dtype  # the engines' own rule: bf16 where the CPU computes it
+
+        args.precision = auto_dtype("cpu")
     if args.weights is None:
         args.weights = args.precision
     if args.precision == "fp32" and args.weights == "bf16":
