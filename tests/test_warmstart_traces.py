@@ -41,6 +41,7 @@ LOOKUP = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
 TASKS = [Task(id="one", prompt="What is the value under A1? (one)"),
          Task(id="two", prompt="What is the value under A1? (two)")]
+DEFINITIONS = json.dumps([{"type": "function", **LOOKUP["function"]}])  # semconv's flat tool definition
 BASE_URL = "http://agent.invalid/v1"  # the @rollout decorator sends every call to the coordinator instead
 
 
@@ -299,11 +300,10 @@ def test_openai_v2_spans_in_an_agent_span_import_as_the_rollouts_conversations(o
     monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental")
     monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "span_only")
     tracer = provider.get_tracer("agent")
-    definitions = json.dumps([{"type": "function", **LOOKUP["function"]}])  # semconv's flat tool definition
 
     def agent_span(task: Task) -> Any:  # the agent's own span: the tools live there (the chat spans lack them)
         return tracer.start_as_current_span("invoke_agent lookup", attributes={
-            "gen_ai.operation.name": "invoke_agent", "gen_ai.tool.definitions": definitions})
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.tool.definitions": DEFINITIONS})
 
     with instrumented(OpenAIInstrumentor(), provider):
         result = collect(tmp_path / "run", openai_agent(agent_span), tiny_tok)
@@ -419,11 +419,10 @@ ANSWER = ("assistant", [{"type": "text", "content": "ANSWER 42"}])
 
 
 def test_an_agent_span_that_carries_the_agents_input_and_answer_is_not_a_chat_call_of_its_own(tmp_path, tiny_tok):
-    definitions = json.dumps([{"type": "function", **LOOKUP["function"]}])
     result = ("tool", [{"type": "tool_call_response", "id": "c1", "response": "42"}])
     path = console_spans(tmp_path / "agent.json", [
         ("invoke_agent lookup", None, {  # AG2-style: the agent's span holds its input and its final answer
-            "gen_ai.operation.name": "invoke_agent", "gen_ai.tool.definitions": definitions,
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.tool.definitions": DEFINITIONS,
             "gen_ai.input.messages": semconv(USER), "gen_ai.output.messages": semconv(ANSWER)}),
         ("chat policy", "0x1", {"gen_ai.operation.name": "chat", "gen_ai.input.messages": semconv(USER),
                                 "gen_ai.output.messages": semconv(CALL)}),
@@ -454,11 +453,10 @@ def test_semconv_messages_whose_text_is_not_where_the_conventions_put_it_are_nam
 
 
 def test_tool_results_and_text_in_one_user_message_keep_the_results_next_to_their_calls(tmp_path):
-    definitions = json.dumps([{"type": "function", **LOOKUP["function"]}])
     mixed = ("user", [{"type": "tool_call_response", "id": "c1", "response": "42"},
                       {"type": "text", "content": "Now answer."}])
     path = console_spans(tmp_path / "mixed.json", [("chat m", None, {
-        "gen_ai.operation.name": "chat", "gen_ai.tool.definitions": definitions,
+        "gen_ai.operation.name": "chat", "gen_ai.tool.definitions": DEFINITIONS,
         "gen_ai.input.messages": semconv(USER, CALL, mixed), "gen_ai.output.messages": semconv(ANSWER)})])
     [conversation] = importer("otel")(path)
     assert [(m["role"], m.get("content")) for m in conversation.messages[2:]] == [

@@ -273,13 +273,13 @@ def _from_parts(span: _Span, where: str, role: Any, parts: list[Any]) -> list[di
         else:
             raise ValueError(f"{span.where}: {where}.parts[{j}]: a part of type {kind!r} is not read; the policy "
                              "endpoint is text-only (text, tool_call, tool_call_response, reasoning)")
-    if results and not calls:  # results answer the calls before them: they come first, then any text
-        return results if not texts else [*results, {"role": role, "content": _content(texts, False)}]
     message: dict[str, Any] = {"role": role, "content": _content(texts, bool(calls))}
     if calls:
         message["tool_calls"] = calls
     if reasoning:
         message["reasoning_content"] = "".join(reasoning)
+    if results and not calls:  # results answer the calls before them: they come first, then what else it says
+        return [*results, message] if texts or reasoning else results
     return [message, *results]
 
 
