@@ -24,6 +24,7 @@ import yaml
 from mtrl_runtime.types import RolloutStatus
 
 AGENT = Path(__file__).resolve().parent / "_collect_agent.py"
+STEPS = 6  # of the stopped run: ~5 s a step, so a test that reads its output late still stops it mid-run
 SCRIPT = """\
 tasks:
   - replies:
@@ -71,6 +72,8 @@ def _stop_in_step(proc: subprocess.Popen, step: int, max_steps: int, stop: int) 
     _read_until(proc, f"step {step}/{max_steps}  reward 1.000", seen)  # trained and checkpointed
     # a second into the next step: its rollouts are created and in their first turn (2.5 s per turn)
     _read_until(proc, f"step {step + 1}/{max_steps}: rollouts 0/4 done, turns 0, tool calls 0, errors 0 (1 s)", seen)
+    # send_signal does nothing to a process that has ended: say so, rather than blame the run for ignoring it
+    assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before the test sent its signal"
     proc.send_signal(stop)
     rest, _ = proc.communicate(timeout=120)
     return seen, rest
@@ -90,25 +93,25 @@ def _by_status(run_dir: Path) -> dict[RolloutStatus, list]:
 @pytest.mark.timeout(420)
 def test_a_stopped_run_marks_its_rollouts_interrupted_says_how_to_resume_and_resumes(tmp_path, tiny_model_dir):
     args = _inputs(tmp_path, tiny_model_dir)
-    # Ctrl-C while step 2 of 3 collects
-    proc = _start([*args, "--max-steps", "3"], tmp_path)
-    seen, rest = _stop_in_step(proc, 1, 3, signal.SIGINT)
+    # Ctrl-C while step 2 collects; the run has steps enough left that it cannot end before the signal arrives
+    proc = _start([*args, "--max-steps", str(STEPS)], tmp_path)
+    seen, rest = _stop_in_step(proc, 1, STEPS, signal.SIGINT)
     out = "\n".join(seen) + "\n" + rest
     assert proc.returncode == 130, out
 
     start = next(line for line in seen if line.startswith("mtrl: training "))
     assert "engine scripted" in start and f"run folder {tmp_path / 'run'}" in start and "MLflow off" in start, start
-    assert "from step 1 of 3" in start and "script.yaml" in start, start
-    beats = [line for line in seen if line.startswith("step 1/3: rollouts ")]
+    assert f"from step 1 of {STEPS}" in start and "script.yaml" in start, start
+    beats = [line for line in seen if line.startswith(f"step 1/{STEPS}: rollouts ")]
     assert beats and "turns" in beats[-1] and "tool calls" in beats[-1] and "errors 0" in beats[-1], out
     done = [int(line.split("rollouts ")[1].split("/")[0]) for line in beats]
     assert done == sorted(done) and done[-1] <= 4 and all("/4 done, turns " in line for line in beats), out
-    step = next(line for line in seen if line.startswith("step 1/3  reward"))
+    step = next(line for line in seen if line.startswith(f"step 1/{STEPS}  reward"))
     assert " rollouts " in step and " update " in step, step
     assert "mtrl: stopped; 4 rollouts in flight were marked interrupted" in rest, out
     resume = next(line for line in rest.splitlines() if "resume from" in line)
     assert "checkpoints/step-000001 with: mtrl train " in resume and resume.endswith(" --resume"), resume
-    assert "--max-steps 3" in resume, resume
+    assert f"--max-steps {STEPS}" in resume, resume
 
     stored = _by_status(tmp_path / "run")
     assert stored[RolloutStatus.RUNNING] == []
@@ -119,11 +122,11 @@ def test_a_stopped_run_marks_its_rollouts_interrupted_says_how_to_resume_and_res
 
     # --resume: step 2 is trained again from the checkpoint (the interrupted rollouts are not reused);
     # SIGTERM while step 3 collects does what Ctrl-C does
-    proc = _start([*args, "--max-steps", "3", "--resume"], tmp_path)
-    seen, rest = _stop_in_step(proc, 2, 3, signal.SIGTERM)
+    proc = _start([*args, "--max-steps", str(STEPS), "--resume"], tmp_path)
+    seen, rest = _stop_in_step(proc, 2, STEPS, signal.SIGTERM)
     out = "\n".join(seen) + "\n" + rest
     assert proc.returncode == 130, out
-    assert any("from step 2 of 3" in line for line in seen), out
+    assert any(f"from step 2 of {STEPS}" in line for line in seen), out
     assert "mtrl: stopped; 4 rollouts in flight were marked interrupted" in rest, out
     assert "checkpoints/step-000002 with: mtrl train " in rest, out
 

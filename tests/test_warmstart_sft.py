@@ -496,10 +496,15 @@ def test_bad_init_adapters_are_refused_before_the_first_rollout(sft_run, tiny_mo
     assert all(torch.equal(a, b) for a, b in zip(full.model.parameters(), fresh.model.parameters()))
 
 
-def test_the_cli_refuses_store_filters_with_conversations(tmp_path, tiny_model_dir):
+def test_the_cli_refuses_filters_conversations_cannot_be_selected_by(tmp_path, tiny_model_dir):
     config = sft_config(tmp_path / "c.yaml", tiny_model_dir, tmp_path / "run")
-    with pytest.raises(SystemExit, match="--min-reward, --strict and --split select stored rollouts"):
-        main(["sft", str(config), "--conversations", "x.jsonl", "--min-reward", "1", "--out", str(tmp_path / "o")])
+    for flag, value in (("--strict", "m:f"), ("--split", "train")):
+        with pytest.raises(SystemExit, match="--strict and --split select stored rollouts"):
+            main(["sft", str(config), "--conversations", "x.jsonl", flag, value, "--out", str(tmp_path / "o")])
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text(json.dumps(tool_conversation("hi")) + "\n")
+    with pytest.raises(SystemExit, match=r"--min-reward 1: .*demos.jsonl:1 records no reward \(only an mtrl run's"):
+        main(["sft", str(config), "--conversations", str(demos), "--min-reward", "1", "--out", str(tmp_path / "o")])
     with pytest.raises(SystemExit):  # one source, not both
         main(["sft", str(config), "--conversations", "x.jsonl", "--from-run", "r", "--out", str(tmp_path / "o")])
     bad = tmp_path / "bad.jsonl"

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,7 +34,7 @@ from mtrl_runtime.engines.scripted import ScriptedReply
 from mtrl_runtime.rollouts import collect_rollouts
 from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.tracking import Tracker
-from mtrl_runtime.types import Task
+from mtrl_runtime.types import RolloutStatus, Task
 from mtrl_runtime.warmstart import importer, render_conversation
 
 LOOKUP = {"type": "function", "function": {
@@ -201,7 +202,8 @@ def test_langchain_autologged_calls_import_as_the_rollouts_conversations(mlflow_
     assert_round_trip(importer("mlflow")(mlflow_uri + "#Default"), result.rollouts, tiny_tok)
 
 
-def test_mtrl_traces_import_and_the_last_reply_is_parsed_with_the_traced_chat_format(tmp_path, tiny_tok, empty_mlflow_db):
+def test_mtrl_traces_import_and_the_last_reply_is_parsed_with_the_traced_chat_format(tmp_path, tiny_tok, empty_mlflow_db,
+                                                                                    capsys):
     result = collect(tmp_path / "run", openai_agent(), tiny_tok)
     ended = collect(tmp_path / "cut", openai_agent(), tiny_tok, max_turns=1, tasks=TASKS[:1])  # ends on its call
     config = MtrlConfig.from_dict({"core": {"run_dir": str(tmp_path / "run")}})
@@ -212,19 +214,25 @@ def test_mtrl_traces_import_and_the_last_reply_is_parsed_with_the_traced_chat_fo
         store.close()
     fresh_mlflow_db(empty_mlflow_db, tmp_path / "run")  # where the Tracker keeps a run's traces
     tracker = Tracker(config, chat_format=chat_format)
+    [rollout] = ended.rollouts
+    assert rollout.status.value == "failed"  # max_turns: its trace is left out, as --from-run leaves it out
+    held_out = replace(result.rollouts[0], group_id="val-s0-g0")  # a validation pass's: its task is held out
     try:
-        ids = [tracker.write_trace(r, 0) for r in [*result.rollouts, *ended.rollouts]]
+        ids = [tracker.write_trace(r, 0) for r in [*result.rollouts, replace(rollout, status=RolloutStatus.COMPLETED)]]
+        tracker.write_trace(rollout, 0), tracker.write_trace(held_out, 0)
     finally:
         tracker.close()
 
     conversations = importer("mlflow")(str(tmp_path / "run") + "#mtrl")
     assert sorted(c.source.split()[2] for c in conversations) == sorted(ids)
+    assert ("left out: 1 mtrl rollout(s) failed, 1 mtrl rollout(s) of validation/evaluation passes"
+            in capsys.readouterr().err)
+    assert [c.reward for c in conversations] == [r.total_reward for r in [*result.rollouts, rollout]]
     whole = [c for c in conversations if c.messages[-1].get("content") == "ANSWER 42"]
     assert_round_trip(whole, result.rollouts, tiny_tok)
     [cut] = [c for c in conversations if c not in whole]  # the reply's calls, parsed back from its text
-    [rollout] = ended.rollouts
     [turn] = rollout.turns
-    assert rollout.status.value == "failed" and [m["role"] for m in cut.messages] == ["user", "assistant"]
+    assert [m["role"] for m in cut.messages] == ["user", "assistant"]
     assert cut.messages[1]["tool_calls"][0]["id"] == turn.tool_calls[0]["id"] and not cut.messages[1].get("content")
     ids_, _ = render_conversation(tiny_tok, cut)
     assert ids_ == list(turn.prompt_ids) + list(turn.completion_ids)
@@ -237,7 +245,7 @@ def test_mtrl_traces_that_cannot_be_rebuilt_are_named(tmp_path, tiny_tok, empty_
     fresh_mlflow_db(empty_mlflow_db, tmp_path / "run")
     tracker = Tracker(MtrlConfig.from_dict({"core": {"run_dir": str(tmp_path / "run")}}))  # no chat format given
     try:
-        trace_id = tracker.write_trace(ended.rollouts[0], 0)
+        trace_id = tracker.write_trace(replace(ended.rollouts[0], status=RolloutStatus.COMPLETED), 0)
     finally:
         tracker.close()
     with pytest.raises(ValueError, match=rf"mlflow trace {trace_id} .*'llm turn 0': the reply calls tools and the "
@@ -474,3 +482,135 @@ def test_assistant_fields_the_policy_has_no_place_for_are_named_not_dropped(tmp_
         importer("openai")(tmp_path / "c.jsonl")
     echoed = {"role": "assistant", "content": "ok", "refusal": None, "function_call": None, "audio": None}
     assert normalize_messages([{"role": "user", "content": "q"}, echoed])[1] == {"role": "assistant", "content": "ok"}
+
+
+# -- replies the token limit cut ----------------------------------------------------------------------------------
+
+LONG = "Let me look that up for you, one moment please."
+
+
+def cut_agent(around: Callable[[Task], Any] | None = None) -> Any:
+    """A first reply the rollout's max_tokens (8) cuts mid-reply, then the user asks the model to go on."""
+    import openai
+
+    from mtrl_adapters import aupdate_reward, rollout
+
+    @rollout
+    async def agent(task: Task) -> None:
+        client = openai.AsyncOpenAI(base_url=BASE_URL, api_key="unused", max_retries=0)
+        with around(task) if around is not None else contextlib.nullcontext():
+            messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
+            first = await client.chat.completions.create(model="policy", messages=messages, tools=[LOOKUP])
+            assert first.choices[0].finish_reason == "length"
+            messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Go on."}]
+            last = await client.chat.completions.create(model="policy", messages=messages, tools=[LOOKUP])
+        await aupdate_reward(float(last.choices[0].message.content == "ANSWER 42"))
+
+    return agent
+
+
+def collect_cut(run_dir: Path, tokenizer: Any, around: Callable[[Task], Any] | None = None) -> Any:
+    config = MtrlConfig.from_dict({"core": {"run_dir": str(run_dir), "group_size": 1, "engine": "scripted",
+                                            "sampling_params": {"max_tokens": 8}}})
+    engine = ScriptedEngine(tokenizer, [LONG, "ANSWER 42"])
+    result = asyncio.run(collect_rollouts(config, cut_agent(around), TASKS[:1], engine=engine))
+    [rollout] = result.rollouts
+    assert rollout.status.value == "completed" and [t.finish_reason for t in rollout.turns] == ["length", "stop"]
+    return rollout
+
+
+def assert_cut_round_trip(conversations: list[Any], rollout: Any, tokenizer: Any) -> None:
+    """The cut reply renders as the rollout recorded it: no end token, finish reason length, the next turn extending it."""
+    from mtrl_runtime.warmstart import conversation_renderer
+
+    [conversation] = conversations
+    assert conversation.cut == frozenset({1}), conversation
+    live = sorted(rollout.turns, key=lambda t: t.index)
+    turns = conversation_renderer(tokenizer).turns(conversation)
+    assert [t.finish_reason for t in turns] == ["length", "stop"]
+    assert [t.completion_ids for t in turns] == [t.completion_ids for t in live]  # before: an end token after the cut
+    assert [t.prompt_ids for t in turns] == [t.prompt_ids for t in live]
+    ids, mask = render_conversation(tokenizer, conversation)
+    [sample] = build_samples(rollout, [1.0, 1.0])
+    assert ids == list(sample.token_ids_T) and mask == list(sample.loss_mask_T)
+
+
+def test_a_reply_cut_at_the_token_limit_imports_as_recorded_from_mtrl_traces(tmp_path, tiny_tok, empty_mlflow_db,
+                                                                             capsys):
+    rollout = collect_cut(tmp_path / "run", tiny_tok)
+    store = SQLiteStore(tmp_path / "run" / "trajectories.db")
+    try:
+        chat_format = store.get_meta(CHAT_TEMPLATE_META)["chat_format"]
+    finally:
+        store.close()
+    fresh_mlflow_db(empty_mlflow_db, tmp_path / "run")
+    tracker = Tracker(MtrlConfig.from_dict({"core": {"run_dir": str(tmp_path / "run")}}), chat_format=chat_format)
+    try:
+        tracker.write_trace(rollout, 0)
+    finally:
+        tracker.close()
+    assert_cut_round_trip(importer("mlflow")(tmp_path / "run"), rollout, tiny_tok)
+    assert "1 repl(ies) were cut at the token limit (finish_reason length)" in capsys.readouterr().err
+
+
+def test_a_reply_cut_at_the_token_limit_imports_as_recorded_from_openai_autologging(mlflow_uri, tmp_path, tiny_tok):
+    import mlflow
+
+    mlflow.openai.autolog()
+    rollout = collect_cut(tmp_path / "run", tiny_tok)
+    mlflow.flush_trace_async_logging()
+    assert_cut_round_trip(importer("mlflow")(mlflow_uri), rollout, tiny_tok)  # the cut call's own trace says so
+
+
+def test_a_reply_cut_at_the_token_limit_imports_as_recorded_from_otel_spans(otel, tmp_path, tiny_tok, monkeypatch):
+    from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+
+    provider, path = otel
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental")
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "span_only")
+    tracer = provider.get_tracer("agent")
+
+    def agent_span(task: Task) -> Any:
+        return tracer.start_as_current_span("invoke_agent lookup", attributes={
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.tool.definitions": DEFINITIONS})
+
+    with instrumented(OpenAIInstrumentor(), provider):
+        rollout = collect_cut(tmp_path / "run", tiny_tok, agent_span)
+    provider.force_flush()
+    assert_cut_round_trip(importer("otel")(path), rollout, tiny_tok)
+
+
+def test_a_merged_call_keeps_the_reasoning_and_the_cut_its_own_trace_recorded(tmp_path, capsys):
+    thought = ("assistant", [{"type": "reasoning", "content": "The key is A1."},
+                             {"type": "text", "content": "Let me"}])
+    echoed = ("assistant", [{"type": "text", "content": "Let me"}])  # clients echo a reply without its reasoning
+    go_on = ("user", [{"type": "text", "content": "Go on."}])
+    first = {"gen_ai.operation.name": "chat", "gen_ai.tool.definitions": DEFINITIONS,
+             "gen_ai.input.messages": semconv(USER), "gen_ai.output.messages": json.dumps(
+                 [{"role": "assistant", "parts": thought[1], "finish_reason": "length"}])}
+    second = {"gen_ai.operation.name": "chat", "gen_ai.tool.definitions": DEFINITIONS,
+              "gen_ai.input.messages": semconv(USER, echoed, go_on), "gen_ai.output.messages": semconv(ANSWER)}
+    path = console_spans(tmp_path / "two.json", [("invoke_agent a", None, {"gen_ai.operation.name": "invoke_agent"}),
+                                                 ("chat m", "0x1", first), ("chat m", "0x1", second)])
+    [conversation] = importer("otel")(path)  # before: the first call's reasoning and its cut were lost in the merge
+    assert conversation.messages[1] == {"role": "assistant", "content": "Let me", "reasoning_content": "The key is A1."}
+    assert conversation.cut == frozenset({1})
+    assert "1 call(s) were earlier turns" in capsys.readouterr().err
+
+
+def test_an_mtrl_runs_traces_need_a_reward_filter_and_other_traces_have_none(tmp_path):
+    from mtrl_runtime.warmstart import Conversation, select_by_reward
+
+    def conv(source: str, reward: float | None) -> Conversation:
+        return Conversation(({"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}), (), source,
+                            reward=reward)
+
+    rollouts = [conv("t1", 1.0), conv("t2", 0.0), conv("t3", 0.5)]
+    with pytest.raises(ValueError, match=r"3 of 3 conversations are an mtrl run's rollouts .*\(0 to 1\): give "
+                                         r"--min-reward"):
+        select_by_reward(rollouts, None)
+    kept, below = select_by_reward(rollouts, 0.5)
+    assert [c.source for c in kept] == ["t1", "t3"] and below == 1
+    with pytest.raises(ValueError, match=r"--min-reward 1: autolog x records no reward"):
+        select_by_reward([*rollouts, conv("autolog x", None)], 1.0)
+    assert select_by_reward([conv("autolog x", None)], None) == ([conv("autolog x", None)], 0)

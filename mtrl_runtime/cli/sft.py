@@ -7,8 +7,10 @@ own turns only:
 - ``--from-run RUN [--min-reward X] [--strict module:fn] [--split S]``: the
   rollouts a run recorded (``mtrl collect``, ``mtrl train``) that pass the
   filters: rejection-sampling fine-tuning on their stored token ids.
-- ``--conversations FILE --source openai|mlflow|otel``: demonstrations from
-  outside, rendered with the chat format the policy is served with.
+- ``--conversations FILE --source openai|mlflow|otel [--min-reward X]``:
+  demonstrations from outside, rendered with the chat format the policy is
+  served with; an mtrl run's traces carry their rollouts' rewards and need
+  ``--min-reward`` (the others record none).
 
 It prints the train and held-out loss per epoch and writes ``DIR/adapter``
 (and ``DIR/sft.json``); ``mtrl train CONFIG --init-adapter DIR/adapter``
@@ -30,7 +32,8 @@ def _sft_args(p: argparse.ArgumentParser) -> None:
     source.add_argument("--conversations", metavar="PATH", help="demonstrated conversations (see --source)")
     p.add_argument("--source", default="openai",
                    help="what --conversations holds: openai (conversation JSONL, the default), mlflow, otel")
-    p.add_argument("--min-reward", type=float, help="--from-run: keep rollouts whose recorded reward is at least this")
+    p.add_argument("--min-reward", type=float,
+                   help="keep rollouts (--from-run, or an mtrl run's traces) whose recorded reward is at least this")
     p.add_argument("--strict", help="--from-run: keep rollouts a strict scorer module:function passes "
                    "(fn(final_text, ground_truth) >= core.success_threshold)")
     p.add_argument("--split", help="--from-run: only rollouts of tasks whose 'split' is this (e.g. train)")
@@ -47,12 +50,12 @@ def _sft(args: argparse.Namespace) -> int:
     from ..config import MtrlConfig
     from ..engines import load_tokenizer, resolve_model
     from ..evaluation import StrictScorer
-    from ..warmstart import (SftSettings, conversation_demonstrations, conversation_renderer, importer, sft,
-                             store_demonstrations)
+    from ..warmstart import (SftSettings, conversation_demonstrations, conversation_renderer, importer,
+                             select_by_reward, sft, store_demonstrations)
     from ._precision import resolve_precision
 
-    if args.conversations and (args.min_reward is not None or args.strict or args.split):
-        raise SystemExit("mtrl sft: --min-reward, --strict and --split select stored rollouts; use them with --from-run")
+    if args.conversations and (args.strict or args.split):
+        raise SystemExit("mtrl sft: --strict and --split select stored rollouts; use them with --from-run")
     config, precision = resolve_precision(MtrlConfig.from_yaml(args.config))
     print(f"mtrl: {precision}", flush=True)
     settings = SftSettings(epochs=args.epochs, learning_rate=args.lr, held_out=args.held_out,
@@ -71,9 +74,13 @@ def _sft(args: argparse.Namespace) -> int:
                 raise ValueError(f"no rollout of {args.from_run} passes the filters ({selection.summary()}); "
                                  "collect more, or lower --min-reward")
         else:
-            conversations = importer(args.source)(args.conversations)
+            conversations, below = select_by_reward(importer(args.source)(args.conversations), args.min_reward)
+            if not conversations:
+                raise ValueError(f"no conversation of {args.conversations} has a reward of at least "
+                                 f"{args.min_reward:g} ({below} below it); collect more, or lower --min-reward")
             demos = conversation_demonstrations(renderer, conversations)
-            print(f"mtrl sft: {args.conversations}: {len(demos)} conversations ({args.source})", flush=True)
+            kept = f"; {below} with reward below {args.min_reward:g} left out" if args.min_reward is not None else ""
+            print(f"mtrl sft: {args.conversations}: {len(demos)} conversations ({args.source}){kept}", flush=True)
     except ValueError as err:
         raise SystemExit(f"mtrl sft: {err}") from None
     result = sft(config, demos, args.out, settings, echo=lambda line: print(line, flush=True))

@@ -16,7 +16,7 @@ Names load on first use: the renderer and the importers need no torch.
 from __future__ import annotations
 
 from ..lazy import lazy_exports
-from ._conversation import Conversation
+from ._conversation import Conversation, select_by_reward
 from ._sources import SOURCES, importer
 
 # public name -> the module that defines it (relative to this package)
@@ -29,6 +29,6 @@ _EXPORTS: dict[str, str] = {
                      "split_held_out"), "._sft"),
 }
 
-__all__ = sorted(["Conversation", "SOURCES", "importer", *_EXPORTS])
+__all__ = sorted(["Conversation", "SOURCES", "importer", "select_by_reward", *_EXPORTS])
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

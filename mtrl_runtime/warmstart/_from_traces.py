@@ -16,18 +16,25 @@ messages it was sent and the reply it got. ``Call`` is one of them (request
   with an enclosing span (an agent's, mtrl's rollout) is a whole episode
   and is kept as it is.
 
+A call merged into a longer one gives it what only the call itself
+recorded about its reply: that the token limit cut it (the later call's
+history cannot say), and its ``reasoning_content`` where the later copy
+dropped it (many clients echo a reply without its reasoning).
+
 Each kept conversation is checked as OpenAI's fine-tuning format is
 (``_openai_jsonl.parse_record``) and named by its ``source``. ``assemble``
 prints one line to stderr saying how many conversations came from how many
-traces, how many calls were merged, and which traces held no chat call
-(they are skipped: an experiment holds other traces too).
+traces, how many calls were merged, which traces held no chat call (they
+are skipped: an experiment holds other traces too) or were left out (the
+importer says why), how many replies were cut at the token limit, and how
+many conversations offer no tools.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from ..chat import message_key, normalize_messages, normalize_tools
@@ -46,6 +53,8 @@ class Call:
     tools: tuple[Mapping[str, Any], ...]
     source: str
     root: bool = False  # the call's span is its trace's root: the trace is this one call, not an episode
+    cut: bool = False  # the model's token limit cut the reply (finish_reason "length")
+    reward: float | None = None  # the reward the trace records for its episode (an mtrl rollout's)
 
 
 def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
@@ -89,8 +98,13 @@ def _call_as_openai(call: Any) -> Any:
     return tool_call(call.get("id"), function.get("name"), function.get("arguments"))
 
 
-def assemble(calls_by_trace: Mapping[str, Sequence[Call]], skipped: Sequence[str], label: str) -> list[Conversation]:
-    """The conversations of every trace's calls (see the module docstring); a ValueError when there are none."""
+def assemble(
+    calls_by_trace: Mapping[str, Sequence[Call]], skipped: Sequence[str], label: str,
+    left_out: Mapping[str, int] | None = None,
+) -> list[Conversation]:
+    """The conversations of every trace's calls (see the module docstring); a ValueError when there are none.
+
+    ``left_out``: traces the importer left out, by reason (reported, not imported)."""
     keys = {id(c): _key(c) for calls in calls_by_trace.values() for c in calls}
     kept: dict[str, list[Call]] = {}
     within = 0
@@ -98,17 +112,36 @@ def assemble(calls_by_trace: Mapping[str, Sequence[Call]], skipped: Sequence[str
         kept[trace_id] = _longest(calls, keys)
         within += len(calls) - len(kept[trace_id])
     begins = _prefixes_by_trace(kept, keys)
-    conversations, across = [], 0
+    merged_roots = [calls[0] for trace_id, calls in kept.items()
+                    if len(calls) == 1 and calls[0].root and begins.get(keys[id(calls[0])], {trace_id}) - {trace_id}]
+    conversations = []
     for trace_id, calls in kept.items():
-        if len(calls) == 1 and calls[0].root and begins.get(keys[id(calls[0])], {trace_id}) - {trace_id}:
-            across += 1  # a trace of one call: an earlier turn of another trace's conversation
-            continue
-        conversations += [parse_record({"messages": [as_openai(m) for m in c.messages], "tools": list(c.tools)},
-                                       c.source) for c in calls]
-    _report(label, len(conversations), len(calls_by_trace), within, across, skipped)
+        if any(c is calls[0] for c in merged_roots):
+            continue  # a trace of one call: an earlier turn of another trace's conversation
+        for call in calls:
+            donors = [c for c in (*calls_by_trace[trace_id], *merged_roots)
+                      if c is not call and _begins(keys[id(c)], keys[id(call)])]
+            conversations.append(_conversation(call, donors))
+    _report(label, conversations, len(calls_by_trace), within, len(merged_roots), skipped, left_out or {})
     if not conversations:
-        raise ValueError(f"{label}: holds no chat call to import ({len(skipped)} trace(s) read, none a chat model's)")
+        raise ValueError(f"{label}: holds no chat call to import ({len(skipped)} trace(s) without a chat model's call"
+                         + (f"; left out: {_reasons(left_out)})" if left_out else ")"))
     return conversations
+
+
+def _conversation(call: Call, donors: Sequence[Call]) -> Conversation:
+    """``call`` as a conversation, with what the calls it absorbed recorded about their replies."""
+    messages = [as_openai(m) for m in call.messages]
+    cut = {len(messages) - 1} if call.cut else set()
+    for donor in donors:
+        at = len(donor.messages) - 1  # the donor's reply is this message of the longer call
+        if donor.cut:
+            cut.add(at)
+        reasoning = donor.messages[-1].get("reasoning_content")
+        if reasoning and not messages[at].get("reasoning_content"):
+            messages[at]["reasoning_content"] = reasoning
+    conversation = parse_record({"messages": messages, "tools": list(call.tools)}, call.source)
+    return replace(conversation, cut=frozenset(cut), reward=call.reward)
 
 
 def _key(call: Call) -> tuple:
@@ -146,7 +179,8 @@ def _prefixes_by_trace(kept: Mapping[str, Sequence[Call]], keys: Mapping[int, tu
     return out
 
 
-def _report(label: str, kept: int, traces: int, within: int, across: int, skipped: Sequence[str]) -> None:
+def _report(label: str, conversations: Sequence[Conversation], traces: int, within: int, across: int,
+            skipped: Sequence[str], left_out: Mapping[str, int]) -> None:
     parts = []
     if within:
         parts.append(f"{within} call(s) were earlier turns or copies of a longer call in their trace")
@@ -155,8 +189,24 @@ def _report(label: str, kept: int, traces: int, within: int, across: int, skippe
     if skipped:
         named = ", ".join(skipped[:_NAMED]) + (f" (+{len(skipped) - _NAMED} more)" if len(skipped) > _NAMED else "")
         parts.append(f"{len(skipped)} trace(s) hold no chat call and were skipped: {named}")
+    if left_out:
+        parts.append(f"left out: {_reasons(left_out)}")
+    cut = sum(len(c.cut) for c in conversations)
+    if cut:
+        parts.append(f"{cut} repl(ies) were cut at the token limit (finish_reason length): learned as recorded, "
+                     "without an end token")
+    toolless = sum(1 for c in conversations if not c.tools)
+    if toolless:
+        parts.append(f"{toolless} conversation(s) offer no tools (none recorded): they render without tools; if the "
+                     "agent had tools, record their definitions, or the prompts are not what it was sent")
     detail = f"; {'; '.join(parts)}" if parts else ""
-    print(f"mtrl: {label}: {kept} conversation(s) from {traces + len(skipped)} trace(s){detail}", file=sys.stderr)
+    print(f"mtrl: {label}: {len(conversations)} conversation(s) from {traces + len(skipped) + sum(left_out.values())} "
+          f"trace(s){detail}",
+          file=sys.stderr)
+
+
+def _reasons(left_out: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} {why}" for why, n in sorted(left_out.items()))
 
 
 __all__ = ["Call", "as_openai", "assemble", "function_tool", "tool_call", "without_nones"]

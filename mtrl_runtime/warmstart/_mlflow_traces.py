@@ -28,6 +28,13 @@ What each kind of trace holds, and what is read:
   ``{"choices": [{"message": ...}]}``, tools in ``mlflow.chat.tools``;
   ``mlflow.message.format`` ``langchain``.
 
+A reply the token limit cut (``finish_reason`` ``length``) is marked
+(``Conversation.cut``): it is learned without an end token. An mtrl
+trace's conversation carries the rollout's reward (``Conversation.reward``:
+``mtrl sft`` then needs ``--min-reward``); traces of its validation and
+evaluation passes (held-out tasks) and of rollouts that did not complete
+are left out and counted, as ``--from-run`` leaves those rollouts out.
+
 A failed call (no outputs) is no turn and is left out. A chat span whose
 messages cannot be rebuilt (another message format, the Responses API, a
 batched LangChain call, mtrl's tool names without definitions) is a
@@ -40,12 +47,14 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ..chat.formats import CHAT_FORMATS
 from ._conversation import Conversation
 from ._from_traces import Call, assemble, without_nones
+from ._store import HELD_OUT_GROUPS
 
 _SCHEME = re.compile(r"^[A-Za-z][\w+.-]*://")
 _MANGLED = re.compile(r"^[A-Za-z][\w+.-]+:/[^/]")  # what Path() leaves of a URI: 'sqlite:/x.db'
@@ -57,14 +66,29 @@ def load(source: str | os.PathLike[str]) -> list[Conversation]:
     """Every conversation in the traces at ``source`` (see the module docstring for what ``source`` may be)."""
     traces, label = _read(source)
     calls: dict[str, list[Call]] = {}
-    skipped = []
+    skipped: list[str] = []
+    left_out: Counter[str] = Counter()
     for trace in sorted(traces, key=lambda t: (t.info.request_time or 0, t.info.trace_id)):
+        why = _left_out(trace.info.tags or {})
+        if why is not None:
+            left_out[why] += 1
+            continue
         found = trace_calls(trace)
         if found:
             calls[trace.info.trace_id] = found
         else:
             skipped.append(trace.info.trace_id)
-    return assemble(calls, skipped, label)
+    return assemble(calls, skipped, label, left_out)
+
+
+def _left_out(tags: Mapping[str, str]) -> str | None:
+    """Why an mtrl rollout's trace is no demonstration (None: it may be one; other traces always may)."""
+    if "mtrl.rollout_id" not in tags:
+        return None
+    if tags.get("mtrl.group_id", "").startswith(HELD_OUT_GROUPS):
+        return "mtrl rollout(s) of validation/evaluation passes (their tasks are held out)"
+    status = tags.get("mtrl.status", "completed")
+    return None if status == "completed" else f"mtrl rollout(s) {status}"
 
 
 def trace_calls(trace: Any) -> list[Call]:
@@ -186,7 +210,8 @@ def _autolog_calls(trace_id: str, span: Any, where: str) -> list[Call]:
         reply = {"role": "assistant", **without_nones(message)}
         request = tuple(without_nones(m) if isinstance(m, Mapping) else m for m in inputs["messages"])
         label = where if len(choices) == 1 else f"{where} choice {i}"
-        out.append(Call(trace_id, (*request, reply), tools, label, root=span.parent_id is None))
+        out.append(Call(trace_id, (*request, reply), tools, label, root=span.parent_id is None,
+                        cut=choice.get("finish_reason") == "length"))
     return out
 
 
@@ -217,8 +242,12 @@ def _mtrl_calls(trace: Any) -> list[Call]:
     """mtrl's trace of one rollout: each ``llm turn N`` span as its request plus the reply the endpoint sent."""
     trace_id = trace.info.trace_id
     fmt_name = trace.info.tags.get("mtrl.chat_format")
+    if fmt_name and fmt_name not in CHAT_FORMATS:
+        raise ValueError(f"mlflow trace {trace_id}: tag mtrl.chat_format names {fmt_name!r}, which this mtrl does not "
+                         f"know ({', '.join(CHAT_FORMATS.names())}); import the run's trajectories.db instead")
     fmt = CHAT_FORMATS.get(fmt_name) if fmt_name else None
     turns = sorted((int(m.group(1)), s) for s in trace.data.spans if (m := _MTRL_TURN.match(s.name or "")))
+    reward = float(trace.info.tags["mtrl.reward"]) if "mtrl.reward" in trace.info.tags else None
     out = []
     for position, (index, span) in enumerate(turns):
         where = f"mlflow trace {trace_id} (rollout {trace.info.tags['mtrl.rollout_id']}) span 'llm turn {index}'"
@@ -233,7 +262,8 @@ def _mtrl_calls(trace: Any) -> list[Call]:
                              "run's trajectories.db instead")
         following = turns[position + 1][1].inputs if position + 1 < len(turns) else None
         reply = _mtrl_reply(where, fmt, messages, outputs, bool(tools), following)
-        out.append(Call(trace_id, (*messages, reply), tuple(tools), where))
+        out.append(Call(trace_id, (*messages, reply), tuple(tools), where, cut=outputs.get("finish_reason") == "length",
+                        reward=reward))
     return out
 
 

@@ -21,6 +21,9 @@ the GenAI semantic conventions' attributes:
 - older, flattened: ``gen_ai.prompt.N.role`` / ``.content`` /
   ``.tool_call_id`` / ``.tool_calls.M.id|name|arguments`` and
   ``gen_ai.completion.N.*`` the same way;
+- a reply's finish reason: the output message's ``finish_reason``,
+  ``gen_ai.completion.N.finish_reason`` or ``gen_ai.response.finish_reasons``;
+  ``length`` (the token limit cut it) marks it ``Conversation.cut``;
 - tools: ``gen_ai.tool.definitions`` (``[{"type": "function", "name",
   "description", "parameters"}]``) or the older ``llm.request.functions.N.
   name|description|parameters``, on the chat span or an enclosing one (an
@@ -110,9 +113,10 @@ def trace_calls(spans: list[_Span]) -> list[Call]:
             raise ValueError(f"{span.where}: the conversation calls tools, and neither the span nor one enclosing it "
                              "records their definitions (gen_ai.tool.definitions, or llm.request.functions.N.*); "
                              "record them on the span or on the agent's invoke_agent span")
+        cut = _cut(span, len(replies))
         for i, reply in enumerate(replies):
             where = span.where if len(replies) == 1 else f"{span.where} output {i}"
-            out.append(Call(span.trace_id, (*request, reply), tools, where, root=not span.parent_id))
+            out.append(Call(span.trace_id, (*request, reply), tools, where, root=not span.parent_id, cut=cut[i]))
     return out
 
 
@@ -235,6 +239,22 @@ def _messages(span: _Span) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         raise ValueError(f"{span.where}: a chat span without the model's reply (gen_ai.output.messages or "
                          f"gen_ai.completion.N.*): the call failed, or {_CAPTURE_HINT}")
     return request, [dict(r, role="assistant") for r in replies]
+
+
+def _cut(span: _Span, replies: int) -> list[bool]:
+    """Whether the token limit cut each reply: its finish reason ``length``, from the output message
+    (``finish_reason``), the flattened ``gen_ai.completion.N.finish_reason``, else ``gen_ai.response.finish_reasons``."""
+    attrs = span.attributes
+    reasons: list[Any] = []
+    if "gen_ai.output.messages" in attrs:
+        messages = _json_attribute(span, "gen_ai.output.messages")
+        reasons = [m.get("finish_reason") if isinstance(m, Mapping) else None for m in messages]
+    elif "gen_ai.input.messages" not in attrs:
+        reasons = [attrs.get(f"gen_ai.completion.{i}.finish_reason") for i in _sub_indices(attrs, "gen_ai.completion.")]
+    if len(reasons) != replies or not any(reasons):
+        listed = attrs.get("gen_ai.response.finish_reasons")
+        reasons = list(listed) if isinstance(listed, (list, tuple)) and len(listed) == replies else reasons
+    return [i < len(reasons) and reasons[i] == "length" for i in range(replies)]
 
 
 def _structured(span: _Span, key: str) -> list[dict[str, Any]]:

@@ -9,7 +9,9 @@ is what the model would have generated to produce it: the text the chat
 template writes for the message between the generation prompt and its close,
 then the end token the model stops at (the close's first token when that is
 an eos, e.g. ChatML's ``<|im_end|>``; a format's history terminator such as
-gpt-oss ``<|call|>`` / ``<|return|>``). The loss mask is 1 on those
+gpt-oss ``<|call|>`` / ``<|return|>``), except after a reply the token limit
+cut (``Conversation.cut``): the model wrote none, and the turn's finish
+reason is ``length``, as the live rollout recorded it. The loss mask is 1 on those
 completion tokens only: never the system, user or tool text, the template
 glue, or the generation prompt.
 """
@@ -77,7 +79,9 @@ class ConversationRenderer:
                 raise ValueError(f"{where}: messages[0] is an assistant message; a turn needs a prompt before it")
             request = messages[:i]
             plan = self.builder.build(state, request, tools)
-            completion = self._completion_ids(where, i, request, message, tools)
+            cut = i in conversation.cut  # the token limit ended it: the model wrote no end token
+            completion = self._completion_ids(where, i, request, message, tools, cut)
+            finish = "length" if cut else "tool_calls" if message.get("tool_calls") else "stop"
             turns.append(Turn(
                 rollout_id=rollout_id or where,
                 index=len(turns),
@@ -85,15 +89,15 @@ class ConversationRenderer:
                 prompt_ids=plan.prompt_ids,
                 completion_ids=completion,
                 logprobs=(0.0,) * len(completion),
-                finish_reason="tool_calls" if message.get("tool_calls") else "stop",
-                completion_text=self.renderer.decode(completion[:-1]),  # as capture decodes: no end token
+                finish_reason=finish,
+                completion_text=self.renderer.decode(completion if cut else completion[:-1]),  # no end token
                 tool_calls=tuple(message.get("tool_calls") or ()),
                 tools=tuple(tools),
                 segment=plan.segment,
                 break_reason=plan.break_reason,
                 reasoning=message.get("reasoning_content"),
             ))
-            state = self.builder.advance(state, plan, request, tools, completion, "stop", message)
+            state = self.builder.advance(state, plan, request, tools, completion, "length" if cut else "stop", message)
         if not turns:
             raise ValueError(f"{where}: messages has no assistant message; there is nothing to learn from")
         return turns
@@ -135,9 +139,10 @@ class ConversationRenderer:
 
     def _completion_ids(
         self, where: str, index: int, request: Sequence[Mapping[str, Any]], message: Mapping[str, Any],
-        tools: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]], cut: bool = False,
     ) -> tuple[int, ...]:
-        """The ids the model generates to write ``message`` after ``request``: its rendered text, then its end token."""
+        """The ids the model generates to write ``message`` after ``request``: its rendered text, then its end token
+        (none when ``cut``: the token limit stopped the model before it)."""
         prompt = self.renderer.render(request, tools, True)
         whole = self.renderer.render([*request, message], tools, False)
         if not whole.startswith(prompt):
@@ -146,11 +151,13 @@ class ConversationRenderer:
         text = whole[len(prompt):]
         for history_text, token_id in self._terminators:
             if text.endswith(history_text):
-                return tuple(self.renderer.encode(text[: -len(history_text)])) + (token_id,)
+                return tuple(self.renderer.encode(text[: -len(history_text)])) + (() if cut else (token_id,))
         close = self.renderer.assistant_close
         if not close or not text.endswith(close):
             raise ValueError(f"{where}: messages[{index}]: the rendered assistant message does not end with the "
                              f"template's close {close!r}; cannot tell where the model's reply ends")
+        if cut:
+            return tuple(self.renderer.encode(text[: -len(close)]))
         close_ids = self.renderer.encode(close)
         end = close_ids[0] if close_ids and close_ids[0] in self.renderer.eos_token_ids else self._eos
         if end is None:
