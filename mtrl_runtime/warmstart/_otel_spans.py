@@ -1,13 +1,8 @@
 """Conversations from OpenTelemetry GenAI spans exported as JSON.
 
-``source`` is a file, or a folder of ``*.json`` / ``*.jsonl`` files, holding:
-
-- OTLP JSON: ``{"resourceSpans": [{"scopeSpans": [{"spans": [...]}]}]}``,
-  one document or one per line (what the Collector's ``file`` exporter and
-  ``opentelemetry-exporter-otlp-json-file``'s ``FileSpanExporter`` write);
-  attributes as OTLP ``AnyValue``s, ids in hex (or base64);
-- or the Python SDK's ``ConsoleSpanExporter`` output (``span.to_json()``
-  objects one after another).
+``source`` is a file, or a folder of ``*.json`` / ``*.jsonl`` files, of
+OTLP JSON or the Python SDK's ``ConsoleSpanExporter`` output (read by
+``_otel_files``).
 
 A chat span is one whose ``gen_ai.operation.name`` is ``chat`` or
 ``generate_content``, or that carries messages. Its messages are read from
@@ -50,15 +45,14 @@ counted.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from ._conversation import Conversation
 from ._from_traces import Call, assemble, function_tool, tool_call
+from ._otel_files import Span, read_spans
 
 _CHAT_OPERATIONS = ("chat", "generate_content")
 _NOT_CHAT_OPERATIONS = ("invoke_agent", "create_agent", "execute_tool", "embeddings")
@@ -68,26 +62,15 @@ _CAPTURE_HINT = ("the instrumentation recorded no message content: with opentele
                  "with OpenLLMetry (traceloop) TRACELOOP_TRACE_CONTENT=true")
 
 
-@dataclass(frozen=True)
-class _Span:
-    trace_id: str
-    span_id: str
-    parent_id: str
-    name: str
-    start: int
-    attributes: Mapping[str, Any]
-    where: str
-
-
 def load(source: str | os.PathLike[str]) -> list[Conversation]:
     """Every conversation in the exported spans at ``source`` (a file, or a folder of .json/.jsonl files)."""
     path = Path(source)
     files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".jsonl")) if path.is_dir() else [path]
     if not path.exists() or not files:
         raise ValueError(f"otel source {str(path)!r}: no such file, or a folder without .json/.jsonl files")
-    traces: dict[str, list[_Span]] = {}
+    traces: dict[str, list[Span]] = {}
     for file in files:
-        for span in _read_spans(file):
+        for span in read_spans(file):
             traces.setdefault(span.trace_id, []).append(span)
     calls: dict[str, list[Call]] = {}
     skipped = []
@@ -100,7 +83,7 @@ def load(source: str | os.PathLike[str]) -> list[Conversation]:
     return assemble(calls, skipped, f"otel {path}")
 
 
-def trace_calls(spans: list[_Span]) -> list[Call]:
+def trace_calls(spans: list[Span]) -> list[Call]:
     """The chat calls of one trace's spans, in the order they started (one per output message)."""
     by_id = {s.span_id: s for s in spans}
     out = []
@@ -120,90 +103,6 @@ def trace_calls(spans: list[_Span]) -> list[Call]:
     return out
 
 
-# ---- reading the files ------------------------------------------------------------------------------------------
-
-
-def _read_spans(file: Path) -> Iterator[_Span]:
-    text = file.read_text(encoding="utf-8")
-    for index, value in enumerate(_json_values(file, text)):
-        for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, Mapping) and "resourceSpans" in item:
-                yield from _otlp_spans(file, item)
-            elif isinstance(item, Mapping) and isinstance(item.get("context"), Mapping) and "name" in item:
-                yield _console_span(file, item)
-            else:
-                keys = sorted(item) if isinstance(item, Mapping) else type(item).__name__
-                raise ValueError(f"{file}: JSON value {index}: expected OTLP JSON ({{'resourceSpans': [...]}}) or "
-                                 f"the SDK's span.to_json(), got {keys}")
-
-
-def _json_values(file: Path, text: str) -> Iterator[Any]:
-    """The JSON values of ``text`` one after another (one document, JSON lines, or concatenated objects)."""
-    decoder, pos = json.JSONDecoder(), 0
-    while True:
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-        if pos >= len(text):
-            return
-        try:
-            value, pos = decoder.raw_decode(text, pos)
-        except ValueError as exc:
-            raise ValueError(f"{file}: not valid JSON at character {pos} ({exc})") from None
-        yield value
-
-
-def _otlp_spans(file: Path, document: Mapping[str, Any]) -> Iterator[_Span]:
-    for resource in document.get("resourceSpans") or ():
-        for scope in resource.get("scopeSpans") or resource.get("instrumentationLibrarySpans") or ():
-            for span in scope.get("spans") or ():
-                trace_id = _hex_id(span.get("traceId"))
-                attributes = {a["key"]: _any_value(a.get("value")) for a in span.get("attributes") or ()}
-                yield _Span(trace_id, _hex_id(span.get("spanId")), _hex_id(span.get("parentSpanId")),
-                            str(span.get("name", "")), int(span.get("startTimeUnixNano") or 0), attributes,
-                            f"{file}: trace {trace_id} span {span.get('name', '')!r}")
-
-
-def _console_span(file: Path, span: Mapping[str, Any]) -> _Span:
-    context = span["context"]
-    trace_id = str(context.get("trace_id", "")).removeprefix("0x")
-    parent = span.get("parent_id")
-    return _Span(trace_id, str(context.get("span_id", "")).removeprefix("0x"),
-                 str(parent).removeprefix("0x") if parent else "", str(span["name"]),
-                 0, dict(span.get("attributes") or {}), f"{file}: trace {trace_id} span {span['name']!r}")
-
-
-def _hex_id(value: Any) -> str:
-    """An OTLP id as hex (OTLP JSON writes hex; protobuf's own JSON mapping writes base64)."""
-    text = str(value or "")
-    if not text or all(c in "0123456789abcdefABCDEF" for c in text):
-        return text.lower()
-    try:
-        return base64.b64decode(text, validate=True).hex()
-    except ValueError:
-        return text
-
-
-def _any_value(value: Any) -> Any:
-    """An OTLP ``AnyValue`` as Python (int64 values come as strings in OTLP JSON)."""
-    if not isinstance(value, Mapping):
-        return value
-    if "stringValue" in value:
-        return value["stringValue"]
-    if "intValue" in value:
-        return int(value["intValue"])
-    if "doubleValue" in value:
-        return float(value["doubleValue"])
-    if "boolValue" in value:
-        return bool(value["boolValue"])
-    if "arrayValue" in value:
-        return [_any_value(v) for v in (value["arrayValue"] or {}).get("values") or ()]
-    if "kvlistValue" in value:
-        return {kv["key"]: _any_value(kv.get("value")) for kv in (value["kvlistValue"] or {}).get("values") or ()}
-    if "bytesValue" in value:
-        return value["bytesValue"]
-    return None
-
-
 # ---- messages ---------------------------------------------------------------------------------------------------
 
 
@@ -217,7 +116,7 @@ def _is_chat(attributes: Mapping[str, Any]) -> bool:
             or "gen_ai.prompt.0.role" in attributes or "gen_ai.prompt.0.content" in attributes)
 
 
-def _messages(span: _Span) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _messages(span: Span) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(request messages, one reply per output message) of a chat span, in OpenAI's format."""
     attrs = span.attributes
     for key in ("gen_ai.input.messages.ref", "gen_ai.output.messages.ref"):
@@ -241,7 +140,7 @@ def _messages(span: _Span) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return request, [dict(r, role="assistant") for r in replies]
 
 
-def _cut(span: _Span, replies: int) -> list[bool]:
+def _cut(span: Span, replies: int) -> list[bool]:
     """Whether the token limit cut each reply: its finish reason ``length``, from the output message
     (``finish_reason``), the flattened ``gen_ai.completion.N.finish_reason``, else ``gen_ai.response.finish_reasons``."""
     attrs = span.attributes
@@ -257,7 +156,7 @@ def _cut(span: _Span, replies: int) -> list[bool]:
     return [i < len(reasons) and reasons[i] == "length" for i in range(replies)]
 
 
-def _structured(span: _Span, key: str) -> list[dict[str, Any]]:
+def _structured(span: Span, key: str) -> list[dict[str, Any]]:
     messages = _json_attribute(span, key)
     if not isinstance(messages, list):
         raise ValueError(f"{span.where}: {key} must be a JSON list of messages, got {type(messages).__name__}")
@@ -271,7 +170,7 @@ def _structured(span: _Span, key: str) -> list[dict[str, Any]]:
     return out
 
 
-def _from_parts(span: _Span, where: str, role: Any, parts: list[Any]) -> list[dict[str, Any]]:
+def _from_parts(span: Span, where: str, role: Any, parts: list[Any]) -> list[dict[str, Any]]:
     """One semconv message as OpenAI messages: tool results become ``tool`` messages, one per result."""
     texts, calls, reasoning, results = [], [], [], []
     for j, part in enumerate(parts):
@@ -309,7 +208,7 @@ def _content(texts: list[str], has_calls: bool) -> Any:
     return texts[0] if len(texts) == 1 else [{"type": "text", "text": t} for t in texts]
 
 
-def _flattened(span: _Span, prefix: str) -> list[dict[str, Any]]:
+def _flattened(span: Span, prefix: str) -> list[dict[str, Any]]:
     """The older flattened attributes (``gen_ai.prompt.N.role`` ...) as OpenAI messages."""
     attrs = span.attributes
     indices = sorted({int(k.split(".")[2]) for k in attrs
@@ -349,7 +248,7 @@ def _parts_or_text(content: Any) -> Any:
     return content
 
 
-def _json_attribute(span: _Span, key: str) -> Any:
+def _json_attribute(span: Span, key: str) -> Any:
     value = span.attributes[key]
     if not isinstance(value, str):
         return value
@@ -362,10 +261,10 @@ def _json_attribute(span: _Span, key: str) -> Any:
 # ---- tools ------------------------------------------------------------------------------------------------------
 
 
-def _tools(span: _Span, by_id: Mapping[str, _Span]) -> tuple[dict[str, Any], ...]:
+def _tools(span: Span, by_id: Mapping[str, Span]) -> tuple[dict[str, Any], ...]:
     """The tool definitions on the span, else on the nearest enclosing span that has them."""
     seen = set()
-    current: _Span | None = span
+    current: Span | None = span
     while current is not None and current.span_id not in seen:
         seen.add(current.span_id)
         tools = _span_tools(current)
@@ -375,7 +274,7 @@ def _tools(span: _Span, by_id: Mapping[str, _Span]) -> tuple[dict[str, Any], ...
     return ()
 
 
-def _span_tools(span: _Span) -> tuple[dict[str, Any], ...]:
+def _span_tools(span: Span) -> tuple[dict[str, Any], ...]:
     try:
         return _definitions(span)
     except ValueError as exc:
@@ -384,7 +283,7 @@ def _span_tools(span: _Span) -> tuple[dict[str, Any], ...]:
         raise ValueError(f"{span.where}: {exc}") from None
 
 
-def _definitions(span: _Span) -> tuple[dict[str, Any], ...]:
+def _definitions(span: Span) -> tuple[dict[str, Any], ...]:
     attrs = span.attributes
     if "gen_ai.tool.definitions" in attrs:
         definitions = _json_attribute(span, "gen_ai.tool.definitions")
