@@ -254,6 +254,8 @@ def _trace_tags(rollout: Rollout, step: int, chat_format: str | None = None) -> 
     }
     if chat_format:  # warm start reads a turn's reply back from its text with this format (warmstart._mlflow_traces)
         tags["mtrl.chat_format"] = chat_format
+    if rollout.reward_defaulted:  # the agent reported none: mtrl.reward is the default, no demonstration
+        tags["mtrl.reward_defaulted"] = "true"
     return tags
 
 

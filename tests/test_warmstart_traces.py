@@ -202,6 +202,11 @@ def test_langchain_autologged_calls_import_as_the_rollouts_conversations(mlflow_
     assert_round_trip(importer("mlflow")(mlflow_uri + "#Default"), result.rollouts, tiny_tok)
 
 
+def as_completed(rollout: Any) -> Any:
+    """``rollout`` (ended by max_turns before its agent reported) as if it had completed with reward 0."""
+    return replace(rollout, status=RolloutStatus.COMPLETED, reward=0.0, reward_defaulted=False)
+
+
 def test_mtrl_traces_import_and_the_last_reply_is_parsed_with_the_traced_chat_format(tmp_path, tiny_tok, empty_mlflow_db,
                                                                                     capsys):
     result = collect(tmp_path / "run", openai_agent(), tiny_tok)
@@ -217,17 +222,18 @@ def test_mtrl_traces_import_and_the_last_reply_is_parsed_with_the_traced_chat_fo
     [rollout] = ended.rollouts
     assert rollout.status.value == "failed"  # max_turns: its trace is left out, as --from-run leaves it out
     held_out = replace(result.rollouts[0], group_id="val-s0-g0")  # a validation pass's: its task is held out
+    unrewarded = replace(result.rollouts[0], reward=0.0, reward_defaulted=True)  # the agent never reported one
     try:
-        ids = [tracker.write_trace(r, 0) for r in [*result.rollouts, replace(rollout, status=RolloutStatus.COMPLETED)]]
-        tracker.write_trace(rollout, 0), tracker.write_trace(held_out, 0)
+        ids = [tracker.write_trace(r, 0) for r in [*result.rollouts, as_completed(rollout)]]
+        tracker.write_trace(rollout, 0), tracker.write_trace(held_out, 0), tracker.write_trace(unrewarded, 0)
     finally:
         tracker.close()
 
     conversations = importer("mlflow")(str(tmp_path / "run") + "#mtrl")
     assert sorted(c.source.split()[2] for c in conversations) == sorted(ids)
-    assert ("left out: 1 mtrl rollout(s) failed, 1 mtrl rollout(s) of validation/evaluation passes"
-            in capsys.readouterr().err)
-    assert [c.reward for c in conversations] == [r.total_reward for r in [*result.rollouts, rollout]]
+    assert ("left out: 1 mtrl rollout(s) failed, 1 mtrl rollout(s) of validation/evaluation passes (their tasks are "
+            "held out), 1 mtrl rollout(s) without a reported reward" in capsys.readouterr().err)
+    assert [c.reward for c in conversations] == [r.total_reward for r in [*result.rollouts, as_completed(rollout)]]
     whole = [c for c in conversations if c.messages[-1].get("content") == "ANSWER 42"]
     assert_round_trip(whole, result.rollouts, tiny_tok)
     [cut] = [c for c in conversations if c not in whole]  # the reply's calls, parsed back from its text
@@ -245,7 +251,7 @@ def test_mtrl_traces_that_cannot_be_rebuilt_are_named(tmp_path, tiny_tok, empty_
     fresh_mlflow_db(empty_mlflow_db, tmp_path / "run")
     tracker = Tracker(MtrlConfig.from_dict({"core": {"run_dir": str(tmp_path / "run")}}))  # no chat format given
     try:
-        trace_id = tracker.write_trace(replace(ended.rollouts[0], status=RolloutStatus.COMPLETED), 0)
+        trace_id = tracker.write_trace(as_completed(ended.rollouts[0]), 0)
     finally:
         tracker.close()
     with pytest.raises(ValueError, match=rf"mlflow trace {trace_id} .*'llm turn 0': the reply calls tools and the "

@@ -32,8 +32,9 @@ A reply the token limit cut (``finish_reason`` ``length``) is marked
 (``Conversation.cut``): it is learned without an end token. An mtrl
 trace's conversation carries the rollout's reward (``Conversation.reward``:
 ``mtrl sft`` then needs ``--min-reward``); traces of its validation and
-evaluation passes (held-out tasks) and of rollouts that did not complete
-are left out and counted, as ``--from-run`` leaves those rollouts out.
+evaluation passes (held-out tasks), of rollouts that did not complete and
+of rollouts whose agent reported no reward are left out and counted, as
+``--from-run`` leaves those rollouts out.
 
 A failed call (no outputs) is no turn and is left out. A chat span whose
 messages cannot be rebuilt (another message format, the Responses API, a
@@ -88,7 +89,9 @@ def _left_out(tags: Mapping[str, str]) -> str | None:
     if tags.get("mtrl.group_id", "").startswith(HELD_OUT_GROUPS):
         return "mtrl rollout(s) of validation/evaluation passes (their tasks are held out)"
     status = tags.get("mtrl.status", "completed")
-    return None if status == "completed" else f"mtrl rollout(s) {status}"
+    if status != "completed":
+        return f"mtrl rollout(s) {status}"
+    return "mtrl rollout(s) without a reported reward" if tags.get("mtrl.reward_defaulted") == "true" else None
 
 
 def trace_calls(trace: Any) -> list[Call]:
