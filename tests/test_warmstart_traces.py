@@ -207,8 +207,8 @@ def as_completed(rollout: Any) -> Any:
     return replace(rollout, status=RolloutStatus.COMPLETED, reward=0.0, reward_defaulted=False)
 
 
-def test_mtrl_traces_import_and_the_last_reply_is_parsed_with_the_traced_chat_format(tmp_path, tiny_tok, empty_mlflow_db,
-                                                                                    capsys):
+def test_mtrl_traces_import_and_the_last_reply_is_parsed_with_the_traced_chat_format(
+        tmp_path, tiny_tok, empty_mlflow_db, capsys):
     result = collect(tmp_path / "run", openai_agent(), tiny_tok)
     ended = collect(tmp_path / "cut", openai_agent(), tiny_tok, max_turns=1, tasks=TASKS[:1])  # ends on its call
     config = MtrlConfig.from_dict({"core": {"run_dir": str(tmp_path / "run")}})
@@ -526,7 +526,7 @@ def collect_cut(run_dir: Path, tokenizer: Any, around: Callable[[Task], Any] | N
 
 
 def assert_cut_round_trip(conversations: list[Any], rollout: Any, tokenizer: Any) -> None:
-    """The cut reply renders as the rollout recorded it: no end token, finish reason length, the next turn extending it."""
+    """The cut reply renders as the rollout recorded it: no end token, finish length, the next turn extending it."""
     from mtrl_runtime.warmstart import conversation_renderer
 
     [conversation] = conversations

@@ -142,7 +142,8 @@ def _messages(span: Span) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 def _cut(span: Span, replies: int) -> list[bool]:
     """Whether the token limit cut each reply: its finish reason ``length``, from the output message
-    (``finish_reason``), the flattened ``gen_ai.completion.N.finish_reason``, else ``gen_ai.response.finish_reasons``."""
+    (``finish_reason``), the flattened ``gen_ai.completion.N.finish_reason``, else
+    ``gen_ai.response.finish_reasons``."""
     attrs = span.attributes
     reasons: list[Any] = []
     if "gen_ai.output.messages" in attrs:
