@@ -620,3 +620,16 @@ def test_an_mtrl_runs_traces_need_a_reward_filter_and_other_traces_have_none(tmp
     with pytest.raises(ValueError, match=r"--min-reward 1: autolog x records no reward"):
         select_by_reward([*rollouts, conv("autolog x", None)], 1.0)
     assert select_by_reward([conv("autolog x", None)], None) == ([conv("autolog x", None)], 0)
+
+
+def test_an_error_in_a_rebuilt_message_names_the_span_field_it_came_from(tmp_path):
+    mixed = ("user", [{"type": "tool_call_response", "id": "c1", "response": "42"},
+                      {"type": "text", "content": "Now answer."}])  # one semconv message, two OpenAI ones
+    stray = ("tool", [{"type": "tool_call_response", "id": "c9", "response": "?"}])
+    path = console_spans(tmp_path / "stray.json", [("chat m", None, {
+        "gen_ai.operation.name": "chat", "gen_ai.tool.definitions": DEFINITIONS,
+        "gen_ai.input.messages": semconv(USER, CALL, mixed, stray), "gen_ai.output.messages": semconv(ANSWER)})])
+    # the rebuilt list's messages[4] is the span's gen_ai.input.messages[3]: before, only the first was named
+    with pytest.raises(ValueError, match=r"messages\[4\].tool_call_id 'c9' answers no tool call .* \(messages\[4\] "
+                                         r"was rebuilt from gen_ai.input.messages\[3\].parts\[0\]\)"):
+        importer("otel")(path)

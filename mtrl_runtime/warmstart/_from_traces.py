@@ -33,6 +33,7 @@ many conversations offer no tools.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
@@ -42,6 +43,7 @@ from ._conversation import Conversation
 from ._openai_jsonl import parse_record
 
 _NAMED = 5  # skipped traces named in the summary line
+_MESSAGE_INDEX = re.compile(r"\bmessages\[(\d+)\]")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class Call:
     root: bool = False  # the call's span is its trace's root: the trace is this one call, not an episode
     cut: bool = False  # the model's token limit cut the reply (finish_reason "length")
     reward: float | None = None  # the reward the trace records for its episode (an mtrl rollout's)
+    origins: tuple[str, ...] = ()  # per message, the trace field it was rebuilt from (errors name it)
 
 
 def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
@@ -140,8 +143,19 @@ def _conversation(call: Call, donors: Sequence[Call]) -> Conversation:
         reasoning = donor.messages[-1].get("reasoning_content")
         if reasoning and not messages[at].get("reasoning_content"):
             messages[at]["reasoning_content"] = reasoning
-    conversation = parse_record({"messages": messages, "tools": list(call.tools)}, call.source)
+    try:
+        conversation = parse_record({"messages": messages, "tools": list(call.tools)}, call.source)
+    except ValueError as exc:
+        raise ValueError(_located(call, str(exc))) from None
     return replace(conversation, cut=frozenset(cut), reward=call.reward)
+
+
+def _located(call: Call, error: str) -> str:
+    """``error`` with the message it names (``messages[i]``, an index of the rebuilt list) located in the trace."""
+    found = _MESSAGE_INDEX.search(error)
+    if found is None or int(found.group(1)) >= len(call.origins):
+        return error
+    return f"{error} ({found.group(0)} was rebuilt from {call.origins[int(found.group(1))]})"
 
 
 def _key(call: Call) -> tuple:
@@ -150,7 +164,7 @@ def _key(call: Call) -> tuple:
         tools = json.dumps(normalize_tools(call.tools), sort_keys=True)
         return (tools, *(json.dumps(message_key(m), sort_keys=True) for m in normalize_messages(call.messages)))
     except ValueError as exc:
-        raise ValueError(f"{call.source}: {exc}") from None
+        raise ValueError(_located(call, f"{call.source}: {exc}")) from None
 
 
 def _longest(calls: Sequence[Call], keys: Mapping[int, tuple]) -> list[Call]:

@@ -41,6 +41,9 @@ with a non-text part, or with tool calls but no tool definitions anywhere in
 its trace, is a ValueError naming the file, trace and span, and the setting
 that records what is missing. Traces without a chat span are skipped and
 counted.
+An error in a rebuilt message (``messages[i]`` of the OpenAI-format list,
+where one semconv message may become several) also names the span field
+it was rebuilt from (``gen_ai.input.messages[j].parts[k]``).
 """
 
 from __future__ import annotations
@@ -90,16 +93,18 @@ def trace_calls(spans: list[Span]) -> list[Call]:
     for span in sorted(spans, key=lambda s: s.start):
         if not _is_chat(span.attributes):
             continue
-        request, replies = _messages(span)
+        request, replies = _messages(span)  # each (message, the span field it was rebuilt from)
         tools = _tools(span, by_id)
-        if not tools and any(m.get("tool_calls") for m in (*request, *replies)):
+        if not tools and any(m.get("tool_calls") for m, _ in (*request, *replies)):
             raise ValueError(f"{span.where}: the conversation calls tools, and neither the span nor one enclosing it "
                              "records their definitions (gen_ai.tool.definitions, or llm.request.functions.N.*); "
                              "record them on the span or on the agent's invoke_agent span")
         cut = _cut(span, len(replies))
         for i, reply in enumerate(replies):
             where = span.where if len(replies) == 1 else f"{span.where} output {i}"
-            out.append(Call(span.trace_id, (*request, reply), tools, where, root=not span.parent_id, cut=cut[i]))
+            messages, origins = zip(*request, reply)
+            out.append(Call(span.trace_id, messages, tools, where, root=not span.parent_id, cut=cut[i],
+                            origins=origins))
     return out
 
 
@@ -116,8 +121,11 @@ def _is_chat(attributes: Mapping[str, Any]) -> bool:
             or "gen_ai.prompt.0.role" in attributes or "gen_ai.prompt.0.content" in attributes)
 
 
-def _messages(span: Span) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(request messages, one reply per output message) of a chat span, in OpenAI's format."""
+Located = tuple[dict[str, Any], str]  # a message in OpenAI's format, and the span field it was rebuilt from
+
+
+def _messages(span: Span) -> tuple[list[Located], list[Located]]:
+    """(request messages, one reply per output message) of a chat span, in OpenAI's format, each with its field."""
     attrs = span.attributes
     for key in ("gen_ai.input.messages.ref", "gen_ai.output.messages.ref"):
         if key in attrs and key.removesuffix(".ref") not in attrs:
@@ -126,7 +134,7 @@ def _messages(span: Span) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     if "gen_ai.input.messages" in attrs:
         request = _structured(span, "gen_ai.input.messages")
         system = _json_attribute(span, "gen_ai.system_instructions") if "gen_ai.system_instructions" in attrs else None
-        if system and not (request and request[0]["role"] == "system"):
+        if system and not (request and request[0][0]["role"] == "system"):
             request.insert(0, _from_parts(span, "gen_ai.system_instructions", "system",
                                           system if isinstance(system, list) else [system])[0])
         replies = _structured(span, "gen_ai.output.messages") if "gen_ai.output.messages" in attrs else []
@@ -137,7 +145,7 @@ def _messages(span: Span) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     if not replies:
         raise ValueError(f"{span.where}: a chat span without the model's reply (gen_ai.output.messages or "
                          f"gen_ai.completion.N.*): the call failed, or {_CAPTURE_HINT}")
-    return request, [dict(r, role="assistant") for r in replies]
+    return request, [(dict(r, role="assistant"), origin) for r, origin in replies]
 
 
 def _cut(span: Span, replies: int) -> list[bool]:
@@ -157,11 +165,11 @@ def _cut(span: Span, replies: int) -> list[bool]:
     return [i < len(reasons) and reasons[i] == "length" for i in range(replies)]
 
 
-def _structured(span: Span, key: str) -> list[dict[str, Any]]:
+def _structured(span: Span, key: str) -> list[Located]:
     messages = _json_attribute(span, key)
     if not isinstance(messages, list):
         raise ValueError(f"{span.where}: {key} must be a JSON list of messages, got {type(messages).__name__}")
-    out: list[dict[str, Any]] = []
+    out: list[Located] = []
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or not isinstance(message.get("parts"), list):
             hint = ("; 'content' is OpenAI's message shape, the GenAI conventions put the text in parts"
@@ -171,8 +179,9 @@ def _structured(span: Span, key: str) -> list[dict[str, Any]]:
     return out
 
 
-def _from_parts(span: Span, where: str, role: Any, parts: list[Any]) -> list[dict[str, Any]]:
-    """One semconv message as OpenAI messages: tool results become ``tool`` messages, one per result."""
+def _from_parts(span: Span, where: str, role: Any, parts: list[Any]) -> list[Located]:
+    """One semconv message as OpenAI messages: tool results become ``tool`` messages, one per result (each located
+    at its part)."""
     texts, calls, reasoning, results = [], [], [], []
     for j, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, Mapping) else None
@@ -186,8 +195,8 @@ def _from_parts(span: Span, where: str, role: Any, parts: list[Any]) -> list[dic
         elif kind == "tool_call_response":
             response = part.get("response")
             content = response if isinstance(response, str) else json.dumps(response, ensure_ascii=False)
-            results.append({"role": "tool", "content": content, **({"tool_call_id": str(part["id"])}
-                                                                   if part.get("id") else {})})
+            results.append(({"role": "tool", "content": content, **({"tool_call_id": str(part["id"])}
+                                                                    if part.get("id") else {})}, f"{where}.parts[{j}]"))
         elif kind == "reasoning":
             reasoning.append(part["content"])
         else:
@@ -199,8 +208,8 @@ def _from_parts(span: Span, where: str, role: Any, parts: list[Any]) -> list[dic
     if reasoning:
         message["reasoning_content"] = "".join(reasoning)
     if results and not calls:  # results answer the calls before them: they come first, then what else it says
-        return [*results, message] if texts or reasoning else results
-    return [message, *results]
+        return [*results, (message, where)] if texts or reasoning else results
+    return [(message, where), *results]
 
 
 def _content(texts: list[str], has_calls: bool) -> Any:
@@ -209,7 +218,7 @@ def _content(texts: list[str], has_calls: bool) -> Any:
     return texts[0] if len(texts) == 1 else [{"type": "text", "text": t} for t in texts]
 
 
-def _flattened(span: Span, prefix: str) -> list[dict[str, Any]]:
+def _flattened(span: Span, prefix: str) -> list[Located]:
     """The older flattened attributes (``gen_ai.prompt.N.role`` ...) as OpenAI messages."""
     attrs = span.attributes
     indices = sorted({int(k.split(".")[2]) for k in attrs
@@ -228,7 +237,7 @@ def _flattened(span: Span, prefix: str) -> list[dict[str, Any]]:
             message["tool_calls"] = calls
         if attrs.get(f"{base}.tool_call_id"):
             message["tool_call_id"] = str(attrs[f"{base}.tool_call_id"])
-        out.append(message)
+        out.append((message, base))
     return out
 
 
