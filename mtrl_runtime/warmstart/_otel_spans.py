@@ -41,6 +41,7 @@ with a non-text part, or with tool calls but no tool definitions anywhere in
 its trace, is a ValueError naming the file, trace and span, and the setting
 that records what is missing. Traces without a chat span are skipped and
 counted.
+
 An error in a rebuilt message (``messages[i]`` of the OpenAI-format list,
 where one semconv message may become several) also names the span field
 it was rebuilt from (``gen_ai.input.messages[j].parts[k]``).
