@@ -231,8 +231,8 @@ def test_mtrl_traces_import_and_the_last_reply_is_parsed_with_the_traced_chat_fo
 
     conversations = importer("mlflow")(str(tmp_path / "run") + "#mtrl")
     assert sorted(c.source.split()[2] for c in conversations) == sorted(ids)
-    assert ("left out: 1 mtrl rollout(s) failed, 1 mtrl rollout(s) of validation/evaluation passes (their tasks are "
-            "held out), 1 mtrl rollout(s) without a reported reward" in capsys.readouterr().err)
+    assert ("left out: 1 mtrl rollout(s) failed, 1 mtrl rollout(s) of validation/evaluation passes, "
+            "1 mtrl rollout(s) without a reported reward" in capsys.readouterr().err)
     assert [c.reward for c in conversations] == [r.total_reward for r in [*result.rollouts, as_completed(rollout)]]
     whole = [c for c in conversations if c.messages[-1].get("content") == "ANSWER 42"]
     assert_round_trip(whole, result.rollouts, tiny_tok)

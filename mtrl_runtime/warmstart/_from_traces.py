@@ -117,9 +117,10 @@ def assemble(
     begins = _prefixes_by_trace(kept, keys)
     merged_roots = [calls[0] for trace_id, calls in kept.items()
                     if len(calls) == 1 and calls[0].root and begins.get(keys[id(calls[0])], {trace_id}) - {trace_id}]
+    merged = {id(c) for c in merged_roots}
     conversations = []
     for trace_id, calls in kept.items():
-        if any(c is calls[0] for c in merged_roots):
+        if id(calls[0]) in merged:
             continue  # a trace of one call: an earlier turn of another trace's conversation
         for call in calls:
             donors = [c for c in (*calls_by_trace[trace_id], *merged_roots)
@@ -214,9 +215,8 @@ def _report(label: str, conversations: Sequence[Conversation], traces: int, with
         parts.append(f"{toolless} conversation(s) offer no tools (none recorded): they render without tools; if the "
                      "agent had tools, record their definitions, or the prompts are not what it was sent")
     detail = f"; {'; '.join(parts)}" if parts else ""
-    print(f"mtrl: {label}: {len(conversations)} conversation(s) from {traces + len(skipped) + sum(left_out.values())} "
-          f"trace(s){detail}",
-          file=sys.stderr)
+    read = traces + len(skipped) + sum(left_out.values())
+    print(f"mtrl: {label}: {len(conversations)} conversation(s) from {read} trace(s){detail}", file=sys.stderr)
 
 
 def _reasons(left_out: Mapping[str, int]) -> str:

@@ -55,7 +55,7 @@ from typing import Any, Iterable, Mapping
 from ..chat.formats import CHAT_FORMATS
 from ._conversation import Conversation
 from ._from_traces import Call, assemble, without_nones
-from ._store import HELD_OUT_GROUPS
+from ._store import never_a_demonstration
 
 _SCHEME = re.compile(r"^[A-Za-z][\w+.-]*://")
 _MANGLED = re.compile(r"^[A-Za-z][\w+.-]+:/[^/]")  # what Path() leaves of a URI: 'sqlite:/x.db'
@@ -86,12 +86,10 @@ def _left_out(tags: Mapping[str, str]) -> str | None:
     """Why an mtrl rollout's trace is no demonstration (None: it may be one; other traces always may)."""
     if "mtrl.rollout_id" not in tags:
         return None
-    if tags.get("mtrl.group_id", "").startswith(HELD_OUT_GROUPS):
-        return "mtrl rollout(s) of validation/evaluation passes (their tasks are held out)"
-    status = tags.get("mtrl.status", "completed")
-    if status != "completed":
-        return f"mtrl rollout(s) {status}"
-    return "mtrl rollout(s) without a reported reward" if tags.get("mtrl.reward_defaulted") == "true" else None
+    never = never_a_demonstration(tags.get("mtrl.group_id", ""), tags.get("mtrl.status", "completed"))
+    if never is None and tags.get("mtrl.reward_defaulted") == "true":
+        never = "without a reported reward"
+    return None if never is None else f"mtrl rollout(s) {never}"
 
 
 def trace_calls(trace: Any) -> list[Call]:

@@ -11,9 +11,9 @@ then the end token the model stops at (the close's first token when that is
 an eos, e.g. ChatML's ``<|im_end|>``; a format's history terminator such as
 gpt-oss ``<|call|>`` / ``<|return|>``), except after a reply the token limit
 cut (``Conversation.cut``): the model wrote none, and the turn's finish
-reason is ``length``, as the live rollout recorded it. The loss mask is 1 on those
-completion tokens only: never the system, user or tool text, the template
-glue, or the generation prompt.
+reason is ``length``, as the live rollout recorded it. The loss mask is 1
+on those completion tokens only: never the system, user or tool text, the
+template glue, or the generation prompt.
 """
 
 from __future__ import annotations

@@ -76,10 +76,9 @@ def _left_out(
     success_threshold: float, split: str | None,
 ) -> str | None:
     """Why ``rollout`` is not a demonstration (None: it is one)."""
-    if rollout.group_id.startswith(HELD_OUT_GROUPS):
-        return "of validation/evaluation passes"
-    if rollout.status is not RolloutStatus.COMPLETED:
-        return f"{rollout.status.value}"
+    never = never_a_demonstration(rollout.group_id, rollout.status.value)
+    if never is not None:
+        return never
     if task is None:
         return "of tasks the store does not hold"
     if split is not None and task.split != split:
@@ -93,6 +92,14 @@ def _left_out(
     if strict is not None and strict.score(rollout, task) < success_threshold:
         return "failed by the strict scorer"
     return None
+
+
+def never_a_demonstration(group_id: str, status: str) -> str | None:
+    """Why a rollout of group ``group_id`` that ended ``status`` is no demonstration whatever the filters: its task
+    is held out (validation, evaluation and check passes), or it did not complete (None: it may be one)."""
+    if group_id.startswith(HELD_OUT_GROUPS):
+        return "of validation/evaluation passes"
+    return None if status == RolloutStatus.COMPLETED.value else status
 
 
 def rollout_demonstration(rollout: Rollout) -> Demonstration:
@@ -154,5 +161,5 @@ def _check_template(recorded: Any, renderer: ConversationRenderer, run_dir: Any)
                              "ids are not this model's: fine-tune the model that run served")
 
 
-__all__ = ["HELD_OUT_GROUPS", "StoreSelection", "rollout_demonstration", "select_rollouts",
-           "store_demonstrations"]
+__all__ = ["HELD_OUT_GROUPS", "StoreSelection", "never_a_demonstration", "rollout_demonstration",
+           "select_rollouts", "store_demonstrations"]
