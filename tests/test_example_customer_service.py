@@ -227,17 +227,18 @@ async def _run_all(agent: Any, specs: list[RolloutSpec]) -> list[str]:
     return await asyncio.gather(*(one(s) for s in specs))
 
 
-def _sandbox_dirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("mtrl-sandbox-*")}
+def _sandbox_dirs(specs: list[RolloutSpec]) -> set[str]:
+    """The sandbox folders left in the temp dir by these rollouts (not another test's, on another worker)."""
+    return {p.name for p in Path(tempfile.gettempdir()).glob("mtrl-sandbox-*")
+            if any(p.name.startswith(f"mtrl-sandbox-{spec.rollout_id}-") for spec in specs)}
 
 
 async def test_16_concurrent_tickets_each_record_their_own_turns_tools_session_and_reward(served, tiny_tok):
     rows = [r for r in ALL if r["split"] == "test"][:16]
     handle = served(ScriptedEngine(tiny_tok, solver_policy(rows)))
     specs = _specs(handle, rows)
-    before = _sandbox_dirs()
     texts = await _run_all(run, specs)
-    assert _sandbox_dirs() <= before  # every episode's sandbox was torn down
+    assert _sandbox_dirs(specs) == set()  # every episode's sandbox was torn down
     for spec, row, text in zip(specs, rows, texts):
         episode = solve(row)
         record = handle.store.get_rollout(spec.rollout_id)
