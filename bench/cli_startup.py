@@ -11,6 +11,11 @@ folder first on ``sys.path``; ``PYTHONPATH`` names the tree too) with its own
     mkdir /tmp/old && git archive 662fb00~1 mtrl_runtime mtrl_adapters examples | tar -x -C /tmp/old
     .venv/bin/python bench/cli_startup.py --tree /tmp/old --rounds 3
 
+``--command train`` runs one scripted training step instead of the
+collection (``mtrl train examples/aircraft_inspection/scripted.yaml``: torch,
+transformers' model classes, a LoRA update on SmolLM2's weights), the
+command most docs blocks run.
+
 Both trees run with the same virtualenv and the same caches; the first run
 of each tree is a warm-up, not counted (it fills ``$MTRL_CACHE``).
 """
@@ -31,21 +36,27 @@ from pathlib import Path
 from _machine import load_note, machine_info
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMAND = ["collect", "examples/aircraft_inspection/scripted.yaml", "--agent", "examples.aircraft_inspection.agent:run",
-           "--dataset", "examples/aircraft_inspection/instances/train.jsonl", "-n", "2"]
+COMMANDS = {  # --command: the mtrl command line each round runs (its --run-dir added)
+    # scripted rollouts only: transformers' tokenizer, no torch
+    "collect": ["collect", "examples/aircraft_inspection/scripted.yaml", "--agent", "examples.aircraft_inspection.agent:run",
+                "--dataset", "examples/aircraft_inspection/instances/train.jsonl", "-n", "2"],
+    # one scripted step and its LoRA update on SmolLM2's weights: torch and transformers' model classes
+    "train": ["train", "examples/aircraft_inspection/scripted.yaml", "--agent", "examples.aircraft_inspection.agent:run",
+              "--no-mlflow"],
+}
 
 
-def run_once(tree: Path, run_dir: Path) -> dict[str, float]:
-    """One ``mtrl collect`` from ``tree``: its wall seconds and the CPU seconds of the process."""
+def run_once(tree: Path, run_dir: Path, command: list[str]) -> dict[str, float]:
+    """One ``mtrl`` ``command`` from ``tree``: its wall seconds and the CPU seconds of the process."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "mtrl_runtime.cli", *COMMAND, "--run-dir", str(run_dir)],
+    done = subprocess.run([sys.executable, "-m", "mtrl_runtime.cli", *command, "--run-dir", str(run_dir)],
                           cwd=tree, env=env, capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
-        raise RuntimeError(f"{tree}: mtrl {' '.join(COMMAND)} exited {done.returncode}: {done.stderr[-2000:]}")
+        raise RuntimeError(f"{tree}: mtrl {' '.join(command)} exited {done.returncode}: {done.stderr[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2)}
 
@@ -54,8 +65,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tree", type=Path, required=True, help="the source tree to compare with (mtrl_runtime, ...)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/cli_startup.json")
+    parser.add_argument("--command", choices=sorted(COMMANDS), default="collect", help="what each round runs")
+    parser.add_argument("--out", type=Path, help="default: bench/results/cli_startup.json (.train.json for train)")
     args = parser.parse_args()
+    command = COMMANDS[args.command]
+    out = args.out or ROOT / "bench/results" / ("cli_startup.json" if args.command == "collect"
+                                                else f"cli_startup.{args.command}.json")
     if args.rounds < 1:
         raise SystemExit(f"--rounds: must be >= 1, got {args.rounds}")
     trees = {"before": args.tree.resolve(), "after": ROOT}
@@ -63,16 +78,16 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     with tempfile.TemporaryDirectory() as tmp:
         for name, tree in trees.items():  # warm-up: fills the caches each tree uses
-            run_once(tree, Path(tmp) / f"warm-{name}")
+            run_once(tree, Path(tmp) / f"warm-{name}", command)
         for i in range(args.rounds):
             order = list(trees) if i % 2 == 0 else list(reversed(trees))
             for name in order:
-                runs[name].append(run_once(trees[name], Path(tmp) / f"{name}-{i}"))
+                runs[name].append(run_once(trees[name], Path(tmp) / f"{name}-{i}", command))
     load_after = os.getloadavg()
     median = {name: {key: statistics.median(r[key] for r in rs) for key in ("wall_s", "cpu_s")}
               for name, rs in runs.items()}
     result = {
-        "command": "mtrl " + " ".join(COMMAND),
+        "command": "mtrl " + " ".join(command),
         "trees": {name: str(tree) for name, tree in trees.items()},
         "rounds": args.rounds,
         "runs": runs,
@@ -82,8 +97,8 @@ def main() -> None:
         "machine": machine_info(load_before, load_after, threads=1, dtype="none (scripted engine: no weights)"),
         "note": load_note(load_before, load_after, "the seconds are pessimistic, the ratio noisier"),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("median", "ratio_wall", "ratio_cpu", "note")}, indent=2))
 
 
