@@ -33,17 +33,32 @@ import tempfile
 import time
 from pathlib import Path
 
-from _machine import load_note, machine_info
+from _machine import DTYPE_NAMES, load_note, machine_info
 
 ROOT = Path(__file__).resolve().parent.parent
+SCRIPTED = "examples/aircraft_inspection/scripted.yaml"
 COMMANDS = {  # --command: the mtrl command line each round runs (its --run-dir added)
     # scripted rollouts only: transformers' tokenizer, no torch
-    "collect": ["collect", "examples/aircraft_inspection/scripted.yaml", "--agent", "examples.aircraft_inspection.agent:run",
+    "collect": ["collect", SCRIPTED, "--agent", "examples.aircraft_inspection.agent:run",
                 "--dataset", "examples/aircraft_inspection/instances/train.jsonl", "-n", "2"],
     # one scripted step and its LoRA update on SmolLM2's weights: torch and transformers' model classes
-    "train": ["train", "examples/aircraft_inspection/scripted.yaml", "--agent", "examples.aircraft_inspection.agent:run",
+    "train": ["train", SCRIPTED, "--agent", "examples.aircraft_inspection.agent:run",
               "--no-mlflow"],
 }
+
+
+def ran_dtype(command: str) -> str | dict[str, str]:
+    """What ``command`` computes in: nothing for a collection; for a training step, the update's dtype as the
+    trainer resolves the recipe's ``precision`` on this CPU (``resolve_autocast``; None is fp32)."""
+    if command == "collect":
+        return "none (scripted engine: no weights)"
+    import torch
+
+    from mtrl_runtime.config import MtrlConfig
+    from mtrl_runtime.training._precision import resolve_autocast
+
+    autocast = resolve_autocast(MtrlConfig.from_yaml(ROOT / SCRIPTED).advanced.precision, torch.device("cpu"))
+    return {"update": "fp32" if autocast is None else DTYPE_NAMES[str(autocast)]}
 
 
 def run_once(tree: Path, run_dir: Path, command: list[str]) -> dict[str, float]:
@@ -94,7 +109,7 @@ def main() -> None:
         "median": median,
         "ratio_wall": round(median["before"]["wall_s"] / median["after"]["wall_s"], 2),
         "ratio_cpu": round(median["before"]["cpu_s"] / median["after"]["cpu_s"], 2),
-        "machine": machine_info(load_before, load_after, threads=1, dtype="none (scripted engine: no weights)"),
+        "machine": machine_info(load_before, load_after, threads=1, dtype=ran_dtype(args.command)),
         "note": load_note(load_before, load_after, "the seconds are pessimistic, the ratio noisier"),
     }
     out.parent.mkdir(parents=True, exist_ok=True)

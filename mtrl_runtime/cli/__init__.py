@@ -58,7 +58,7 @@ def console() -> int:
     moved out of the garbage collector's reach (``gc.freeze``) before the interpreter exits.
 
     Python's shutdown runs full collections over every object left, and a command that imported torch and
-    transformers leaves millions: one scripted training step took 24.5 s with them and 21.4 s without
+    transformers leaves millions: one scripted training step took 25.3 s with them and 22.8 s without
     (``docs/performance.md``, "The exit of a command"). What this gives up: an object left in a reference cycle
     is not finalized at exit. Each command closes what it opened (engines, servers, stores) before it returns,
     and ``atexit`` handlers (MLflow's flush, temp folders' finalizers) still run.
