@@ -27,6 +27,7 @@ from mtrl_runtime.evaluation import (
     run_validation,
     sample_seed,
 )
+from mtrl_runtime.seeds import turn_seed
 from mtrl_runtime.types import GenerationRequest, SamplingParams
 
 LOOKUP = ScriptedReply.tool_call("lookup", {"key": "A1"})
@@ -46,10 +47,13 @@ def rows(*names: str) -> list[dict[str, Any]]:
 
 
 class Script:
-    """Replies by (policy version, task, sample index); logs which rollout got which sample."""
+    """Replies by (policy version, task, sample index); logs which rollout got which sample.
 
-    def __init__(self, task_ids: list[str], samples: int, plan: Any) -> None:
-        self.index = {sample_seed(0, t, j): (t, j) for t in task_ids for j in range(samples)}
+    The sample is known by its seed: ``sample_seed`` at turn 0, ``turn_seed`` of it at later turns."""
+
+    def __init__(self, task_ids: list[str], samples: int, plan: Any, turns: int = 3) -> None:
+        self.index = {turn_seed(sample_seed(0, t, j), turn): (t, j)
+                      for t in task_ids for j in range(samples) for turn in range(turns)}
         self.plan = plan
         self.seen: dict[str, tuple[int, str, int]] = {}  # rollout id -> (version, task, sample)
 

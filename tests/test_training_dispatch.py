@@ -179,3 +179,59 @@ def test_sync_undecorated_agents_run_in_threads_inside_their_rollout(served, tin
     assert len(batch.rollouts) == 24
     assert all(r.status is RolloutStatus.COMPLETED and len(r.turns) == 1 and not r.reward_defaulted for r in batch.rollouts)
     assert batch.seconds < 0.4 * 24 / 6  # more than asyncio's default 6 threads ran at once
+
+
+def test_every_rollout_samples_with_its_own_seed_and_every_turn_with_its_own(served, tiny_tok):
+    """Seeds come from the run's seed, the group and each rollout's serial in it; a retry draws anew,
+    turn 1 does not reuse turn 0's noise, and ``sampling_params.seed`` (when set) replaces the run's seed."""
+    from mtrl_runtime.seeds import rollout_seed, turn_seed
+
+    seen: list[tuple[str | None, int, int | None]] = []
+
+    def reply(req, text):
+        seen.append((req.rollout_id, req.turn_index, req.sampling.seed))
+        return "DONE"
+
+    client = openai.AsyncOpenAI(base_url="http://unused.invalid/v1", api_key="unused", max_retries=0)
+    failed_once: set[str] = set()
+
+    @rollout
+    async def agent(task: Task) -> None:
+        messages = [{"role": "user", "content": task.prompt}]
+        first = await client.chat.completions.create(model="m", messages=messages)
+        messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "again"}]
+        await client.chat.completions.create(model="m", messages=messages)
+        if task.id == "flaky" and current_rollout().group_id not in failed_once:
+            failed_once.add(current_rollout().group_id)
+            raise RuntimeError("first attempt fails")
+        await aupdate_reward(0.0)
+
+    def seeds_of(core: dict) -> tuple[dict[str, list[int | None]], dict[str, str]]:
+        seen.clear()
+        failed_once.clear()
+        config = MtrlConfig.from_dict({
+            "core": {"group_size": 3, **core},
+            "advanced": {"group_policy": {"on_failure": "retry", "max_retries": 1}},
+        })
+        handle = served(ScriptedEngine(tiny_tok, reply), config)
+        dispatcher = Dispatcher(handle.coordinator, InProcessExecutor(agent), config, handle.url, handle.loop)
+        batch = asyncio.run(dispatcher.collect(0, [Task(id="steady", prompt="a"), Task(id="flaky", prompt="b")]))
+        assert [len(g.kept) for g in batch.groups] == [3, 3] and batch.groups[1].retries == 1
+        by_rollout: dict[str, list[int | None]] = {}
+        for rollout_id, turn, seed in sorted(seen, key=lambda s: (s[0], s[1])):
+            by_rollout.setdefault(rollout_id, []).append(seed)
+        groups = {r.id: r.group_id for r in handle.store.rollouts(step=0, with_turns=False)}
+        return by_rollout, groups
+
+    by_rollout, groups = seeds_of({"seed": 11})
+    assert len(by_rollout) == 7  # 3 + 3, and the flaky group's retry
+    for group_id, size in (("s0-g0", 3), ("s0-g1", 4)):
+        firsts = sorted(seeds[0] for rid, seeds in by_rollout.items() if groups[rid] == group_id)
+        assert firsts == sorted(rollout_seed(11, group_id, n) for n in range(size))  # the retry is serial 3
+    for seeds in by_rollout.values():
+        assert seeds[1] == turn_seed(seeds[0], 1) != seeds[0]
+    again, _ = seeds_of({"seed": 11})
+    assert sorted(map(tuple, again.values())) == sorted(map(tuple, by_rollout.values()))  # the same seeds every run
+    fixed, groups = seeds_of({"seed": 11, "sampling_params": {"seed": 5}})
+    assert sorted(s[0] for rid, s in fixed.items() if groups[rid] == "s0-g0") == \
+        sorted(rollout_seed(5, "s0-g0", n) for n in range(3))

@@ -59,3 +59,42 @@ def test_tiny_model_learns_the_lookup_task_with_a_strands_agent(tmp_path):
     assert all(r.metrics["samples/extension_rate"] == 1.0 for r in result.reports)  # one sequence per rollout
     assert all(r.metrics["async/staleness_max"] == 0 for r in result.reports)  # the sync loop is on-policy
     assert result.final_step == len(rewards) and (tmp_path / "run" / "adapter").is_dir()
+
+
+def _draws(run_dir, steps: int) -> dict[str, list[tuple]]:
+    """Per group: its rollouts' completion ids (turn by turn) and rewards, in a canonical order."""
+    from mtrl_runtime.store import SQLiteStore
+
+    store = SQLiteStore(run_dir / "trajectories.db")
+    try:
+        draws: dict[str, list[tuple]] = {}
+        for step in range(steps):
+            for r in store.rollouts(step=step):
+                draws.setdefault(r.group_id, []).append(
+                    (tuple(tuple(t.completion_ids) for t in r.turns), round(r.reward or 0.0, 6)))
+        return {g: sorted(v) for g, v in draws.items()}
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_run_repeated_with_its_seed_draws_the_same_tokens_and_rewards(tmp_path):
+    """Seeded sampling: the same seed gives the same rollouts step after step (so the same updates), whatever
+    order the 16 concurrent rollouts of a step were scheduled in; another seed draws others."""
+    torch.set_num_threads(1)
+    steps = 4
+
+    def run(name: str, seed: int) -> tuple[list[float], dict[str, list[tuple]]]:
+        rewards: list[float] = []
+        MultiTurnRLTrainer(
+            agent_env=lookup.agent, training_dataset=lookup.tasks(),
+            config=MtrlConfig.from_dict(lookup.config(tmp_path / name, max_steps=steps, seed=seed)),
+            engine=lookup.build_engine(seed=0), tracking=False,
+        ).train(progress=False, on_step=lambda report: rewards.append(report.metrics["rollout/reward/mean"]))
+        return rewards, _draws(tmp_path / name, steps)
+
+    first, again, other = run("a", 3), run("b", 3), run("c", 4)
+    assert len(first[1]) == 2 * steps and all(len(v) == 8 for v in first[1].values())
+    assert len({d for v in first[1].values() for d in v}) > 4  # the rollouts of a group differ
+    assert again == first  # every token and reward of every step
+    assert other[1] != first[1]

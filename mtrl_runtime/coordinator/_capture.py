@@ -11,6 +11,7 @@ from typing import Any, Mapping
 from ..chat import CHAT_TEMPLATE_META, ChatRenderer, PromptBuilder, PromptPlan, ReplyText, normalize_messages
 from ..chat.formats import ChatFormat, resolve_format
 from ..errors import BadRequest, Conflict, EngineFailure
+from ..seeds import turn_seed
 from ..types import (
     ChatOptions, Generation, GenerationRequest, PolicyEngine, SamplingParams, StreamingEngine, TrajectoryStore, Turn,
     TurnLimitHit,
@@ -93,6 +94,8 @@ class CallCapture:
                     f"rollout {rollout_id!r} reached max_turns={live.max_turns}; end the episode",
                     param="max_turns",
                 )
+            if sampling.seed is not None:  # each turn its own noise (``seeds.turn_seed``)
+                sampling = replace(sampling, seed=turn_seed(sampling.seed, live.turns))
             if live.reference is not None:  # an evaluation's reference side: passed through, recorded without ids
                 return await self._reference_turn(live, normalized, tools, sampling, options)
             return await self._attributed_turn(live, normalized, tools, sampling, options, stream)

@@ -20,7 +20,6 @@ template-drift figure.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import secrets
 import time
 from collections import defaultdict
@@ -30,6 +29,7 @@ from typing import Any, Mapping, Sequence
 from ..config import MtrlConfig, SamplingConfig
 from ..diagnostics import BASE_SUCCESS
 from ..rollouts import Dispatcher, load_tasks
+from ..seeds import derived_seed
 from ..types import MeasuresTemplateDrift, Rollout, RolloutExecutor, RolloutOutcome, RolloutSpec, Task
 from ._metrics import EvalRecord, eval_metrics, success_rate
 from ._records import record_of
@@ -43,8 +43,7 @@ REFERENCE = "reference"  # a reference model behind its own endpoint (``coordina
 
 def sample_seed(seed: int, task_id: str, index: int) -> int:
     """The seed of sample ``index`` of task ``task_id``: stable across runs, processes and machines."""
-    digest = hashlib.sha256(f"{seed}:{task_id}:{index}".encode()).digest()
-    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+    return derived_seed(seed, task_id, index)
 
 
 @dataclass(frozen=True)

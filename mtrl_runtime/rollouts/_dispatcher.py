@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Coroutine, Mapping, Sequence
 
 from ..config import MtrlConfig
+from ..seeds import rollout_seed
 from ..types import (
     DeadlinePassed,
     ExecutorEnded,
@@ -194,7 +195,8 @@ class Dispatcher:
         while True:
             if need > 0:
                 self.tally.plan(step, need)
-                new = await asyncio.gather(*(self._rollout(step, group_id, task) for _ in range(need)))
+                first = len(finished)  # each rollout's serial in its group: its seed (``seeds.rollout_seed``)
+                new = await asyncio.gather(*(self._rollout(step, group_id, task, first + i) for i in range(need)))
                 ok = [r for r in new if r.status is RolloutStatus.COMPLETED]
                 finished.extend(new)
                 completed.extend(ok)
@@ -232,9 +234,16 @@ class Dispatcher:
         by_id = {r.id: r for r in scored}
         return scored, tuple(by_id.get(r.id, r) for r in finished)
 
-    async def _rollout(self, step: int | None, group_id: str, task: Task) -> Rollout:
-        """Run one rollout to its end and return it as the store recorded it (with turns)."""
+    async def _rollout(self, step: int | None, group_id: str, task: Task, serial: int) -> Rollout:
+        """Run the ``serial``-th rollout of ``group_id`` to its end and return it as the store recorded it.
+
+        Its sampling seed is ``rollout_seed`` of the run's seed (``sampling_params.seed`` when set, else
+        ``seed``), the group and the serial: a run repeated with the same seed draws the same tokens.
+        """
         core, advanced = self.config.core, self.config.advanced
+        sampling = core.sampling_params.to_params()
+        base_seed = core.seed if sampling.seed is None else sampling.seed
+        sampling = replace(sampling, seed=rollout_seed(base_seed, group_id, serial))
         async with self.slots:
             handle = await asyncio.to_thread(
                 self.coordinator.create_rollout, task, group_id, step=step, max_turns=core.max_turns,
@@ -247,7 +256,7 @@ class Dispatcher:
                 token=handle.token,
                 endpoint=self.endpoint,
                 model_name=self.coordinator.model_name,
-                sampling=core.sampling_params.to_params(),
+                sampling=sampling,
                 max_turns=core.max_turns,
                 timeout_s=advanced.rollout_timeout_s,
                 policy_models=tuple(advanced.policy_models) if advanced.policy_models is not None else None,
