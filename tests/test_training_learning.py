@@ -7,6 +7,14 @@ SQLite, samples are built by sequence extension, per-turn advantages are
 computed, and the shared-weights hf engine serves each new version. See
 ``_lookup_task`` for the task design. The run stops once the last three
 steps average above 0.85 (typically after 15-25 steps of about a second).
+
+The run is seeded (``core.seed``, the default 0): the same machine draws the
+same tokens every time. A small KL penalty to the initial weights
+(``kl_coef`` 0.05) keeps it from a dead end: without it, one seed in 16
+(seed 1) settled within 20 steps on calling right and then answering a
+wrong value (at step 29 its 16 answers were gold, green and red, never
+blue) and never left it in 100 steps; with it, all 16 seeds learned
+(13-33 steps, median 18; the other 15 without it: 13-50, median 18).
 """
 
 from __future__ import annotations
@@ -21,9 +29,10 @@ from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.training import MultiTurnRLTrainer
 
 
-# Most runs learn in 15-25 steps; about one in five needs more than 60 (the sampling order of
-# concurrent rollouts varies). Speed is not asserted here: the pytest timeout only bounds a hang.
+# Seeds 0-15 learn in 13-33 steps with the KL penalty (module docstring); a machine that rounds
+# differently draws other tokens, hence the margin. Speed is not asserted: the timeout bounds a hang.
 MAX_STEPS = 100
+KL_COEF = 0.05
 
 
 def _learned(rewards: list[float]) -> bool:
@@ -43,7 +52,8 @@ def test_tiny_model_learns_the_lookup_task_with_a_strands_agent(tmp_path):
     trainer = MultiTurnRLTrainer(
         agent_env=lookup.agent,
         training_dataset=lookup.tasks(),
-        config=MtrlConfig.from_dict(lookup.config(tmp_path / "run", max_steps=MAX_STEPS)),
+        config=MtrlConfig.from_dict(lookup.config(tmp_path / "run", max_steps=MAX_STEPS, seed=0,
+                                                  advanced={"kl_coef": KL_COEF})),
         engine=lookup.build_engine(seed=0),
         tracking=False,
     )
