@@ -26,6 +26,7 @@ weights to ``<CASE_DIR>/<kind>-resumed.pt``.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import sys
 from pathlib import Path
 
@@ -140,3 +141,4 @@ def main(case: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    gc.freeze()  # as the mtrl console script does: no last collections of torch's objects at exit
