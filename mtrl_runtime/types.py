@@ -516,7 +516,7 @@ class RolloutCoordinator(Protocol):
 
     def create_rollout(
         self, task: Task, group_id: str | None = None, *, step: int | None = None, max_turns: int | None = None,
-        base_model: bool = False,
+        base_model: bool = False, seed: int | None = None,
     ) -> RolloutHandle: ...
 
     async def chat(

@@ -235,3 +235,41 @@ def test_every_rollout_samples_with_its_own_seed_and_every_turn_with_its_own(ser
     fixed, groups = seeds_of({"seed": 11, "sampling_params": {"seed": 5}})
     assert sorted(s[0] for rid, s in fixed.items() if groups[rid] == "s0-g0") == \
         sorted(rollout_seed(5, "s0-g0", n) for n in range(3))
+
+
+def test_a_call_that_names_no_seed_samples_with_its_rollouts_and_never_shares_the_runs(served, tiny_tok):
+    """An agent whose client does not send the rollout's sampling (raw HTTP, another host) still gets the
+    rollout's seed; a run-wide ``sampling_params.seed`` gives each rollout its own and plain calls that seed."""
+    from mtrl_runtime.seeds import derived_seed, turn_seed
+    from mtrl_runtime.types import SamplingParams
+
+    seen: list[tuple[str | None, int | None]] = []
+
+    def reply(req, text):
+        seen.append((req.rollout_id, req.sampling.seed))
+        return "DONE"
+
+    handle = served(ScriptedEngine(tiny_tok, reply), MtrlConfig.from_dict({"core": {"sampling_params": {"seed": 5}}}))
+    coordinator = handle.coordinator
+
+    def call(rollout_id, token, seed=None):
+        messages = [{"role": "user", "content": "hi"}]
+        done = asyncio.run_coroutine_threadsafe(
+            coordinator.chat(rollout_id, token, messages, None, SamplingParams(seed=seed)), handle.loop)
+        return done.result(timeout=30)
+
+    own = coordinator.create_rollout(Task(id="t", prompt="hi"), "g", seed=123)
+    plain = [coordinator.create_rollout(Task(id="t", prompt="hi"), "g") for _ in range(2)]
+    call(own.rollout_id, own.token)
+    call(own.rollout_id, own.token)
+    call(own.rollout_id, own.token, seed=9)  # a seed the call names wins
+    for h in plain:
+        call(h.rollout_id, h.token)
+    call(None, None)
+    assert seen == [
+        (own.rollout_id, 123), (own.rollout_id, turn_seed(123, 1)), (own.rollout_id, turn_seed(9, 2)),
+        (plain[0].rollout_id, derived_seed(5, plain[0].rollout_id)),
+        (plain[1].rollout_id, derived_seed(5, plain[1].rollout_id)),
+        (None, 5),
+    ]
+    assert seen[3][1] != seen[4][1]

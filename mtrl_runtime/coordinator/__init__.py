@@ -76,7 +76,8 @@ class Coordinator:
         self._live = LiveRollouts(store, self.counters, core.max_turns)
         chat_format = resolve_format(engine.tokenizer, self.config.advanced.chat_format, core.model)
         self._capture = CallCapture(
-            engine, store, self._live, self.counters, chat_format, self.config.advanced.history_training
+            engine, store, self._live, self.counters, chat_format, self.config.advanced.history_training,
+            default_seed=self.default_sampling.seed,
         )
         self._drift = DriftMeter(engine.tokenizer, self._capture.renderer.template, chat_format)
         self._ends = RolloutEnds(store, self._live, self.counters, self.config.advanced.default_reward)
@@ -125,18 +126,19 @@ class Coordinator:
     # ------------------------------------------------------------------ rollouts
     def create_rollout(
         self, task: Task, group_id: str | None = None, *, step: int | None = None, max_turns: int | None = None,
-        base_model: bool = False,
+        base_model: bool = False, seed: int | None = None,
     ) -> RolloutHandle:
         """Register a rollout (durably) and return its id and token. Thread-safe.
 
         ``base_model``: its calls are answered with the engine's adapter switched off (policy version 0),
-        beside rollouts that use it; the engine must mix such rows (``types.MixesBaseRows``)."""
+        beside rollouts that use it; the engine must mix such rows (``types.MixesBaseRows``).
+        ``seed``: what its calls sample with when they name no seed (``CallCapture._seed``)."""
         if base_model and not (isinstance(self.engine, MixesBaseRows) and self.engine.mixes_base_rows()):
             raise ValueError(f"base_model: engine {self.engine_name!r} cannot serve the base model beside its "
                              "adapter (it holds none it can switch off per row)")
         version = 0 if base_model else self.engine.policy_version
         return self._live.create(task, group_id, version, step=step, max_turns=max_turns,
-                                 reference=self._reference, base_model=base_model)
+                                 reference=self._reference, base_model=base_model, seed=seed)
 
     @asynccontextmanager
     async def reference_side(

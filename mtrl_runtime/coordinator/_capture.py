@@ -11,7 +11,7 @@ from typing import Any, Mapping
 from ..chat import CHAT_TEMPLATE_META, ChatRenderer, PromptBuilder, PromptPlan, ReplyText, normalize_messages
 from ..chat.formats import ChatFormat, resolve_format
 from ..errors import BadRequest, Conflict, EngineFailure
-from ..seeds import turn_seed
+from ..seeds import derived_seed, turn_seed
 from ..types import (
     ChatOptions, Generation, GenerationRequest, PolicyEngine, SamplingParams, StreamingEngine, TrajectoryStore, Turn,
     TurnLimitHit,
@@ -43,8 +43,10 @@ class CallCapture:
         counters: Counter[str],
         chat_format: ChatFormat | None = None,
         history_training: str = "extend",
+        default_seed: int | None = None,
     ) -> None:
         self.engine = engine
+        self.default_seed = default_seed  # the run's ``sampling_params.seed``
         self.store = store
         self.live = live
         self.counters = counters
@@ -79,6 +81,8 @@ class CallCapture:
         options = options or _AUTO
         _check_tool_choice(options, tools)
         if rollout_id is None:
+            if sampling.seed is None:
+                sampling = replace(sampling, seed=self.default_seed)
             return await self._inference(normalized, tools, sampling, options, stream)
         if isinstance(token, VerifiedToken):  # a run-wide credential (SageMaker SigV4): the messages say whose call
             rollout_id = call_owner(self.live, self.store, rollout_id, normalized, self.counters)
@@ -94,11 +98,22 @@ class CallCapture:
                     f"rollout {rollout_id!r} reached max_turns={live.max_turns}; end the episode",
                     param="max_turns",
                 )
-            if sampling.seed is not None:  # each turn its own noise (``seeds.turn_seed``)
-                sampling = replace(sampling, seed=turn_seed(sampling.seed, live.turns))
+            seed = self._seed(live, sampling.seed)
+            if seed is not None:  # each turn its own noise (``seeds.turn_seed``)
+                sampling = replace(sampling, seed=turn_seed(seed, live.turns))
             if live.reference is not None:  # an evaluation's reference side: passed through, recorded without ids
                 return await self._reference_turn(live, normalized, tools, sampling, options)
             return await self._attributed_turn(live, normalized, tools, sampling, options, stream)
+
+    def _seed(self, live: LiveRollout, asked: int | None) -> int | None:
+        """The seed a rollout's call samples with: the one the call names (the adapters put the rollout's
+        own on every call), else the rollout's (``create_rollout(seed=)``), else one drawn from the run's
+        ``sampling_params.seed`` and the rollout id, so two rollouts never share it; None: unseeded."""
+        if asked is not None:
+            return asked
+        if live.seed is not None:
+            return live.seed
+        return None if self.default_seed is None else derived_seed(self.default_seed, live.rollout_id)
 
     def _plan(self, state: Any, messages: list[dict], tools: list, options: ChatOptions) -> tuple[PromptPlan, str]:
         """The turn's prompt, and the forced prefix it ends with when a tool call is required ("" otherwise).

@@ -56,6 +56,7 @@ class LiveRollout:
     last_seen: float = field(default_factory=time.monotonic)  # the last call or report (the serve-mode TTL reads it)
     reference: ReferenceClient | None = None  # set: a reference model answers its calls, not the policy
     base_model: bool = False  # its calls are answered with the engine's adapter switched off (``MixesBaseRows``)
+    seed: int | None = None  # what its calls sample with when they name no seed (``CallCapture._seed``)
 
     def note_answers(self, messages: list[dict]) -> None:
         """Remember which of the model's tool calls the agent answered (a ``tool`` message naming its id), and
@@ -115,6 +116,7 @@ class LiveRollouts:
         max_turns: int | None = None,
         reference: ReferenceClient | None = None,
         base_model: bool = False,
+        seed: int | None = None,
     ) -> RolloutHandle:
         """Register a rollout (durably) and return its id and token (``reference``: who answers its calls, when
         not the policy; ``base_model``: the policy's base, its adapter switched off)."""
@@ -141,6 +143,7 @@ class LiveRollouts:
             max_turns=max_turns or self.default_max_turns,
             reference=reference,
             base_model=base_model,
+            seed=seed,
         )
         with self._lock:
             self._live[rollout_id] = live

@@ -50,7 +50,6 @@ from ._report import (
 from ._run import (
     EvalPlan,
     EvalSide,
-    SeededExecutor,
     run_side,
     run_tag,
     run_validation,
@@ -85,7 +84,6 @@ __all__ = [
     "MultiTurnRLEvaluator",
     "ReferenceModel",
     "ReportPaths",
-    "SeededExecutor",
     "StrictComparison",
     "StrictScorer",
     "adapter_layers",

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
@@ -30,7 +29,7 @@ from ..config import MtrlConfig, SamplingConfig
 from ..diagnostics import BASE_SUCCESS
 from ..rollouts import Dispatcher, load_tasks
 from ..seeds import derived_seed
-from ..types import MeasuresTemplateDrift, Rollout, RolloutExecutor, RolloutOutcome, RolloutSpec, Task
+from ..types import MeasuresTemplateDrift, Rollout, Task
 from ._metrics import EvalRecord, eval_metrics, success_rate
 from ._records import record_of
 from ._strict import StrictComparison, StrictScorer, compare_with_strict
@@ -95,6 +94,11 @@ class EvalPlan:
     def seed_for(self, task_id: str, index: int) -> int:
         return sample_seed(self.seed, task_id, index)
 
+    def rollout_seed(self, task: Task, group_id: str, serial: int) -> int:
+        """The dispatcher's seed plan: the ``serial``-th rollout of a task's group is its sample ``serial``
+        (an evaluation never retries, so a group's serials are its samples 0..k-1)."""
+        return self.seed_for(task.id, serial)
+
     @property
     def task_map(self) -> dict[str, Task]:
         return {t.id: t for t in self.tasks}
@@ -124,28 +128,6 @@ def select_tasks(dataset: Any, split: str | None = None, max_tasks: int | None =
 def run_tag() -> str:
     """A group-id prefix unique to one evaluation: its start time and a random suffix."""
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-
-
-class SeededExecutor:
-    """Runs each rollout through ``inner`` with its plan seed: the j-th rollout of a group gets seed j.
-
-    Which rollout of a group is the j-th depends on scheduling; the set of
-    seeds each task's group uses does not, and pass@k does not depend on the order.
-    """
-
-    def __init__(self, inner: RolloutExecutor, plan: EvalPlan) -> None:
-        self.inner = inner
-        self.plan = plan
-        self._next: dict[str, int] = defaultdict(int)  # group id -> samples started
-
-    async def run(self, spec: RolloutSpec) -> RolloutOutcome:
-        index = self._next[spec.group_id]
-        self._next[spec.group_id] = index + 1
-        seed = self.plan.seed_for(spec.task.id, index)
-        return await self.inner.run(replace(spec, sampling=replace(spec.sampling, seed=seed)))
-
-    async def close(self) -> None:
-        """Nothing: the inner executor belongs to whoever built it."""
 
 
 @dataclass(frozen=True)
@@ -201,8 +183,8 @@ async def run_side(
     (the engine mixes them with the fine-tuned side's, ``types.MixesBaseRows``).
     """
     version = 0 if base_model else int(dispatcher.coordinator.policy_version)
-    seeded = dispatcher.with_plan(plan.dispatch_config(dispatcher.config), SeededExecutor(dispatcher.executor, plan),
-                                  base_model=base_model)
+    seeded = dispatcher.with_plan(plan.dispatch_config(dispatcher.config), dispatcher.executor,
+                                  base_model=base_model, seeds=plan.rollout_seed)
     groups = await asyncio.gather(
         *(seeded.run_group(f"{group_prefix}-t{i}", task) for i, task in enumerate(plan.tasks))
     )
@@ -247,7 +229,6 @@ __all__ = [
     "REFERENCE",
     "EvalPlan",
     "EvalSide",
-    "SeededExecutor",
     "run_side",
     "run_tag",
     "run_validation",

@@ -24,7 +24,8 @@ import asyncio
 import logging
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any, Coroutine, Mapping, Sequence
+from functools import partial
+from typing import Any, Callable, Coroutine, Mapping, Sequence
 
 from ..config import MtrlConfig
 from ..seeds import rollout_seed
@@ -47,6 +48,16 @@ from ._heartbeat import RolloutTally
 log = logging.getLogger("mtrl.train")
 
 ENVIRONMENT_PROBLEM_RATE = 0.01  # permanent failures above this share of a step's rollouts
+
+
+SeedPlan = Callable[[Task, str, int], int]  # (task, group id, serial in the group) -> the rollout's seed
+
+
+def training_seed(config: MtrlConfig, task: Task, group_id: str, serial: int) -> int:
+    """A training rollout's seed: ``rollout_seed`` of the run's seed (``sampling_params.seed`` when set,
+    else ``seed``), its group and its serial."""
+    core = config.core
+    return rollout_seed(core.seed if core.sampling_params.seed is None else core.sampling_params.seed, group_id, serial)
 
 
 def group_id_for(step: int, index: int) -> str:
@@ -132,8 +143,10 @@ class Dispatcher:
         server_loop: asyncio.AbstractEventLoop | None = None,
         group_scorer: GroupRescorer | None = None,
         base_model: bool = False,
+        seeds: SeedPlan | None = None,
     ) -> None:
         self.coordinator = coordinator
+        self.seeds = seeds  # (task, group id, serial) -> the rollout's seed; None: ``training_seed``
         self.base_model = base_model  # its rollouts are answered by the base model (``create_rollout``)
         self.executor = executor
         self.config = config
@@ -144,11 +157,14 @@ class Dispatcher:
         self._slots: asyncio.Semaphore | None = None
         self.tally = RolloutTally()  # rollouts planned / ended per step, for progress lines
 
-    def with_plan(self, config: MtrlConfig, executor: RolloutExecutor, base_model: bool = False) -> "Dispatcher":
+    def with_plan(
+        self, config: MtrlConfig, executor: RolloutExecutor, base_model: bool = False, seeds: SeedPlan | None = None,
+    ) -> "Dispatcher":
         """A dispatcher over the same coordinator and endpoint (and tally) with another config and executor
-        (and its own concurrency limit); ``base_model``: its rollouts are the base model's."""
+        (and its own concurrency limit); ``base_model``: its rollouts are the base model's; ``seeds``: their
+        seeds (an evaluation plan's)."""
         planned = Dispatcher(self.coordinator, executor, config, self.endpoint, self.server_loop, self.group_scorer,
-                             base_model)
+                             base_model, seeds)
         planned.tally = self.tally
         return planned
 
@@ -237,16 +253,15 @@ class Dispatcher:
     async def _rollout(self, step: int | None, group_id: str, task: Task, serial: int) -> Rollout:
         """Run the ``serial``-th rollout of ``group_id`` to its end and return it as the store recorded it.
 
-        Its sampling seed is ``rollout_seed`` of the run's seed (``sampling_params.seed`` when set, else
-        ``seed``), the group and the serial: a run repeated with the same seed draws the same tokens.
+        Its sampling seed is the plan's (``seeds``), else ``training_seed``: a run repeated with the same
+        seed draws the same tokens. The coordinator holds it too, for calls that name no seed.
         """
         core, advanced = self.config.core, self.config.advanced
-        sampling = core.sampling_params.to_params()
-        base_seed = core.seed if sampling.seed is None else sampling.seed
-        sampling = replace(sampling, seed=rollout_seed(base_seed, group_id, serial))
+        seed = (self.seeds or partial(training_seed, self.config))(task, group_id, serial)
+        sampling = replace(core.sampling_params.to_params(), seed=seed)
         async with self.slots:
             handle = await asyncio.to_thread(
-                self.coordinator.create_rollout, task, group_id, step=step, max_turns=core.max_turns,
+                self.coordinator.create_rollout, task, group_id, step=step, max_turns=core.max_turns, seed=seed,
                 **({"base_model": True} if self.base_model else {}),
             )
             spec = RolloutSpec(

@@ -160,7 +160,7 @@ class ChatCompletionRequest(BaseModel):
             top_p=default.top_p if self.top_p is None else self.top_p,
             max_tokens=max_tokens,
             stop=tuple(self.stop or default.stop),
-            seed=default.seed if self.seed is None else self.seed,
+            seed=self.seed,  # the coordinator decides an absent seed (the rollout's, or the run's)
             top_logprobs=self.top_logprobs or 0,
             max_tokens_requested=bool(self.max_completion_tokens or self.max_tokens),
         )

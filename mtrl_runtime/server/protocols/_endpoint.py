@@ -127,7 +127,7 @@ def sampling(
         top_p=default.top_p if top_p is None else top_p,
         max_tokens=max_tokens or default.max_tokens,
         stop=tuple(stop or default.stop),
-        seed=default.seed if seed is None else seed,
+        seed=seed,  # the coordinator decides an absent seed (the rollout's, or the run's)
         max_tokens_requested=max_tokens is not None,
     )
 
