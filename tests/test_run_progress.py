@@ -74,8 +74,12 @@ def _stop_in_step(proc: subprocess.Popen, step: int, max_steps: int, stop: int) 
     _read_until(proc, f"step {step + 1}/{max_steps}: rollouts 0/4 done, turns 0, tool calls 0, errors 0 (1 s)", seen)
     # send_signal does nothing to a process that has ended: say so, rather than blame the run for ignoring it
     assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before the test sent its signal"
+    sent = time.monotonic()
     proc.send_signal(stop)
     rest, _ = proc.communicate(timeout=120)
+    # for a failure's message: a run that ignored the signal takes its remaining steps (~5 s each) to end;
+    # one that had already ended them before the test read its output ends at once
+    rest += f"\n[test: signal {stop} sent at '{seen[-1]}'; the process ended {time.monotonic() - sent:.1f} s later]"
     return seen, rest
 
 
