@@ -47,10 +47,25 @@ def _inputs(tmp_path: Path, model_dir: Path) -> list[str]:
             "--dataset", str(tmp_path / "tasks.jsonl"), "--no-mlflow", "--heartbeat", "0.2"]
 
 
+def _signal_state() -> str:
+    """This process's blocked and ignored signal masks (``/proc/self/status``): what a child inherits."""
+    text = Path("/proc/self/status").read_text() if Path("/proc/self/status").is_file() else ""
+    return ", ".join(line.replace("\t", " ") for line in text.splitlines() if line.startswith(("SigBlk", "SigIgn")))
+
+
+def _as_a_shell_starts_it() -> None:
+    """In the child before exec: SIGINT handled by default and not blocked, as a terminal starts a command.
+    A test worker may carry either from an earlier test's library, and a child inherits both."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mtrl_runtime.cli", *args], cwd=cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([sys.executable, "-m", "mtrl_runtime.cli", *args], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_as_a_shell_starts_it,
                             env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"})
+    proc.worker_signals = _signal_state()  # type: ignore[attr-defined]
+    return proc
 
 
 def _read_until(proc: subprocess.Popen, marker: str, seen: list[str], timeout_s: float = 240) -> None:
@@ -79,7 +94,8 @@ def _stop_in_step(proc: subprocess.Popen, step: int, max_steps: int, stop: int) 
     rest, _ = proc.communicate(timeout=120)
     # for a failure's message: a run that ignored the signal takes its remaining steps (~5 s each) to end;
     # one that had already ended them before the test read its output ends at once
-    rest += f"\n[test: signal {stop} sent at '{seen[-1]}'; the process ended {time.monotonic() - sent:.1f} s later]"
+    rest += (f"\n[test: signal {stop} sent at '{seen[-1]}'; the process ended {time.monotonic() - sent:.1f} s later; "
+             f"the test worker's signals: {proc.worker_signals}]")
     return seen, rest
 
 
