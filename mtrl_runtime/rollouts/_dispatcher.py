@@ -146,7 +146,7 @@ class Dispatcher:
         seeds: SeedPlan | None = None,
     ) -> None:
         self.coordinator = coordinator
-        self.seeds = seeds  # (task, group id, serial) -> the rollout's seed; None: ``training_seed``
+        self.seeds: SeedPlan = seeds or partial(training_seed, config)  # (task, group id, serial) -> its seed
         self.base_model = base_model  # its rollouts are answered by the base model (``create_rollout``)
         self.executor = executor
         self.config = config
@@ -257,7 +257,7 @@ class Dispatcher:
         seed draws the same tokens. The coordinator holds it too, for calls that name no seed.
         """
         core, advanced = self.config.core, self.config.advanced
-        seed = (self.seeds or partial(training_seed, self.config))(task, group_id, serial)
+        seed = self.seeds(task, group_id, serial)
         sampling = replace(core.sampling_params.to_params(), seed=seed)
         async with self.slots:
             handle = await asyncio.to_thread(
