@@ -182,6 +182,9 @@ class CreateRolloutRequest(_Strict):
     data: dict[str, Any] = Field(default_factory=dict)
     group_id: str | None = Field(default=None, min_length=1, max_length=256)
     max_turns: int | None = Field(default=None, ge=1, le=1000)
+    # what the rollout's calls sample with when they name no seed (turn t > 0: a seed derived from it); without
+    # one, the run's sampling_params.seed and the rollout id give it one. 63 bits: what engines and clients take
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
 
 
 class CreatedRollout(BaseModel):

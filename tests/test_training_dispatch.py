@@ -273,3 +273,36 @@ def test_a_call_that_names_no_seed_samples_with_its_rollouts_and_never_shares_th
         (None, 5),
     ]
     assert seen[3][1] != seen[4][1]
+
+
+def test_an_orchestrator_names_a_rollouts_seed_when_it_opens_it_over_http(served, tiny_tok):
+    """``POST /v1/rollouts`` takes the rollout's seed: an OpenAI client that names none samples with it, turn
+    after turn; a seed out of range is a 400 naming the field and the value, and opens nothing."""
+    import httpx
+
+    from mtrl_runtime.seeds import derived_seed, turn_seed
+
+    seen: list[tuple[str | None, int | None]] = []
+
+    def reply(req, text):
+        seen.append((req.rollout_id, req.sampling.seed))
+        return "DONE"
+
+    handle = served(ScriptedEngine(tiny_tok, reply), MtrlConfig.from_dict({"core": {"sampling_params": {"seed": 5}}}))
+    opened = [httpx.post(f"{handle.url}/v1/rollouts", json={"task_id": "t", "prompt": "hi", **extra}).json()
+              for extra in ({"seed": 77}, {})]
+    for made in opened:
+        client = openai.OpenAI(base_url=made["base_url"], api_key=made["token"])
+        for _ in range(2):
+            client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    named, unnamed = (made["rollout_id"] for made in opened)
+    assert seen == [(named, 77), (named, turn_seed(77, 1)),
+                    (unnamed, derived_seed(5, unnamed)), (unnamed, turn_seed(derived_seed(5, unnamed), 1))]
+
+    before = handle.coordinator.live_rollout_ids()
+    for bad in (-1, 2**63, "7", 1.5):
+        refused = httpx.post(f"{handle.url}/v1/rollouts", json={"task_id": "t", "prompt": "hi", "seed": bad})
+        error = refused.json()["error"]
+        assert refused.status_code == 400 and error["param"] == "seed", refused.text
+        assert repr(bad) in error["message"] or str(bad) in error["message"], error
+    assert handle.coordinator.live_rollout_ids() == before

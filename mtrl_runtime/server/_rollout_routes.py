@@ -52,7 +52,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
             )
         body = await parse_body(request, CreateRolloutRequest, max_bytes, max_chars)
         task = Task(id=body.task_id, prompt=body.prompt, ground_truth=body.ground_truth, data=body.data)
-        handle = coordinator.create_rollout(task, body.group_id, max_turns=body.max_turns)
+        handle = coordinator.create_rollout(task, body.group_id, max_turns=body.max_turns, seed=body.seed)
         base = str(request.base_url).rstrip("/")
         created = CreatedRollout(
             rollout_id=handle.rollout_id, token=handle.token, group_id=handle.group_id,
