@@ -60,9 +60,14 @@ def _as_a_shell_starts_it() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+def _as_a_scripts_background_job_starts_it() -> None:
+    """In the child before exec: SIGINT ignored, as a non-interactive shell starts ``mtrl train ... &``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _start(args: list[str], cwd: Path, preexec=_as_a_shell_starts_it) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "mtrl_runtime.cli", *args], cwd=cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_as_a_shell_starts_it,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=preexec,
                             env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"})
     proc.worker_signals = _signal_state()  # type: ignore[attr-defined]
     return proc
@@ -118,6 +123,7 @@ def test_a_stopped_run_marks_its_rollouts_interrupted_says_how_to_resume_and_res
     seen, rest = _stop_in_step(proc, 1, STEPS, signal.SIGINT)
     out = "\n".join(seen) + "\n" + rest
     assert proc.returncode == 130, out
+    assert "Ctrl-C (SIGINT) is" not in out, out  # started as a terminal starts it: Ctrl-C works, nothing to say
 
     start = next(line for line in seen if line.startswith("mtrl: training "))
     assert "engine scripted" in start and f"run folder {tmp_path / 'run'}" in start and "MLflow off" in start, start
@@ -141,11 +147,14 @@ def test_a_stopped_run_marks_its_rollouts_interrupted_says_how_to_resume_and_res
     assert len(stored[RolloutStatus.COMPLETED]) == 4  # step 0's
 
     # --resume: step 2 is trained again from the checkpoint (the interrupted rollouts are not reused);
-    # SIGTERM while step 3 collects does what Ctrl-C does
-    proc = _start([*args, "--max-steps", str(STEPS), "--resume"], tmp_path)
+    # started as a script's background job (Ctrl-C ignored), the run says so and names SIGTERM, which,
+    # sent while step 3 collects, does what Ctrl-C does
+    proc = _start([*args, "--max-steps", str(STEPS), "--resume"], tmp_path, _as_a_scripts_background_job_starts_it)
     seen, rest = _stop_in_step(proc, 2, STEPS, signal.SIGTERM)
     out = "\n".join(seen) + "\n" + rest
     assert proc.returncode == 130, out
+    assert "mtrl: Ctrl-C (SIGINT) is ignored in this process" in out, out
+    assert f"stop the run with: kill -TERM {proc.pid}" in out, out
     assert any(f"from step 2 of {STEPS}" in line for line in seen), out
     assert "mtrl: stopped; 4 rollouts in flight were marked interrupted" in rest, out
     assert "checkpoints/step-000002 with: mtrl train " in rest, out
@@ -209,3 +218,25 @@ def test_on_a_terminal_the_heartbeat_is_the_live_bars_status(monkeypatch):
     assert first.startswith("step 1/3: rollouts 2/4 done, turns 5, tool calls 0, errors 1"), first
     assert second.startswith("step 2/3: rollouts 0/4 done, turns 0"), second
     assert "mtrl: training m, engine scripted" in screen.getvalue()
+
+
+def test_a_process_started_with_ctrl_c_blocked_says_so_and_sigterm_still_reaches_it():
+    """SIGINT blocked in the inherited mask: the note names it and the pid; a blocked SIGTERM is unblocked
+    inside ``stop_on_sigterm`` (else only SIGKILL could stop the run) and blocked again after."""
+    from mtrl_runtime.cli._stopping import ctrl_c_note, stop_on_sigterm
+
+    assert ctrl_c_note(123) is None  # this worker: SIGINT handled, not blocked (pytest installs its handler)
+    said: list[str] = []
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        assert ctrl_c_note(123) == ("mtrl: Ctrl-C (SIGINT) is blocked in this process, as the program that "
+                                    "started it left it; stop the run with: kill -TERM 123")
+        with stop_on_sigterm(said.append):
+            inside = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        after = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    assert said == [f"mtrl: Ctrl-C (SIGINT) is blocked in this process, as the program that started it left it; "
+                    f"stop the run with: kill -TERM {os.getpid()}"]
+    assert signal.SIGTERM not in inside and signal.SIGINT in inside
+    assert {signal.SIGTERM, signal.SIGINT} <= after

@@ -6,21 +6,59 @@ the dispatcher ends every rollout in flight with ``RunStopped`` (stored as
 to the same handler. ``stopped_message`` says how many rollouts were marked
 and how to go on (``--resume`` from the latest checkpoint, or start over
 when none was written yet).
+
+A process can start with Ctrl-C switched off: a non-interactive shell
+starts a background job (``mtrl train ... &`` in a script) with SIGINT
+ignored, and a program can leave it blocked in the mask its children
+inherit. mtrl keeps that choice and says so when it starts, naming the
+signal that does stop the run (``ctrl_c_note``); SIGTERM, if it came
+blocked, is unblocked while the run lasts, so that ``kill`` still works.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
+import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+
+def _blocked() -> set[int]:
+    """The signals this thread blocks (none where the platform has no signal masks)."""
+    if sys.platform == "win32":
+        return set()
+    return set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+def ctrl_c_note(pid: int) -> str | None:
+    """The line to print when Ctrl-C cannot stop this process (SIGINT ignored or blocked as it started)."""
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if not ignored and signal.SIGINT not in _blocked():
+        return None
+    how = "ignored" if ignored else "blocked"
+    why = " (a script's background job starts so)" if ignored else ""
+    return (f"mtrl: Ctrl-C (SIGINT) is {how} in this process, as the program that started it left it{why}; "
+            f"stop the run with: kill -TERM {pid}")
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 @contextmanager
-def stop_on_sigterm() -> Iterator[None]:
-    """While inside, SIGTERM does what SIGINT does (the handler installed at that moment); restored on exit."""
+def stop_on_sigterm(say: Callable[[str], None] = _say) -> Iterator[None]:
+    """While inside, SIGTERM does what SIGINT does (the handler installed at that moment); restored on exit.
+
+    When Ctrl-C cannot stop the process, ``say`` gets ``ctrl_c_note``'s line first; a blocked SIGTERM is
+    unblocked while inside."""
+    note = ctrl_c_note(os.getpid())
+    if note is not None:
+        say(note)
+    unblock = {signal.SIGTERM} & _blocked()
 
     def as_sigint(signum: int, frame: Any) -> None:
         handler = signal.getsignal(signal.SIGINT)
@@ -30,9 +68,13 @@ def stop_on_sigterm() -> Iterator[None]:
             raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, as_sigint)
+    if unblock:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
     try:
         yield
     finally:
+        if unblock:
+            signal.pthread_sigmask(signal.SIG_BLOCK, unblock)
         signal.signal(signal.SIGTERM, previous)
 
 
@@ -73,4 +115,4 @@ def stopped_message(config: Any, since: float, resume: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["resume_command", "stop_on_sigterm", "stopped_message"]
+__all__ = ["ctrl_c_note", "resume_command", "stop_on_sigterm", "stopped_message"]
