@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -208,7 +209,8 @@ class Browser:
         profile = Path(self._profile.name)
         self._proc = subprocess.Popen(
             [self.executable, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
-             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)  # its helpers (renderer, GPU, crash handler) share its process group
         deadline = time.monotonic() + 60
         port_file = profile / "DevToolsActivePort"
         while not port_file.is_file() or not port_file.read_text().strip():
@@ -268,14 +270,28 @@ class Browser:
     def __exit__(self, *exc: object) -> None:
         if self._ws is not None:
             self._ws.close()
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.terminate()
+                try:
+                    self._proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
+            # helpers outliving the browser still write into the profile; removing it under them failed
+            # with "Directory not empty" (seen once in a full suite run)
             try:
-                self._proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        self._profile.cleanup()
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for attempt in range(20):  # a killed helper's last writes land as it exits
+            try:
+                self._profile.cleanup()
+                return
+            except OSError:
+                if attempt == 19:
+                    raise
+                time.sleep(0.1)
 
 
 ASSISTANT_PANEL_PX = 370  # MLflow's assistant side panel on the right of every page: left out of the pictures
