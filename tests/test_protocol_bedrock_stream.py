@@ -62,7 +62,8 @@ def _blocks(events: list[dict]) -> list[dict]:
 
 def test_converse_stream_leaves_as_tokens_are_decoded_and_equals_converse(bedrock_served, aws, tiny_tok):
     reply = ScriptedReply.tool_call("lookup", {"key": "K01"}, text="<think>plan it</think>" + LONG + " ")
-    handle = bedrock_served(ScriptedEngine(tiny_tok, lambda request, prompt: reply, token_delay_s=STEP))
+    engine = ScriptedEngine(tiny_tok, lambda request, prompt: reply)  # the whole answer, to compare with: at once
+    handle = bedrock_served(engine)
     client = boto3.client("bedrock-runtime", region_name="us-east-1")
     streamed, whole = specs(handle, tasks(2)[1:] * 2)  # one task, two rollouts
     ask = dict(messages=[{"role": "user", "content": [{"text": "What is the value of key K01 plus 5?"}]}],
@@ -74,6 +75,7 @@ def test_converse_stream_leaves_as_tokens_are_decoded_and_equals_converse(bedroc
 
     with rollout_scope(whole):
         answer = call(whole.task, False)
+    engine.token_delay_s = STEP  # the streamed call: one token every step
     with rollout_scope(streamed):
         timed, total = call(streamed.task, True)
     events = [e for _, e in timed]
@@ -127,7 +129,8 @@ async def test_strands_bedrock_model_streams_text_before_the_generation_ends_and
             return ScriptedReply.tool_call("lookup", {"key": key}, text=LONG + " ")
         return f"{LONG} The answer for {key} is {value_of(key) + OFFSET}. DONE"
 
-    handle = bedrock_served(ScriptedEngine(tiny_tok, scripted, token_delay_s=STEP))
+    engine = ScriptedEngine(tiny_tok, scripted)  # the streaming=False agent's turns, to compare with: at once
+    handle = bedrock_served(engine)
     streamed, whole = specs(handle, tasks(2)[1:] * 2)  # one task, two rollouts
     tools = [strands.tool(lookup)]
     seen: list[tuple[float, str]] = []
@@ -149,6 +152,7 @@ async def test_strands_bedrock_model_streams_text_before_the_generation_ends_and
 
     await run(whole, False)
     whole_texts = len(seen)
+    engine.token_delay_s = STEP  # the streamed agent: one token every step
     total = await run(streamed, True)
     streamed_texts = seen[whole_texts:]
     a, b = (handle.store.get_rollout(s.rollout_id).turns for s in (streamed, whole))

@@ -173,7 +173,8 @@ def test_an_anthropic_messages_stream_leaves_as_tokens_are_decoded_and_records_t
     anthropic = pytest.importorskip("anthropic")
     step = 0.04
     reply = ScriptedReply.tool_call("lookup", {"key": "A1"}, text="<think>plan it</think>" + LONG + " ")
-    handle = served(ScriptedEngine(tiny_tok, lambda request, prompt: reply, token_delay_s=step))
+    engine = ScriptedEngine(tiny_tok, lambda request, prompt: reply)  # the whole answer, to compare with: at once
+    handle = served(engine)
     streamed, whole = (handle.coordinator.create_rollout(Task(id="t", prompt="q")) for _ in range(2))
     tools = [{"name": "lookup", "description": "Look a key up.",
               "input_schema": {"type": "object", "properties": {"key": {"type": "string"}}}}]
@@ -181,6 +182,7 @@ def test_an_anthropic_messages_stream_leaves_as_tokens_are_decoded_and_records_t
 
     answer = anthropic.Anthropic(base_url=f"{handle.url}/rollouts/{whole.rollout_id}", api_key=whole.token,
                                  max_retries=0).messages.create(**ask)
+    engine.token_delay_s = step  # the streamed call: one token every step
     client = anthropic.Anthropic(base_url=f"{handle.url}/rollouts/{streamed.rollout_id}", api_key=streamed.token,
                                  max_retries=0)
     started = time.perf_counter()
@@ -207,11 +209,13 @@ def test_an_anthropic_messages_stream_leaves_as_tokens_are_decoded_and_records_t
 def test_a_responses_stream_leaves_as_tokens_are_decoded_and_records_the_same_turn(served, tiny_tok) -> None:
     step = 0.04
     reply = ScriptedReply.tool_call("lookup", {"key": "A1"}, text="<think>plan it</think>" + LONG + " ")
-    handle = served(ScriptedEngine(tiny_tok, lambda request, prompt: reply, token_delay_s=step))
+    engine = ScriptedEngine(tiny_tok, lambda request, prompt: reply)  # the whole answer, to compare with: at once
+    handle = served(engine)
     streamed, whole = (handle.coordinator.create_rollout(Task(id="t", prompt="q")) for _ in range(2))
     tools = [{"type": "function", "name": "lookup", "description": "Look a key up.",
               "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}}]
     answer = _client(handle, whole).responses.create(model="m", input="look A1 up", tools=tools)
+    engine.token_delay_s = step  # the streamed call: one token every step
 
     started = time.perf_counter()
     times: dict[str, float] = {}
@@ -232,6 +236,7 @@ def test_a_responses_stream_leaves_as_tokens_are_decoded_and_records_the_same_tu
     assert [i.type for i in final.output] == ["reasoning", "message", "function_call"]
     a, b = (handle.store.get_rollout(r.rollout_id).turns[0] for r in (streamed, whole))
     assert a.prompt_ids == b.prompt_ids and a.completion_ids == b.completion_ids and a.logprobs == b.logprobs
+    engine.token_delay_s = 0
     follow = _client(handle, streamed).responses.create(  # the streamed response can be continued from
         model="m", previous_response_id=final.id, tools=tools,
         input=[{"type": "function_call_output", "call_id": final.output[2].call_id, "output": "42"}])
