@@ -159,13 +159,19 @@ class MlflowUI:
             time.sleep(0.3)
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            _stop(self.proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Terminate ``proc`` if it runs; killed when it has not ended 20 s later."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def pick(db: Path) -> dict[str, str]:
@@ -271,13 +277,7 @@ class Browser:
         if self._ws is not None:
             self._ws.close()
         if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.terminate()
-                try:
-                    self._proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-                    self._proc.wait()
+            _stop(self._proc)
             # helpers outliving the browser still write into the profile; removing it under them failed
             # with "Directory not empty" (seen once in a full suite run)
             try:
