@@ -239,14 +239,24 @@ def _free_port() -> int:
 
 
 def _serve(args: list[str], cwd: Path) -> tuple[subprocess.Popen, str]:
-    """``mtrl serve ARGS --inference`` on a free loopback port; returns once /health answers."""
-    port = _free_port()
+    """``mtrl serve ARGS --inference --port 0`` on loopback; returns once /health answers on the port it printed.
+
+    (A port picked here and handed over was once taken by another worker's server in between, whose /health
+    answered instead.)"""
     proc = subprocess.Popen(
         [sys.executable, "-m", "mtrl_runtime.cli", "serve", *args, "--inference", "--host", "127.0.0.1",
-         "--port", str(port), "--run-dir", str(cwd / "serve-run")],
+         "--port", "0", "--run-dir", str(cwd / "serve-run")],
         cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-    url = f"http://127.0.0.1:{port}"
+    seen = []
+    for line in proc.stdout:  # the serving line names the port the server holds
+        seen.append(line)
+        if line.startswith("mtrl: serving "):
+            break
+    else:
+        raise AssertionError(f"mtrl serve exited with {proc.wait()} before serving:\n{''.join(seen)}")
+    url = line.split(" on ")[-1].strip().removesuffix("/v1")
+    assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), line
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -296,6 +306,16 @@ def test_mtrl_serve_answers_chat_completions_with_the_trained_policy(trained, tm
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_mtrl_serve_names_a_port_in_use_before_loading_anything(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit, match=rf"mtrl serve: cannot listen on 127\.0\.0\.1:{port}: .*in use.*--port 0"):
+            main(["serve", "--model", "smollm2-135m", "--port", str(port), "--run-dir", str(tmp_path / "run")])
+    assert not (tmp_path / "run" / "trajectories.db").exists()  # nothing was built
 
 
 def test_mtrl_serve_names_a_bad_adapter_before_loading_anything(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +26,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="local folder, hub id, or smollm2-135m (default: the adapter's base model)")
     p.add_argument("--adapter", help="a peft adapter folder, or a run folder (its trained adapter), to serve")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default 8731)")
+    p.add_argument("--port", type=int, help="port (default 8731; 0: a free one, printed on the serving line)")
     p.add_argument("--run-dir", help="where the trajectory store lives")
     p.add_argument("--inference", action="store_true", help="also serve calls that name no rollout")
     p.add_argument("--api-key", help="required to bind beyond loopback (or set MTRL_API_KEY)")
@@ -55,13 +56,31 @@ def _serve(args: argparse.Namespace) -> int:
     check_bind(config.advanced.server.host, config.advanced.server.api_key)
     if config.advanced.server.rollout_ttl_s is None:  # serve mode: a rollout nobody uses is abandoned after an hour
         config = config.with_overrides({"advanced.server.rollout_ttl_s": SERVE_ROLLOUT_TTL_S})
-    return _run_server(config, adapter)
+    # the config's port 0 means "unset" here (mtrl serve's default); --port 0 asks for a free port
+    port = 0 if args.port == 0 else (config.advanced.server.port or DEFAULT_PORT)
+    return _run_server(config, adapter, port)
 
 
+DEFAULT_PORT = 8731
 SERVE_ROLLOUT_TTL_S = 3600.0  # mtrl serve's advanced.server.rollout_ttl_s unless the config sets one
 
 
-def _run_server(config: MtrlConfig, adapter: Path | None) -> int:
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` (0: a free port), so that the serving line names the port it got."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"mtrl serve: cannot listen on {host}:{port}: {exc}; choose another --port "
+                         "(--port 0 takes a free one)") from None
+    sock.listen(2048)
+    return sock
+
+
+def _run_server(config: MtrlConfig, adapter: Path | None, port: int) -> int:
     """Build the rollout stack (engine with ``adapter`` loaded, store, coordinator) and serve it until stopped."""
     import asyncio
 
@@ -71,17 +90,20 @@ def _run_server(config: MtrlConfig, adapter: Path | None) -> int:
     from ..server import KEEP_ALIVE_S, create_app
 
     server_cfg = config.advanced.server
+    sock = _listen(server_cfg.host, port)  # before the model loads: a port in use fails at once
     stack = RolloutStack.build(config, store_path=config.run_dir / "trajectories.db", serve=False)
     try:
         if adapter is not None:
             asyncio.run(stack.engine.load_adapter(str(adapter), 1))
         app = create_app(stack.coordinator)
-        port = server_cfg.port or 8731
-        print(f"mtrl: serving {stack.coordinator.served_model} ({config.core.engine}) on http://{server_cfg.host}:{port}/v1",
-              flush=True)
-        uvicorn.run(app, host=server_cfg.host, port=port, log_level="warning", access_log=False,
-                    timeout_keep_alive=KEEP_ALIVE_S)
+        bound = sock.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(app, host=server_cfg.host, port=bound, log_level="warning",
+                                               access_log=False, timeout_keep_alive=KEEP_ALIVE_S))
+        print(f"mtrl: serving {stack.coordinator.served_model} ({config.core.engine}) on "
+              f"http://{server_cfg.host}:{bound}/v1", flush=True)
+        server.run(sockets=[sock])
     finally:
+        sock.close()
         asyncio.run(stack.close())
     return 0
 
