@@ -46,7 +46,8 @@ def _cpu(who: int) -> float:
 def pytest_runtest_protocol(item: Any, nextitem: Any) -> Iterator[None]:
     started, own, children = time.time(), _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
     yield
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    # the xdist worker's id from its config, not $PYTEST_XDIST_WORKER: a pytest that a test starts inherits that
+    worker = getattr(item.config, "workerinput", {}).get("workerid", "main")
     record = {"id": item.nodeid, "worker": worker, "start": started, "wall": time.time() - started,
               "self": _cpu(resource.RUSAGE_SELF) - own, "children": _cpu(resource.RUSAGE_CHILDREN) - children}
     folder = Path(os.environ.get("SUITE_PROFILE_DIR") or DEFAULT_DIR)
