@@ -283,7 +283,7 @@ class Browser:
             try:
                 os.killpg(self._proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
-                pass
+                pass  # safe: no helper is left in the group (all ended with the browser), so nothing to kill
         for attempt in range(20):  # a killed helper's last writes land as it exits
             try:
                 self._profile.cleanup()
