@@ -329,7 +329,7 @@ def test_gpus_are_split_evenly_between_the_servers(monkeypatch: pytest.MonkeyPat
 
 
 async def test_servers_by_url_form_a_pool_that_names_each_unreachable_one(tiny_model_dir: Any) -> None:
-    from mtrl_runtime.engines.vllm._server import free_port
+    from mtrl_runtime.engines.vllm._ports import free_port
 
     urls = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
     pool = create_engine("vllm", str(tiny_model_dir), urls=urls, keep_versions=3)

