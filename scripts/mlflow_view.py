@@ -22,9 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -119,10 +119,7 @@ def demo_run(run_dir: Path, steps: int = 4) -> Path:
 # -- the MLflow UI ----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+SERVING = re.compile(r"Uvicorn running on (?P<url>http://[\d.]+:\d+)")  # mlflow server's uvicorn names its port
 
 
 class MlflowUI:
@@ -132,8 +129,7 @@ class MlflowUI:
         self.db = run_dir.resolve() / "mlflow.db"
         if not self.db.is_file():
             raise FileNotFoundError(f"run_dir: {str(run_dir)!r} has no mlflow.db (train it with MLflow on)")
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = ""  # known once the server says which port it took
         self.log = log
         self.proc: subprocess.Popen | None = None
 
@@ -141,16 +137,19 @@ class MlflowUI:
         out = open(self.log, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{self.db}",
-             "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+             "--host", "127.0.0.1", "--port", "0", "--workers", "1"],  # port 0: a free one
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "MLFLOW_ENABLE_TELEMETRY": "false",
                                                         "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"},
         )
         deadline = time.monotonic() + 90
         while True:
+            if not self.url and (found := SERVING.search(self.log.read_text(errors="replace"))):
+                self.url = found["url"]
             try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self
+                if self.url:
+                    with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                        if r.status == 200:
+                            return self
             except OSError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:

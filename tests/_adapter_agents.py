@@ -2,15 +2,18 @@
 
 - ``serve``: an OpenAI-client agent under mtrl's agent server (``start_agent_server``);
   prints ``URL <url> LIGHT <bool>`` (LIGHT: torch and the coordinator were not imported).
-- ``agentcore PORT``: the same agent as a ``BedrockAgentCoreApp`` entrypoint wrapped with
+- ``agentcore``: the same agent as a ``BedrockAgentCoreApp`` entrypoint wrapped with
   ``mtrl_integrations.agentcore.trainable``, served by ``app.run()`` on 127.0.0.1.
-- ``agentcore-stream PORT``: the same agent as a streaming (async generator) entrypoint.
-- ``sagemaker PORT``: a Strands agent written for SageMaker AI MTRL's adapters
+- ``agentcore-stream``: the same agent as a streaming (async generator) entrypoint.
+- ``sagemaker ENDPOINT``: a Strands agent written for SageMaker AI MTRL's adapters
   (``sagemaker_rft_handler``, ``wrap_model``, ``RolloutFeedbackClient``), no mtrl code,
   served by ``app.run()`` on 127.0.0.1; needs AWS credentials (dummy ones do: the
   SigV4 token is computed locally).
-- ``sagemaker-shared PORT ENDPOINT header|rollout``: the same with one ``wrap_model``-wrapped
+- ``sagemaker-shared ENDPOINT header|rollout``: the same with one ``wrap_model``-wrapped
   model shared at module level (SageMaker's docstring pattern), reading ``instance["answer"]``.
+
+Every ``app.run()`` listens on port 0 (a free port) and logs at info, so uvicorn's
+``Uvicorn running on http://127.0.0.1:PORT`` line names the port it took.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def serve() -> None:
     server.serve_forever()
 
 
-def agentcore(port: int) -> None:
+def agentcore() -> None:
     import openai
     from bedrock_agentcore import BedrockAgentCoreApp
 
@@ -73,10 +76,10 @@ def agentcore(port: int) -> None:
         update_reward(per_turn_rewards(turns))
         return {"turns": turns}
 
-    app.run(port=port, host="127.0.0.1")
+    app.run(port=0, host="127.0.0.1", log_level="info")
 
 
-def agentcore_stream(port: int) -> None:
+def agentcore_stream() -> None:
     """The ``agentcore`` agent as a streaming entrypoint (an async generator AgentCore answers as events)."""
     import openai
     from bedrock_agentcore import BedrockAgentCoreApp
@@ -104,10 +107,10 @@ def agentcore_stream(port: int) -> None:
         update_reward(per_turn_rewards(turns))
         yield {"turns": turns}
 
-    app.run(port=port, host="127.0.0.1")
+    app.run(port=0, host="127.0.0.1", log_level="info")
 
 
-def sagemaker(port: int, endpoint: str) -> None:
+def sagemaker(endpoint: str) -> None:
     from bedrock_agentcore import BedrockAgentCoreApp
     from sagemaker.core.token_generator import generate_token
     from sagemaker.train.rft import sagemaker_rft_handler
@@ -132,10 +135,10 @@ def sagemaker(port: int, endpoint: str) -> None:
         turns = sum(1 for m in agent.messages if m["role"] == "assistant")
         return {"reward": per_turn_rewards(turns)}
 
-    app.run(port=port, host="127.0.0.1")
+    app.run(port=0, host="127.0.0.1", log_level="info")
 
 
-def sagemaker_shared(port: int, endpoint: str, url_mode: str) -> None:
+def sagemaker_shared(endpoint: str, url_mode: str) -> None:
     """SageMaker's docstring pattern: one ``wrap_model``-wrapped model at module level, shared by every rollout.
 
     ``url_mode`` ``header``: the model's base URL is the coordinator's ``/v1``
@@ -168,7 +171,7 @@ def sagemaker_shared(port: int, endpoint: str, url_mode: str) -> None:
             raise RuntimeError("agent crashed on purpose")
         return {"reward": 1.0 if f"is {instance['answer']}" in str(result) else 0.0}
 
-    app.run(port=port, host="127.0.0.1")
+    app.run(port=0, host="127.0.0.1", log_level="info")
 
 
 if __name__ == "__main__":
@@ -176,12 +179,12 @@ if __name__ == "__main__":
     if mode == "serve":
         serve()
     elif mode == "agentcore":
-        agentcore(int(sys.argv[2]))
+        agentcore()
     elif mode == "agentcore-stream":
-        agentcore_stream(int(sys.argv[2]))
+        agentcore_stream()
     elif mode == "sagemaker":
-        sagemaker(int(sys.argv[2]), sys.argv[3])
+        sagemaker(sys.argv[2])
     elif mode == "sagemaker-shared":
-        sagemaker_shared(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+        sagemaker_shared(sys.argv[2], sys.argv[3])
     else:
         raise SystemExit(f"unknown mode {mode!r}; expected serve, agentcore, sagemaker or sagemaker-shared")

@@ -16,13 +16,11 @@ import json
 import os
 import re
 import socket
-import subprocess
 import sys
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from _adapter_tools import (  # noqa: F401  (re-exported for the tests)
     CRASH_KEY,
@@ -39,6 +37,7 @@ from _adapter_tools import (  # noqa: F401  (re-exported for the tests)
     per_turn_rewards,
     value_of,
 )
+from _server_process import ServerProcess, server_process
 from mtrl_runtime.engines import ScriptedReply
 from mtrl_runtime.types import RolloutSpec, RolloutStatus, SamplingParams, Task
 
@@ -155,47 +154,21 @@ def refuse_network(monkeypatch: Any) -> list[str]:
     return contacted
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 AGENTS = Path(__file__).resolve().parent / "_adapter_agents.py"
+# mtrl's agent server prints "URL <url> LIGHT <bool>" itself; an app.run(port=0) has uvicorn log its address
+AGENT_URL = re.compile(r"(?:^URL |Uvicorn running on )(?P<url>http://\S+)(?: LIGHT (?P<light>True|False)$)?")
 
 
-def spawn_agent(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start ``tests/_adapter_agents.py`` with ``args`` (its output on a pipe)."""
-    return subprocess.Popen(
-        [sys.executable, str(AGENTS), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
+@contextmanager
+def agent_process(*args: str, health: str, env: dict[str, str] | None = None,
+                  timeout: float = 90.0) -> Iterator[tuple[ServerProcess, str, re.Match[str]]]:
+    """``tests/_adapter_agents.py ARGS`` on a port of its own; yields it, its URL and the line that named it.
 
-
-def wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the agent process exited: {proc.stdout.read()}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"the agent process did not answer {url} within {timeout}s")
-
-
-def stop_agent(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
+    The process is stopped on the way out."""
+    command = [sys.executable, str(AGENTS), *args]
+    with server_process(command, url_line=AGENT_URL, health=health, timeout=timeout,
+                        env={**os.environ, **(env or {})}) as (server, url):
+        yield server, url, server.wait_for(AGENT_URL, 0)
 
 
 async def run_all(executor: Any, runs: list[RolloutSpec]) -> list:

@@ -10,17 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from _adapter_support import (
-    check_attribution,
-    free_port,
-    policy,
-    run_all,
-    spawn_agent,
-    specs,
-    stop_agent,
-    tasks,
-    wait_healthy,
-)
+from _adapter_support import agent_process, check_attribution, policy, run_all, specs, tasks
 from mtrl_adapters import rollout, start_agent_server
 from mtrl_runtime.engines import ScriptedEngine
 from mtrl_runtime.executors import HttpExecutor
@@ -29,15 +19,8 @@ from mtrl_runtime.types import RolloutStatus
 
 @pytest.fixture
 def agent_server():
-    proc = spawn_agent("serve")
-    try:
-        line = proc.stdout.readline().split()
-        assert line[:1] == ["URL"], f"unexpected first line from the agent process: {line} {proc.stdout.read()}"
-        url, light = line[1], line[3]
-        wait_healthy(proc, url + "/health")
-        yield url, light == "True"
-    finally:
-        stop_agent(proc)
+    with agent_process("serve", health="/health") as (_, url, line):
+        yield url, line["light"] == "True"
 
 
 async def test_agent_server_in_another_process_runs_16_rollouts(served, tiny_tok, agent_server):
@@ -98,11 +81,7 @@ def test_agent_server_api_key_and_unknown_routes():
 
 
 async def test_agentcore_app_run_on_loopback_is_trainable(served, tiny_tok):
-    port = free_port()
-    proc = spawn_agent("agentcore", str(port))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, url + "/ping")
+    with agent_process("agentcore", health="/ping") as (_, url, _):
         handle = served(ScriptedEngine(tiny_tok, policy))
         executor = HttpExecutor.for_agentcore(url, coordinator=handle.coordinator)
         runs = specs(handle, tasks(6))
@@ -113,16 +92,10 @@ async def test_agentcore_app_run_on_loopback_is_trainable(served, tiny_tok):
         plain = httpx.post(url + "/invocations", json={"prompt": "hello"}, timeout=30).json()
         assert plain == {"echo": {"prompt": "hello"}}  # users' invocations are served as before
         assert handle.coordinator.counters["rollouts_created"] == created
-    finally:
-        stop_agent(proc)
 
 
 async def test_a_streaming_agentcore_entrypoint_is_trainable_and_still_streams_to_users(served, tiny_tok):
-    port = free_port()
-    proc = spawn_agent("agentcore-stream", str(port))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, url + "/ping")
+    with agent_process("agentcore-stream", health="/ping") as (_, url, _):
         handle = served(ScriptedEngine(tiny_tok, policy))
         executor = HttpExecutor.for_agentcore(url, coordinator=handle.coordinator)
         runs = specs(handle, tasks(4))
@@ -134,8 +107,6 @@ async def test_a_streaming_agentcore_entrypoint_is_trainable_and_still_streams_t
         assert plain.headers["content-type"].startswith("text/event-stream")  # users' invocations stream as before
         events = [line.removeprefix("data: ") for line in plain.text.split("\n\n") if line]
         assert events == ['{"event": "streamed"}', '{"event": "echo"}', '{"echo": {"prompt": "hello"}}']
-    finally:
-        stop_agent(proc)
 
 
 async def test_http_executor_sends_the_agent_servers_api_key(served, tiny_tok):

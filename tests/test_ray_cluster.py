@@ -13,6 +13,7 @@ its own task. Each node is stopped by its own process id at the end.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from _adapter_support import check_attribution, free_port, policy, specs, tasks
+from _adapter_support import check_attribution, policy, specs, tasks
 from _groups import processes
 from _ray_agents import node_agent
 from mtrl_runtime.config import MtrlConfig
@@ -62,6 +63,22 @@ def start_node(args: list[str], env: dict[str, str], log: Path) -> subprocess.Po
     return node
 
 
+HEAD_ADDRESS = re.compile(r"ray start --address='(?P<address>[\d.]+:\d+)'")  # how `ray start --head` says it
+
+
+def head_address(head: subprocess.Popen, timeout: float = 180) -> str:
+    """The address a head started with ``--port=0`` took, read from the line its log tells other nodes to join by."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = Path(head.log_path).read_text()  # type: ignore[attr-defined]
+        if match := HEAD_ADDRESS.search(log):
+            return match["address"]
+        if head.poll() is not None:
+            raise RuntimeError(f"the ray head exited early with {head.returncode}:\n{log[-3000:]}")
+        time.sleep(0.5)
+    raise TimeoutError(f"the ray head printed no address to join in {timeout} s")
+
+
 def wait_for_nodes(address: str, env: dict[str, str], count: int, nodes: list[subprocess.Popen]) -> None:
     deadline = time.monotonic() + 180
     script = ("import ray, json; ray.init(address=%r, log_to_driver=False); "
@@ -87,11 +104,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, ray_temp_dir: Path) -> Ite
     root = tmp_path_factory.mktemp("raycluster")  # the nodes' logs; Ray's own files in the short ray_temp_dir
     python_path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": python_path, "TOKENIZERS_PARALLELISM": "false"}
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    nodes = [start_node([f"--port={port}", "--head", "--num-cpus=0", f"--temp-dir={ray_temp_dir}",
+    # --port=0: the head takes a free port and prints it (a port picked here could be taken in between)
+    nodes = [start_node(["--port=0", "--head", "--num-cpus=0", f"--temp-dir={ray_temp_dir}",
                          "--include-dashboard=false"], env, root / "head.log")]
     try:
+        address = head_address(nodes[0])
         wait_for_nodes(address, env, 1, nodes)
         for i in range(2):  # one at a time: two raylets starting at once on a busy machine can time out
             nodes.append(start_node([f"--address={address}", "--num-cpus=2"], env, root / f"worker{i}.log"))

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -15,6 +13,7 @@ import openai
 import pytest
 import torch
 
+from _server_process import MTRL_SERVING, server_process
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
 from mtrl_runtime.engines.hf import HFEngine
@@ -239,35 +238,11 @@ sys.exit(main(["serve", "--engine", "hf", "--model", sys.argv[1], "--run-dir", s
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_sigkill_of_a_serving_process_loses_no_answered_turn(tmp_path: Path, tiny_model_dir: Path):
-    port = _free_port()
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SERVE_SCRIPT, str(tiny_model_dir), str(run_dir), str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.2)
+    command = [sys.executable, "-c", _SERVE_SCRIPT, str(tiny_model_dir), str(run_dir), "0"]  # --port 0: a free one
+    with server_process(command, url_line=MTRL_SERVING, health="/health",
+                        env={**os.environ, "PYTHONUNBUFFERED": "1"}) as (server, url):
         created = httpx.post(f"{url}/v1/rollouts", json={"task_id": "t1", "prompt": "q"}).json()
         client = openai.OpenAI(base_url=created["base_url"], api_key=created["token"], max_retries=0)
         answered = []
@@ -276,11 +251,8 @@ def test_sigkill_of_a_serving_process_loses_no_answered_turn(tmp_path: Path, tin
                 model="m", messages=[{"role": "user", "content": f"turn {i}"}], max_tokens=4
             )
             answered.append(reply.choices[0].message.content)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(10)
     store = SQLiteStore(run_dir / "trajectories.db")
     try:
         turns = store.get_rollout(created["rollout_id"]).turns
