@@ -84,6 +84,8 @@ def recipe(args: argparse.Namespace, run_dir: Path, model: str) -> MtrlConfig:
     overrides: dict[str, Any] = {"core.run_dir": str(run_dir), "core.max_steps": args.max_steps,
                                  "core.val_every": args.val_every, "core.pass_k_values": [1],
                                  "core.model": model, "advanced.checkpoint_every": 0,
+                                 # synchronous, as the recorded figures ran (the demo trains one version behind)
+                                 "advanced.async_config.enabled": False,
                                  "advanced.engine_options": {"dtype": "float32" if args.tiny else "auto",
                                                              "num_threads": 2}}
     if args.tiny:  # a tiny random model: few steps, short replies, small LoRA

@@ -95,15 +95,16 @@ def test_every_bench_records_the_dtype_it_ran():
         assert calls or "dtype" in keys, f"{path.name}: its results record no dtype (use _machine.machine_info)"
 
 
-def test_staleness_turns_the_demo_asynchronous_and_a_bad_value_is_named():
+def test_the_demo_trains_one_version_behind_unless_staleness_says_otherwise_and_a_bad_value_is_named():
     from mtrl_runtime.cli.demo import demo_config, training_mode
 
     recipe = demo_config()
-    assert training_mode(recipe) == "synchronous" and not recipe.advanced.async_config.enabled
-    one = demo_config(steps=3, staleness=1)
-    assert one.core.max_steps == 3
-    assert (one.advanced.async_config.enabled, one.advanced.async_config.max_steps_off_policy) == (True, 1)
-    assert training_mode(one) == "asynchronous (rollouts at most 1 version(s) behind)"
-    assert training_mode(demo_config(staleness=0)) == "synchronous"
+    assert (recipe.advanced.async_config.enabled, recipe.advanced.async_config.max_steps_off_policy) == (True, 1)
+    assert training_mode(recipe) == "asynchronous (rollouts at most 1 version(s) behind)"
+    two = demo_config(steps=3, staleness=2)
+    assert two.core.max_steps == 3
+    assert (two.advanced.async_config.enabled, two.advanced.async_config.max_steps_off_policy) == (True, 2)
+    synchronous = demo_config(staleness=0)
+    assert training_mode(synchronous) == "synchronous" and not synchronous.advanced.async_config.enabled
     with pytest.raises(SystemExit, match=r"--staleness: expected an int >= 0, got -1"):
         demo_config(staleness=-1)
