@@ -118,7 +118,8 @@ async def test_a_server_answering_on_the_port_before_vllm_binds_it_is_named_not_
     server = VLLMServer(tmp_path / "model", python=sys.executable, port=other_server,
                         env=_stand_in(tmp_path / "stand-in", "never-binds"), log_path=tmp_path / "vllm.log")
     with pytest.raises(VLLMServerError, match=rf"another process listens on port {other_server} .* may not be the "
-                                              rf"vLLM server mtrl started \(pid \d+\).*engine option port unset"):
+                                              rf"vLLM server mtrl started \(pid \d+\); name a port nothing else "
+                                              rf"uses in the engine option port"):
         await _start(server)
     assert not server.alive()
 
@@ -130,14 +131,14 @@ async def test_the_started_server_answering_on_its_port_is_trusted(tmp_path):
     assert server.starts == 1 and not server.alive()
 
 
-async def test_a_listener_sharing_the_port_with_vllm_is_named(tmp_path):
+async def test_a_listener_sharing_the_picked_port_with_vllm_is_named(tmp_path):
+    server = VLLMServer(tmp_path / "model", python=sys.executable,  # no port: one is picked
+                        env=_stand_in(tmp_path / "stand-in", "serves"), log_path=tmp_path / "vllm.log")
     with socket.socket() as sharer:  # what SO_REUSEPORT lets another process (same user) do beside vLLM
         sharer.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sharer.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sharer.bind(("127.0.0.1", 0))
+        sharer.bind(("127.0.0.1", server.port))
         sharer.listen()
-        port = sharer.getsockname()[1]
-        server = VLLMServer(tmp_path / "model", python=sys.executable, port=port,
-                            env=_stand_in(tmp_path / "stand-in", "serves"), log_path=tmp_path / "vllm.log")
-        with pytest.raises(VLLMServerError, match=rf"another process listens on port {port}"):
+        with pytest.raises(VLLMServerError, match=rf"another process listens on port {server.port} .*the port was "
+                                                  rf"free when mtrl picked it; start again to pick another"):
             await _start(server)

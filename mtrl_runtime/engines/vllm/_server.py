@@ -84,6 +84,7 @@ class VLLMServer:
         self.model = Path(model)
         self.python = python
         self.host = host
+        self.port_named = bool(port)  # the caller's port (the engine option), not one picked here
         self.port = port or free_port(host)
         self.served_model_name = served_model_name
         self.dtype = dtype
@@ -178,8 +179,9 @@ class VLLMServer:
         if foreign:
             raise VLLMServerError(
                 f"another process listens on port {self.port} (socket inodes {sorted(foreign)}), so what answered "
-                f"{self.url}/health may not be the vLLM server mtrl started (pid {self._proc.pid}); the port was "
-                f"free when picked. Leave the engine option port unset to pick another, or name one nothing uses"
+                f"{self.url}/health may not be the vLLM server mtrl started (pid {self._proc.pid}); "
+                + ("name a port nothing else uses in the engine option port, or leave it unset for a free one"
+                   if self.port_named else "the port was free when mtrl picked it; start again to pick another")
             )
 
     async def wait_exit(self, timeout_s: float) -> bool:
