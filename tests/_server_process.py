@@ -20,7 +20,6 @@ from pathlib import Path
 import httpx
 
 MTRL_SERVING = re.compile(r"^mtrl: serving .* on (?P<url>http://\S+?)/v1$")  # `mtrl serve`'s serving line
-UVICORN_RUNNING = re.compile(r"Uvicorn running on (?P<url>http://\S+)")  # an app.run() logging at info
 
 
 @dataclass
