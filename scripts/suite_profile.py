@@ -5,7 +5,7 @@ fast. Run the suite as CI runs it, with the plugin loaded (``PYTHONPATH``
 names ``scripts/`` so that every pytest-xdist worker finds it), then
 summarize::
 
-    PYTHONPATH=scripts .venv/bin/python -m pytest -q -n 2 -p suite_profile
+    PYTHONPATH=scripts .venv/bin/python -m pytest -q -n 3 -p suite_profile
     .venv/bin/python scripts/suite_profile.py
 
 Each worker appends one JSON line per test to

@@ -1,4 +1,4 @@
-"""The pytest-xdist groups of the suite (``pytest -n 2``; ``--dist loadgroup`` is in pyproject's addopts).
+"""The pytest-xdist groups of the suite (``pytest -n 3``; ``--dist loadgroup`` is in pyproject's addopts).
 
 The tests of one group run one after another, in collection order, on one
 worker; a test in no group may run on any worker.

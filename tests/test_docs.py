@@ -24,7 +24,7 @@ The rules a page follows (docs/guide.md, "Code blocks in these docs", says the s
   ``mlflow ui``; see ``SERVERS``) is started in the background; the test
   waits (bounded) for its health URL, runs the rest of the page against it,
   and stops it when the page is done.
-- Under pytest-xdist (``pytest -n 2``; ``--dist loadgroup`` is in
+- Under pytest-xdist (``pytest -n 3``; ``--dist loadgroup`` is in
   pyproject's addopts) each page is one ``xdist_group`` (``PAGE_GROUP``,
   ``tests/_groups.py``): its blocks run in page order on one worker, in one
   workspace. Pages whose servers listen on the same fixed port share a
@@ -35,7 +35,7 @@ The rules a page follows (docs/guide.md, "Code blocks in these docs", says the s
 
 README's first block is the one special case, checked but not run here.
 Its second command (``scripts/setup.sh dev && .venv/bin/python -m pytest
--q -n 2``: two pytest-xdist workers) is what CI runs, and this module is
+-q -n 3``: three pytest-xdist workers) is what CI runs, and this module is
 part of that suite. Its first sets up ``.venv`` (which running this suite proves) and runs ``mtrl demo``:
 about 22 minutes on 2 cores, and even ``mtrl demo --steps 1 --eval-tasks 1
 --samples 1`` had not finished its one training step after 5 min 50 s on
@@ -403,7 +403,7 @@ def test_block_runs_as_written(block: Block, workspaces, request):
 def _run_readme_first_block(ws: Workspace, block: Block) -> None:
     commands = [line.strip() for line in block.code.splitlines() if line.strip()]
     assert commands == ["scripts/setup.sh && .venv/bin/mtrl demo",
-                        "scripts/setup.sh dev && .venv/bin/python -m pytest -q -n 2"], (
+                        "scripts/setup.sh dev && .venv/bin/python -m pytest -q -n 3"], (
         f"{block.id}: README's first block changed; update README_DEMO and this check to match it")
     setup = ws.dir / "scripts" / "setup.sh"
     assert setup.is_file() and os.access(setup, os.X_OK), f"{block.id}: scripts/setup.sh is missing or not executable"
