@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import sys
 import tempfile
 import time
@@ -37,21 +36,19 @@ from typing import Any
 
 from _machine import machine_info
 
-Episode = tuple[bytes, ...]  # each turn's completion ids, as stored
+Episode = tuple[tuple[int, ...], ...]  # each turn's completion ids
 
 
 def base_episodes(store: Path) -> dict[str, list[Episode]]:
     """Task id -> its base-side episodes in an evaluation store (the evaluator names their groups ``...-base-t<i>``)."""
-    db = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
-    try:
-        episodes: dict[str, list[Episode]] = defaultdict(list)
-        rollouts = db.execute("SELECT id, task_id FROM rollouts WHERE group_id LIKE '%-base-t%' ORDER BY created_at")
-        for rollout_id, task_id in rollouts.fetchall():
-            turns = db.execute("SELECT completion_ids FROM turns WHERE rollout_id = ? ORDER BY idx", (rollout_id,))
-            episodes[task_id].append(tuple(bytes(row[0]) for row in turns))
-        return dict(episodes)
-    finally:
-        db.close()
+    from mtrl_runtime.store import SQLiteStore
+
+    episodes: dict[str, list[Episode]] = defaultdict(list)
+    with SQLiteStore(store, read_only=True) as db:
+        for rollout in db.rollouts():  # in creation order
+            if "-base-t" in rollout.group_id:
+                episodes[rollout.task_id].append(tuple(tuple(turn.completion_ids) for turn in rollout.turns))
+    return dict(episodes)
 
 
 def shared_turns(a: Episode, b: Episode) -> int:
