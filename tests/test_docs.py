@@ -37,7 +37,7 @@ README's first block is the one special case, checked but not run here.
 Its second command (``scripts/setup.sh dev && .venv/bin/python -m pytest
 -q -n 3``: three pytest-xdist workers) is what CI runs, and this module is
 part of that suite. Its first sets up ``.venv`` (which running this suite proves) and runs ``mtrl demo``:
-about 22 minutes on 2 cores, and even ``mtrl demo --steps 1 --eval-tasks 1
+50 to 55 minutes on 2 cores without native bf16 (README), and even ``mtrl demo --steps 1 --eval-tasks 1
 --samples 1`` had not finished its one training step after 5 min 50 s on
 the 2-core dev machine (SmolLM2-135M generating 8 rollouts of up to 9
 turns), far past this module's budget. So the test checks that the block
@@ -410,7 +410,7 @@ def _run_readme_first_block(ws: Workspace, block: Block) -> None:
     out = ws.run([str(VENV / "bin" / "mtrl"), "demo", "--help"], f"{block.id} (mtrl demo --help)", timeout=60)
     missing = [flag for flag in README_DEMO if flag not in out]
     assert not missing, f"{block.id}: mtrl demo no longer takes {missing}:\n{out}"
-    pytest.skip("README's first block: checked, not run (about 22 minutes; see the module docstring)")
+    pytest.skip("README's first block: checked, not run (50 to 55 minutes on 2 cores; see the module docstring)")
 
 
 if __name__ == "__main__":  # pragma: no cover - list the blocks and how each is treated
