@@ -6,7 +6,10 @@ coordinator (any placeholder ``api_key`` will do; it never leaves the
 process). Tool calls are recorded by :class:`MtrlHooks` from Strands'
 ``BeforeToolCallEvent`` / ``AfterToolCallEvent``; a tool that raises stays an
 error result for the model, as Strands makes it, and is recorded with
-status ``error``.
+status ``error``. A call Strands refuses without running a tool (a tool name
+its pattern rejects, a batch a hook cancelled) fires neither of those; the
+batch events ``BeforeToolsEvent`` / ``AfterToolsEvent`` (Strands 1.51 and
+later) record it too, as an error with Strands' refusal as its text.
 
 Strands Agents are not re-entrant, so concurrent rollouts need one Agent
 each::
@@ -26,7 +29,14 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, TypeVar
 
-from strands.hooks import AfterToolCallEvent, BeforeToolCallEvent, HookProvider, HookRegistry
+from strands.hooks import (
+    AfterToolCallEvent,
+    AfterToolsEvent,
+    BeforeToolCallEvent,
+    BeforeToolsEvent,
+    HookProvider,
+    HookRegistry,
+)
 
 from ._context import current_rollout
 
@@ -36,15 +46,29 @@ A = TypeVar("A")
 class MtrlHooks(HookProvider):
     """Records each tool call (name, input, result, status, error, latency) on the current rollout."""
 
+    def __init__(self) -> None:
+        self._requested: dict[str, dict] = {}  # toolUseId -> the model's toolUse block, from BeforeToolsEvent
+        self._ran: set[str] = set()  # toolUseIds a per-tool event saw (recorded there)
+
     def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
+        registry.add_callback(BeforeToolsEvent, self.before_tools)
         registry.add_callback(BeforeToolCallEvent, self.before_tool_call)
         registry.add_callback(AfterToolCallEvent, self.after_tool_call)
+        registry.add_callback(AfterToolsEvent, self.after_tools)
+
+    def before_tools(self, event: BeforeToolsEvent) -> None:
+        """Remember the batch's calls as the model made them (before Strands renames an invalid one)."""
+        for block in event.message.get("content") or ():
+            use = block.get("toolUse") if isinstance(block, dict) else None
+            if use is not None and use.get("toolUseId"):
+                self._requested[use["toolUseId"]] = dict(use)
 
     def before_tool_call(self, event: BeforeToolCallEvent) -> None:
         ctx = current_rollout()
         if ctx is None:
             return
         use = event.tool_use
+        self._ran.add(use.get("toolUseId"))
         ctx.tool_started(_key(use), use.get("name", "?"), use.get("input"), use.get("toolUseId"))
 
     def after_tool_call(self, event: AfterToolCallEvent) -> None:
@@ -52,6 +76,8 @@ class MtrlHooks(HookProvider):
         if ctx is None:
             return
         use = event.tool_use
+        self._ran.add(use.get("toolUseId"))
+        self._requested.pop(use.get("toolUseId"), None)
         result, error = _outcome(event)
         if not ctx.tool_finished(_key(use), result=result, error=error):
             # a retried attempt (same toolUseId): Strands measured it for us
@@ -62,6 +88,31 @@ class MtrlHooks(HookProvider):
                 error=error,
                 latency_s=event.duration or 0.0,
                 call_id=use.get("toolUseId"),
+            )
+
+
+    def after_tools(self, event: AfterToolsEvent) -> None:
+        """Record the batch's results no per-tool event saw: calls Strands refused (an invalid tool name, a
+        cancelled batch), each an error whose text is the refusal the model read."""
+        ctx = current_rollout()
+        for block in event.message.get("content") or ():
+            result = block.get("toolResult") if isinstance(block, dict) else None
+            call_id = result.get("toolUseId") if result is not None else None
+            if call_id is None or call_id in self._ran:
+                continue
+            self._ran.add(call_id)
+            use = self._requested.pop(call_id, {})
+            if ctx is None:
+                continue
+            blocks = [_block(b) for b in result.get("content") or []]
+            value: Any = blocks[0] if len(blocks) == 1 else blocks
+            ctx.record_tool_call(
+                use.get("name", "?"),
+                use.get("input"),
+                result=value,
+                error=str(value) if value not in (None, []) else "refused by Strands",
+                latency_s=0.0,
+                call_id=call_id,
             )
 
 

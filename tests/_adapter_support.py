@@ -58,6 +58,21 @@ def policy(request: Any, prompt: str) -> ScriptedReply | str:
     return f"The answer for {key} is {last}. DONE"
 
 
+def calling_first(name: str) -> Any:
+    """A scripted policy that calls tool ``name`` (one the agent does not have, or may not run), then ``lookup``
+    with the rollout's key, then answers: three turns."""
+
+    def reply(request: Any, prompt: str) -> ScriptedReply | str:
+        key = key_of(prompt)
+        if request.turn_index == 0:
+            return ScriptedReply.tool_call(name, {"key": key})
+        if request.turn_index == 1:
+            return ScriptedReply.tool_call("lookup", {"key": key})
+        return f"The value of {key} is known. DONE"
+
+    return reply
+
+
 def _number(text: str) -> int | None:
     try:
         value = json.loads(text)

@@ -14,7 +14,18 @@ import warnings
 
 import pytest
 
-from _adapter_support import ERROR_KEY, add, afinish_episode, check_attribution, finish_episode, lookup, policy, specs, tasks
+from _adapter_support import (
+    ERROR_KEY,
+    add,
+    afinish_episode,
+    calling_first,
+    check_attribution,
+    finish_episode,
+    lookup,
+    policy,
+    specs,
+    tasks,
+)
 from mtrl_adapters import rollout, rollout_scope
 from mtrl_runtime.engines import ScriptedEngine
 
@@ -103,3 +114,28 @@ def test_langgraph_outside_a_rollout_records_nothing(served, tiny_tok):
     assert instrument_langchain() is False  # idempotent
     result = tool(add).invoke({"a": 1, "b": 2})
     assert result == 3 and current_rollout() is None
+
+
+async def test_langgraph_call_to_an_undeclared_tool_is_counted_not_flagged_unrecorded(served, tiny_tok, caplog):
+    """The ToolNode answers a call to a tool it does not have with an error and runs nothing (no callback
+    fires): the coordinator counts it as undeclared, and flags nothing unrecorded; the call it ran is recorded."""
+    handle = served(ScriptedEngine(tiny_tok, calling_first("lookup_table")))
+    graph = _graph()
+
+    @rollout
+    async def run(task):
+        state = await graph.ainvoke({"messages": [("user", task.prompt)]})
+        await afinish_episode(task, _turns(state))
+
+    [spec] = specs(handle, tasks(1))
+    with caplog.at_level("WARNING", logger="mtrl.coordinator"):
+        with rollout_scope(spec):
+            await run(spec.task)
+    stored = handle.store.get_rollout(spec.rollout_id)
+    assert [c["function"]["name"] for t in stored.turns for c in t.tool_calls] == ["lookup_table", "lookup"]
+    refusal = next(m for m in stored.turns[1].messages if m["role"] == "tool")
+    assert "lookup_table is not a valid tool" in refusal["content"]  # what the model read
+    assert stored.metrics["tool_calls_undeclared"] == 1.0 and "tool_calls_unrecorded" not in stored.metrics
+    [ran] = stored.tool_calls
+    assert (ran.name, ran.turn_index, ran.error) == ("lookup", 1, None)
+    assert "unrecorded" not in caplog.text

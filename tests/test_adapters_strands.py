@@ -13,12 +13,26 @@ import contextvars
 
 import pytest
 
-from _adapter_support import CRASH_KEY, ERROR_KEY, add, check_attribution, finish_episode, lookup, policy, specs, tasks
+from _adapter_support import (
+    CRASH_KEY,
+    ERROR_KEY,
+    add,
+    calling_first,
+    check_attribution,
+    finish_episode,
+    lookup,
+    policy,
+    specs,
+    tasks,
+    value_of,
+)
 from mtrl_adapters import rollout, rollout_scope
 from mtrl_runtime.engines import ScriptedEngine
+from mtrl_runtime.types import BreakReason
 
 strands = pytest.importorskip("strands")
 from strands import Agent, tool  # noqa: E402
+from strands.hooks import BeforeToolsEvent, HookProvider  # noqa: E402
 from strands.models.openai import OpenAIModel  # noqa: E402
 
 from mtrl_adapters.strands import MtrlHooks, agent_factory  # noqa: E402
@@ -124,3 +138,78 @@ async def test_agent_built_without_hooks_is_flagged_not_silent(served, tiny_tok,
     assert handle.coordinator.counters["tool_calls_unrecorded"] == sum(flagged)
     warnings = [r for r in caplog.records if "tool call(s) unrecorded" in r.getMessage()]
     assert len(warnings) == 1 and "agent_factory" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("hooks", ["factory", "none"])
+async def test_refused_tool_name_is_recorded_not_flagged_unrecorded(served, tiny_tok, caplog, hooks):
+    """Strands answers a call to an invalid tool name with an error result and fires no per-tool hook. With
+    the hooks, the batch events record it (an error naming Strands' refusal, the name the model wrote); either
+    way the coordinator counts it as undeclared, never as a tool call the agent ran and did not report."""
+    handle = served(ScriptedEngine(tiny_tok, calling_first("look up")))
+    model = _model()
+    build = lambda: Agent(model=model, tools=[lookup_tool, add_tool], callback_handler=None)  # noqa: E731
+    make_agent = agent_factory(build) if hooks == "factory" else build
+
+    @rollout
+    async def run(task):
+        await make_agent().invoke_async(task.prompt)
+        finish_episode(task, 3)
+
+    [spec] = specs(handle, tasks(1))
+    with caplog.at_level("WARNING", logger="mtrl.coordinator"):
+        with rollout_scope(spec):
+            await run(spec.task)
+    stored = handle.store.get_rollout(spec.rollout_id)
+    asked = [call["function"]["name"] for turn in stored.turns for call in turn.tool_calls]
+    assert asked == ["look up", "lookup"]
+    refusal = next(m for m in stored.turns[1].messages if m["role"] == "tool")
+    assert "invalid tool name" in refusal["content"]  # what the model read
+    assert stored.metrics["tool_calls_undeclared"] == 1.0
+    assert handle.coordinator.counters["tool_calls_undeclared"] == 1
+    # Strands sends the refused call back renamed INVALID_TOOL_NAME: the next turn cannot extend the tokens the
+    # model generated, so it opens a new segment, said (break reason and counter), never glued on silently
+    [echoed] = [m for m in stored.turns[1].messages if m["role"] == "assistant"]
+    assert echoed["tool_calls"][0]["function"]["name"] == "INVALID_TOOL_NAME"
+    assert [t.break_reason for t in stored.turns] == [None, BreakReason.REPLY_EDITED, None]
+    assert handle.coordinator.counters["prefix_break/reply_edited"] == 1
+    if hooks == "factory":
+        assert "tool_calls_unrecorded" not in stored.metrics
+        refused, ran = stored.tool_calls
+        assert (refused.name, refused.arguments, refused.status) == ("look up", {"key": "K00"}, "error")
+        assert "invalid tool name" in refused.error and refused.turn_index == 0
+        assert (ran.name, ran.status, ran.result, ran.turn_index) == ("lookup", "success", str(value_of("K00")), 1)
+        assert "unrecorded" not in caplog.text
+    else:  # the valid call ran unreported: that one (only) is flagged, with the fix
+        assert stored.tool_calls == ()
+        assert stored.metrics["tool_calls_unrecorded"] == 1.0
+        assert "agent_factory" in caplog.text
+
+
+async def test_batch_cancelled_by_a_hook_is_recorded(served, tiny_tok):
+    """A user's own hook cancels the batch (BeforeToolsEvent.cancel): no tool runs, no per-tool hook fires; the
+    cancelled call is recorded as an error carrying the hook's message, and nothing is flagged unrecorded."""
+    handle = served(ScriptedEngine(tiny_tok, policy))
+
+    class NoTools(HookProvider):
+        def register_hooks(self, registry, **kwargs):
+            registry.add_callback(BeforeToolsEvent, self.deny)
+
+        def deny(self, event):
+            event.cancel = "tools are switched off for this episode"
+
+    make_agent = agent_factory(
+        lambda: Agent(model=_model(), tools=[lookup_tool, add_tool], hooks=[NoTools()], callback_handler=None))
+
+    @rollout
+    async def run(task):
+        await make_agent().invoke_async(task.prompt)
+        finish_episode(task, 2)
+
+    [spec] = specs(handle, tasks(1))
+    with rollout_scope(spec):
+        await run(spec.task)
+    stored = handle.store.get_rollout(spec.rollout_id)
+    [call] = stored.tool_calls
+    assert (call.name, call.status, call.turn_index) == ("lookup", "error", 0)
+    assert call.error == "tools are switched off for this episode"
+    assert "tool_calls_unrecorded" not in stored.metrics and "tool_calls_undeclared" not in stored.metrics

@@ -23,11 +23,12 @@ from mtrl_runtime.config import ConfigError, MtrlConfig
 from mtrl_runtime.coordinator import Coordinator, RolloutLife
 from mtrl_runtime.diagnostics import NONFINITE_SKIPPED, diagnose
 from mtrl_runtime.engines import ScriptedEngine
+from mtrl_runtime.errors import BadRequest
 from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.store.memory import MemoryStore
 from mtrl_runtime.testing import tiny_model, tiny_tokenizer
 from mtrl_runtime.training import PolicyUpdate, UpdateSettings, build_policy
-from mtrl_runtime.types import Abandoned, Rollout, RolloutStatus, Sample, Task
+from mtrl_runtime.types import Abandoned, Rollout, RolloutStatus, Sample, SamplingParams, Task
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
@@ -239,6 +240,26 @@ def test_a_prompt_over_the_context_is_a_400_naming_both_numbers_never_an_engine_
     ok = httpx.post(url, json=CHAT, headers=auth)  # the run's default max_tokens is shortened to fit, as before
     assert ok.status_code == 200, ok.text
     assert engine.calls == 1 and handle.coordinator.counters["engine_failures"] == 0
+
+
+def test_a_bad_tool_definition_is_a_400_naming_the_tool_and_nothing_is_recorded(served, tiny_tok):
+    engine = ScriptedEngine(tiny_tok, lambda request, prompt: "ok")
+    handle = served(engine)
+    created = _open(handle).json()
+    url, auth = f"{handle.url}/rollouts/{created['rollout_id']}/v1/chat/completions", _bearer(created["token"])
+    tools = [{"type": "function", "function": {"name": "lookup"}}, {"type": "function", "function": {"name": ""}}]
+    response = httpx.post(url, json={**CHAT, "tools": tools}, headers=auth)
+    error = _error(response)
+    assert response.status_code == 400, response.text
+    assert "tools.1.function.name" in error["message"] and "(got '')" in error["message"]
+    # a caller in the process (no HTTP schema in between) is refused the same way, before anything is recorded
+    call = handle.coordinator.chat(created["rollout_id"], created["token"], CHAT["messages"],
+                                   [{"type": "web_search"}], SamplingParams())
+    with pytest.raises(BadRequest, match=r"tools\[0\]: only function tools are supported") as refused:
+        asyncio.run_coroutine_threadsafe(call, handle.loop).result(30)
+    assert refused.value.param == "tools"
+    assert engine.calls == 0 and handle.store.get_rollout(created["rollout_id"]).turns == ()
+    assert httpx.post(url, json={**CHAT, "tools": tools[:1]}, headers=auth).status_code == 200
 
 
 def test_the_agent_records_a_context_overflow_as_its_own_error(served, tiny_tok):

@@ -8,7 +8,15 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from ..chat import CHAT_TEMPLATE_META, ChatRenderer, PromptBuilder, PromptPlan, ReplyText, normalize_messages
+from ..chat import (
+    CHAT_TEMPLATE_META,
+    ChatRenderer,
+    PromptBuilder,
+    PromptPlan,
+    ReplyText,
+    normalize_messages,
+    normalize_tools,
+)
 from ..chat.formats import ChatFormat, resolve_format
 from ..errors import BadRequest, Conflict, EngineFailure
 from ..seeds import derived_seed, turn_seed
@@ -78,6 +86,10 @@ class CallCapture:
         except ValueError as exc:
             raise BadRequest(str(exc), param="messages") from None
         tools = list(tools or [])
+        try:
+            normalize_tools(tools)  # checked before anything is recorded (the turn keeps the tools as sent)
+        except ValueError as exc:
+            raise BadRequest(str(exc), param="tools") from None
         options = options or _AUTO
         _check_tool_choice(options, tools)
         if rollout_id is None:
@@ -196,8 +208,7 @@ class CallCapture:
         live.conversation = self.builder.advance(
             live.conversation, plan, messages, tools, gen.completion_ids, gen.finish_reason, message
         )
-        for call in message.get("tool_calls") or ():
-            live.call_turns[str(call.get("id"))] = turn.index
+        live.note_calls(message.get("tool_calls") or (), tools, turn.index)
         live.turns += 1
         self.counters["turns"] += 1
         return ChatResult(message, finish, plan.prompt_ids, gen, text)
@@ -228,8 +239,7 @@ class CallCapture:
             latency_s=time.time() - started, reasoning=reply.reasoning, model=live.reference.model,
         )
         await self.store.aadd_turn(turn)  # durable before the response is sent
-        for call in calls:
-            live.call_turns[str(call.get("id"))] = turn.index
+        live.note_calls(calls, tools, turn.index)
         live.turns += 1
         self.counters["reference_turns"] += 1
         generation = Generation((), (), reply.finish_reason, live.policy_version)

@@ -48,6 +48,10 @@ class RolloutEnds:
             if not self._warned_unrecorded:
                 self._warned_unrecorded = True
                 _log.warning("rollout %s: %d tool call(s) unrecorded; %s", rollout_id, unrecorded, UNRECORDED_TOOLS_FIX)
+        refused = live.refused_tool_calls
+        if refused:  # the model called a tool its request did not declare; the agent refused it (no tool ran)
+            metrics["tool_calls_undeclared"] = float(refused)
+            self.counters["tool_calls_undeclared"] += refused
         if live.failed_results:  # the failure flags tool results carried (server.protocols._tool_results)
             metrics["tool_results_failed"] = float(len(live.failed_results))
             self.counters["tool_results_failed"] += len(live.failed_results)

@@ -10,8 +10,9 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Iterable
 
-from ..chat import ConversationState
+from ..chat import ConversationState, normalize_tools
 from ..errors import Conflict, Forbidden, RolloutNotFound, Unauthorized
 from ..store import hash_token
 from ..types import Rollout, RolloutEvent, RolloutHandle, Task, TrajectoryStore
@@ -51,7 +52,9 @@ class LiveRollout:
     call_turns: dict[str, int] = field(default_factory=dict)  # tool-call id -> the turn that asked for it
     answered_calls: set[str] = field(default_factory=set)  # the model's tool calls whose results a later call sent
     failed_results: set[str] = field(default_factory=set)  # tool calls whose result came flagged failed (status error)
-    tool_calls_recorded: int = 0  # tool calls the agent's adapter reported
+    declared_tools: set[str] = field(default_factory=set)  # the tool names the agent's requests declared
+    undeclared_calls: set[str] = field(default_factory=set)  # the model's calls to a name its request did not declare
+    tool_calls_recorded: int = 0  # tool calls the agent's adapter reported under a declared name
     life: RolloutLife = field(default_factory=RolloutLife)
     last_seen: float = field(default_factory=time.monotonic)  # the last call or report (the serve-mode TTL reads it)
     reference: ReferenceClient | None = None  # set: a reference model answers its calls, not the policy
@@ -69,10 +72,32 @@ class LiveRollout:
                 if message.get("status") == "error":
                     self.failed_results.add(call_id)
 
+    def note_calls(self, calls: Iterable[dict], tools: Iterable[dict], turn_index: int) -> None:
+        """Remember the turn each of the model's tool calls came from, and the calls to a tool name the turn's
+        request did not declare (an agent framework answers those with a refusal; no tool of the agent runs)."""
+        declared = {tool["function"]["name"] for tool in normalize_tools(tools)}
+        self.declared_tools |= declared
+        for call in calls:
+            call_id = str(call.get("id"))
+            self.call_turns[call_id] = turn_index
+            if call["function"]["name"] not in declared:
+                self.undeclared_calls.add(call_id)
+
+    def note_reported(self, names: Iterable[str]) -> None:
+        """Count the adapter's reports that can stand for a call the agent ran: those naming a declared tool (a
+        refused call to an undeclared name, which an adapter may report too, stands for none)."""
+        self.tool_calls_recorded += sum(name in self.declared_tools for name in names)
+
+    @property
+    def refused_tool_calls(self) -> int:
+        """The model's calls to an undeclared tool name that the agent answered (with a refusal)."""
+        return len(self.answered_calls & self.undeclared_calls)
+
     @property
     def unrecorded_tool_calls(self) -> int:
-        """Tool calls the agent ran (their results reached the model) beyond those its adapter reported."""
-        return max(0, len(self.answered_calls) - self.tool_calls_recorded)
+        """Tool calls the agent ran (their results reached the model) beyond those its adapter reported; a call to
+        an undeclared name ran no tool, so it is not one (``refused_tool_calls`` counts those)."""
+        return max(0, len(self.answered_calls - self.undeclared_calls) - self.tool_calls_recorded)
 
 
 class LiveRollouts:

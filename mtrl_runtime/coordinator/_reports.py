@@ -39,7 +39,7 @@ class ReportIntake:
         live = self.live.running(rollout_id, token)
         with client_data("tool_call"):
             await self.store.aadd_tool_call(_tool_call(live, report))
-        live.tool_calls_recorded += 1
+        live.note_reported([report.name])
         self.counters["tool_calls"] += 1
 
     async def record_tool_calls(self, rollout_id: str, token: str | None, reports: list[ToolCallReport]) -> None:
@@ -51,7 +51,7 @@ class ReportIntake:
                 await asyncio.gather(*(self.store.aadd_tool_call(c) for c in calls[start:start + TOOL_CALL_CHUNK]))
                 if start + TOOL_CALL_CHUNK < len(calls):
                     await asyncio.sleep(0)
-        live.tool_calls_recorded += len(calls)
+        live.note_reported(call.name for call in calls)
         self.counters["tool_calls"] += len(calls)
 
     async def record_model_calls(self, rollout_id: str, token: str | None, reports: list[ModelCallReport]) -> None:
