@@ -16,6 +16,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -33,7 +34,8 @@ LR = 1e-2
 TOL = dict(rtol=1e-4, atol=1e-6)
 # AdamW's first step moves each weight by about lr * sign(grad): a gradient that is float noise in both
 # layouts (~1e-9) may move by a different fraction of lr, so single weights are compared to 2% of a step
-# and the mean difference to 1e-4 of a step
+# (those another summation order alone moves by 1%, ``noise_sensitive``, to half a step: at most 0.1% of
+# them) and the mean difference to 1e-4 of a step
 WEIGHT_TOL = dict(rtol=1e-4, atol=0.02 * LR)
 
 
@@ -67,13 +69,24 @@ def make_samples(count: int, seed: int) -> list[Sample]:
     return samples
 
 
-def one_process(model: Path, steps: list[list[Sample]], lora: bool) -> tuple[list[dict], dict, PolicyUpdate]:
+def one_process(model: Path, steps: list[list[Sample]], lora: bool, **layout: Any) -> tuple[list[dict], dict,
+                                                                                              PolicyUpdate]:
     torch.manual_seed(1234)  # rank 0's seed in _fsdp_ranks: the same LoRA initialisation
     policy = build_policy(model, lora=lora, rank=4, alpha=8, device="cpu")
-    update = PolicyUpdate(policy, UpdateSettings(precision="fp32", learning_rate=LR))
+    update = PolicyUpdate(policy, UpdateSettings(precision="fp32", learning_rate=LR, **layout))
     metrics = [update.step(samples) for samples in steps]
     state = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
     return metrics, state, update
+
+
+def noise_sensitive(model: Path, steps: list[list[Sample]], lora: bool, state: dict) -> dict[str, torch.Tensor]:
+    """The weights another summation order alone moves by half the tolerance: one process again, each row its
+    own micro-batch and no shared prefix. Those are the elements whose first-step gradient was float noise
+    (~1e-9, below AdamW's eps), where the step's size follows the noise, and what that moved in the next
+    step; which of them a layout's noise moves past 2% of a step depends on the CPU's kernels (an AVX512
+    Xeon moved one, an AVX2 EPYC none)."""
+    _, other, _ = one_process(model, steps, lora, micro_batch_tokens=64, share_prefix=False)
+    return {name: (other[name] - value).abs() > WEIGHT_TOL["atol"] / 2 for name, value in state.items()}
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +118,12 @@ def test_world_size_2_equals_one_process(job, kind):
     assert set(gathered) == set(state)
     moved = 0
     before = initial_weights(model, kind)
+    sensitive = noise_sensitive(model, steps, kind == "lora", state)
+    assert sum(int(m.sum()) for m in sensitive.values()) <= 1e-3 * sum(v.numel() for v in state.values())
     for name, value in state.items():
-        torch.testing.assert_close(gathered[name], value, **WEIGHT_TOL, msg=name)
+        steady = ~sensitive[name]
+        torch.testing.assert_close(gathered[name][steady], value[steady], **WEIGHT_TOL, msg=name)
+        torch.testing.assert_close(gathered[name], value, rtol=0, atol=0.5 * LR, msg=name)  # no step gone astray
         assert float((gathered[name] - value).abs().mean()) < 1e-4 * LR, name
         moved += int(float((value - before[name]).abs().mean()) > 0.1 * LR)
     assert moved == len(state)  # the steps changed the weights: the comparison is not between two untouched models
