@@ -104,8 +104,7 @@ class MtrlHooks(HookProvider):
             use = self._requested.pop(call_id, {})
             if ctx is None:
                 continue
-            blocks = [_block(b) for b in result.get("content") or []]
-            value: Any = blocks[0] if len(blocks) == 1 else blocks
+            value = _content(result)
             ctx.record_tool_call(
                 use.get("name", "?"),
                 use.get("input"),
@@ -141,8 +140,7 @@ def _key(use: Any) -> tuple[str, Any]:
 def _outcome(event: AfterToolCallEvent) -> tuple[Any, str | None]:
     """The tool's result as JSON-able content, and its error text (None on success)."""
     result = event.result or {}
-    blocks = [_block(b) for b in result.get("content") or []]
-    value: Any = blocks[0] if len(blocks) == 1 else blocks
+    value = _content(result)
     if event.exception is not None:
         return value, f"{type(event.exception).__name__}: {event.exception}"
     if event.cancel_message:
@@ -150,6 +148,12 @@ def _outcome(event: AfterToolCallEvent) -> tuple[Any, str | None]:
     if result.get("status") == "error":
         return value, str(value) if value not in (None, []) else "the tool returned an error"
     return value, None
+
+
+def _content(result: Any) -> Any:
+    """A Strands tool result's content as JSON-able data: its one block, or the list of them."""
+    blocks = [_block(b) for b in result.get("content") or []]
+    return blocks[0] if len(blocks) == 1 else blocks
 
 
 def _block(block: Any) -> Any:
