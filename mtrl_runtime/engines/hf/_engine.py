@@ -189,8 +189,10 @@ class HFEngine(WorkerLoop):
         self._adapter_name: str | None = None  # the adapter this engine loaded (never one a trainer added)
         self._adapters_loaded = 0
         self.lora_fold = LoraFold(model)  # the served model's LoRA deltas in its base weights (see above)
-        # decode's linear layers through oneDNN with reordered weights where that pays on this CPU (_packed_linear)
-        pack = cpu_linear == "packed" or (cpu_linear == "auto" and packing_pays(model))
+        # decode's linear layers through oneDNN with reordered weights where that pays on this CPU (_packed_linear);
+        # the probe times matmuls, so it runs on the worker: on this thread it would start a second OpenMP team
+        # and throttle every decode step after it (_worker's docstring)
+        pack = cpu_linear == "packed" or (cpu_linear == "auto" and self.on_worker_sync(lambda: packing_pays(model)))
         self.packed_linears = PackedLinears(model) if pack else None
         self.cpu_linear = "packed" if pack else "aten"
 

@@ -22,11 +22,17 @@ call, so a stale copy is never used. The outputs equal ``F.linear``'s to
 float summation order (~1e-6 relative in fp32; in bf16 identical on the
 AVX512-BF16 Xeon measured, where ``F.linear`` runs oneDNN's kernels too).
 
-``packing_pays(model)`` decides ``cpu_linear: auto``: it times one of the
-model's MLP weights both ways at the engine's decode batch size on this CPU
-and packs where oneDNN is at least ``MIN_GAIN`` faster (it is in fp32 on
-the AMD EPYC development boxes, and in bf16 on an AVX512-BF16 Xeon; a CPU
-where MKL's own kernels are the fast ones keeps them).
+``packing_pays(model)`` decides ``cpu_linear: auto``: it times a pass over
+the model's largest linear weights (``PROBE_BYTES`` of them: more than the
+caches hold, so each is read from memory as in a decode step) both ways at
+the engine's decode batch size on this CPU, and packs where oneDNN is at
+least ``MIN_GAIN`` faster (it is in fp32 on the AMD EPYC development boxes,
+and in bf16 on an AVX512-BF16 Xeon; a CPU where MKL's own kernels are the
+fast ones keeps them). One weight timed over and over stays in cache and
+made the verdict a coin toss on that Xeon (1.17-1.23x against 1.3x over
+the whole model). The engine runs the probe on its worker thread: run
+anywhere else, its matmuls start a second OpenMP team, which halved the
+speed of every decode step after it (``_worker``'s docstring).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from ...torch_support import cpu_has_native_bf16
 CPU_LINEARS = ("auto", "packed", "aten")  # engine option cpu_linear: probe, always pack, never pack
 MIN_GAIN = 1.15  # oneDNN must beat F.linear by this much on the probe for "auto" to pack
 PACK_ROWS = 16  # the batch-size hint the weights are reordered for (a decode batch's rows)
+PROBE_BYTES = 32 << 20  # how much of the model's weights ``packing_pays`` times: more than a CPU's caches hold
 
 
 class PackedLinears:
@@ -82,32 +89,40 @@ def packable_dtypes() -> tuple[torch.dtype, ...]:
     return (torch.float32, torch.bfloat16) if cpu_has_native_bf16() else (torch.float32,)
 
 
-def packing_pays(model: Any, rows: int = PACK_ROWS, repeats: int = 20) -> bool:
-    """Whether oneDNN with a packed weight beats ``F.linear`` by ``MIN_GAIN`` on one of ``model``'s largest
-    linear weights, at ``rows`` rows, on this CPU (CPU models in a ``packable_dtypes`` dtype; a few ms)."""
+def packing_pays(model: Any, rows: int = PACK_ROWS, repeats: int = 3) -> bool:
+    """Whether oneDNN with packed weights beats ``F.linear`` by ``MIN_GAIN`` on ``model``'s largest linear
+    weights (not the LM head; ``PROBE_BYTES`` of them, or all), each read once per pass as in a decode step,
+    at ``rows`` rows, on this CPU (CPU models in a ``packable_dtypes`` dtype; tens of ms). Best of ``repeats``
+    passes a side, interleaved. Call it on the thread that will decode (``_worker``'s docstring says why)."""
     weight = next(model.parameters())
     if weight.device.type != "cpu" or weight.dtype not in packable_dtypes():
         return False
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype == weight.dtype]
     if not linears:
         return False
-    probe = max(linears[:-1] or linears, key=lambda m: m.weight.numel()).weight.detach()  # not the LM head
-    x = torch.randn(rows, probe.shape[1], dtype=probe.dtype)
-    packed = torch.ops.mkldnn._reorder_linear_weight(probe, rows)
+    probes, size = [], 0
+    for module in sorted(linears[:-1] or linears, key=lambda m: -m.weight.numel()):
+        if size >= PROBE_BYTES:
+            break
+        probes.append(module.weight.detach())
+        size += probes[-1].numel() * probes[-1].element_size()
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in probes}
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in probes]
+    plain = dnnl = float("inf")
     with torch.no_grad():
-        plain = _best(lambda: F.linear(x, probe), repeats)
-        dnnl = _best(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), repeats)
+        for round_ in range(repeats + 1):
+            plain_s = _timed(lambda: [F.linear(inputs[w.shape[1]], w) for w in probes])
+            dnnl_s = _timed(lambda: [torch.ops.mkldnn._linear_pointwise(inputs[w.shape[1]], p, None, "none", [], "")
+                                     for w, p in zip(probes, packed)])
+            if round_:  # the first round warms both paths up and is not counted
+                plain, dnnl = min(plain, plain_s), min(dnnl, dnnl_s)
     return plain >= MIN_GAIN * dnnl
 
 
-def _best(fn: Any, repeats: int) -> float:
+def _timed(fn: Any) -> float:
+    started = time.perf_counter()
     fn()
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - started)
-    return best
+    return time.perf_counter() - started
 
 
 __all__ = ["CPU_LINEARS", "MIN_GAIN", "PACK_ROWS", "PackedLinears", "packable_dtypes", "packing_pays"]
