@@ -1,11 +1,25 @@
-"""What this machine and a model's KV cache can do: the torch facts the engines and the trainer both ask.
+"""What this machine and a model's KV cache can do: the torch facts the engines and the trainer both ask,
+and where torch work may run.
+
+torch's CPU kernels run in an OpenMP team per calling thread, and the team
+lives as long as its thread. Once two long-lived threads have had one, GNU
+OpenMP spins only briefly between parallel regions and every small op
+waits for its workers to wake up (``engines/hf/_worker.py`` has the
+measurements): a run's torch work belongs on one long-lived thread (the hf
+engine's worker, or the update thread), and what runs elsewhere goes on a
+thread that ends with it (``on_own_thread``), whose team ends too.
 
 Imports torch and transformers only when asked, so importing this module stays light.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import contextvars
+import threading
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
 
 
 def cpu_has_native_bf16() -> bool:
@@ -43,4 +57,34 @@ def cache_of(layers: Any) -> Any:
     return cache
 
 
-__all__ = ["cache_of", "cpu_has_native_bf16", "plain_kv_cache"]
+async def on_own_thread(fn: Callable[..., T], *args: Any, name: str = "mtrl-once") -> T:
+    """``asyncio.to_thread`` on a new thread that ends with the call (the module docstring says why): for
+    torch work off the run's torch thread, such as building a run or saving a checkpoint. The caller's
+    context variables are copied, as ``to_thread`` does; a cancelled caller stops waiting, the call runs on."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def deliver(result: Any, error: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = context.run(fn, *args), None
+        except BaseException as exc:  # handed to the caller, who re-raises it
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(deliver, result, error)
+        except RuntimeError:  # the caller's loop is closed: nobody is waiting
+            pass
+
+    threading.Thread(target=run, name=name).start()  # not a daemon: a save under way finishes before exit
+    return await done
+
+
+__all__ = ["cache_of", "cpu_has_native_bf16", "on_own_thread", "plain_kv_cache"]

@@ -18,11 +18,11 @@ An engine without a model object (the scripted double) only changes its
 
 from __future__ import annotations
 
-import asyncio
 from contextlib import asynccontextmanager, nullcontext
 from typing import Any, AsyncIterator
 
 from ..types import PolicyEngine, SharedModelEngine
+from ..torch_support import on_own_thread
 
 
 def adapter_layers(engine: PolicyEngine) -> list[Any]:
@@ -63,7 +63,7 @@ async def base_policy(engine: PolicyEngine) -> AsyncIterator[None]:
         if shared is not None:  # torch work on the engine's model runs on the engine's own thread
             await shared.on_worker(lambda: switch(to_base))
         else:
-            await asyncio.to_thread(switch, to_base)
+            await on_own_thread(switch, to_base)  # leaves no OpenMP team behind (torch_support)
 
     await run(True)
     try:

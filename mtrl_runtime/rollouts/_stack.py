@@ -27,6 +27,7 @@ from ..coordinator import Coordinator
 from ..engines import create_engine
 from ..server import ServerHandle, create_app, start_server
 from ..store import open_store
+from ..torch_support import on_own_thread
 from ..types import GroupRescorer, PolicyEngine, RolloutExecutor, RunStopped, TrajectoryStore
 from ._dispatcher import Dispatcher, on_loop
 from ._executors import executor_for
@@ -155,8 +156,8 @@ async def open_stack(
     engine: PolicyEngine | None = None,
 ) -> AsyncIterator[RolloutStack]:
     """``RolloutStack.build`` (on a thread) as an async context manager; closed on exit."""
-    stack = await asyncio.to_thread(
-        RolloutStack.build, config, store_path=store_path, engine=engine, agent_env=agent_env
+    stack = await on_own_thread(  # it may load a model: torch_support says why on a thread of its own
+        lambda: RolloutStack.build(config, store_path=store_path, engine=engine, agent_env=agent_env)
     )
     try:
         yield stack

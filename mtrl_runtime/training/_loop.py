@@ -52,6 +52,7 @@ from ..config import MtrlConfig
 from ..diagnostics import TEMPLATE_DRIFT, VAL_REWARD, ZERO_ADV
 from ..evaluation import run_validation
 from ..rollouts import Dispatcher, TaskSchedule
+from ..torch_support import on_own_thread
 from ..types import MeasuresTemplateDrift, Task
 from ._batch import prepare_batch
 from ._checkpoint import Checkpoints
@@ -240,7 +241,7 @@ class TrainingLoop:
         return await self._checkpoint(next_step) if due else None
 
     async def _checkpoint(self, next_step: int) -> str:
-        folder = await asyncio.to_thread(
+        folder = await on_own_thread(  # torch work off the run's torch thread: torch_support
             self.checkpoints.save, next_step, self.update, self.schedule.position(next_step), self.extra_state
         )
         return str(folder)

@@ -35,6 +35,7 @@ from ..evaluation import StrictScorer, as_strict_scorer
 from ..monitor import DiagnosticsMonitor, history_from_rows
 from ..rewards import judged_rewards
 from ..rollouts import HEARTBEAT_S, RolloutStack, TaskSchedule, executor_kind, load_tasks
+from ..torch_support import on_own_thread
 from ..tracking import Tracker
 from ..types import RolloutExecutor, Task
 from ._checkpoint import Checkpoints
@@ -133,7 +134,7 @@ class MultiTurnRLTrainer:
         self, on_step: Callable[[StepReport], bool | None] | None = None, display: ProgressDisplay | None = None
     ) -> TrainingResult:
         """``train()`` for callers already inside an event loop (``display``: a ProgressDisplay to feed)."""
-        run = await asyncio.to_thread(_Run.open, self)
+        run = await on_own_thread(_Run.open, self, name="mtrl-build")  # builds the model: torch_support
         try:
             if run.start_step > 0 or run.initialized:  # resumed, or started from init weights: the engine serves them
                 await run.weights.publish()
@@ -145,9 +146,9 @@ class MultiTurnRLTrainer:
             finally:
                 if display is not None:
                     display.detach()
-            adapter = await asyncio.to_thread(run.finish)
+            adapter = await on_own_thread(run.finish, name="mtrl-save")
         except BaseException:
-            await asyncio.to_thread(run.abort)
+            await on_own_thread(run.abort, name="mtrl-save")
             raise
         finally:
             await run.close()
