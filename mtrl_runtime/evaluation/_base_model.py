@@ -21,8 +21,8 @@ from __future__ import annotations
 from contextlib import asynccontextmanager, nullcontext
 from typing import Any, AsyncIterator
 
-from ..types import PolicyEngine, SharedModelEngine
 from ..torch_support import on_own_thread
+from ..types import PolicyEngine, SharedModelEngine
 
 
 def adapter_layers(engine: PolicyEngine) -> list[Any]:
