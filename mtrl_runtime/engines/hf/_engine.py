@@ -66,11 +66,12 @@ logprobs.
 
 Linear layers on CPU (``cpu_linear``, default ``auto``): ``packed`` serves
 every fp32 ``nn.Linear`` of an inference forward (bf16 too where the CPU
-computes bf16 natively) from a oneDNN copy of its weight reordered once (``_packed_linear``; one more copy of the linear
-weights, packed again after any in-place change such as folding an
-adapter), ``aten`` leaves ``F.linear``, ``auto`` packs where a probe of one
-weight at decode batch size says oneDNN is at least 1.15x faster on this
-CPU. Training forwards never use a packed copy.
+computes bf16 natively) from a oneDNN copy of its weight reordered once
+(``_packed_linear``; one more copy of the linear weights, packed again after
+any in-place change such as folding an adapter), ``aten`` leaves
+``F.linear``, ``auto`` packs where a probe on the worker thread (a pass
+over 32 MiB of the largest weights at decode batch size) says oneDNN is at
+least 1.15x faster on this CPU. Training forwards never use a packed copy.
 """
 
 from __future__ import annotations
