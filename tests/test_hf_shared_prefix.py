@@ -111,7 +111,7 @@ def assert_same(plain: list, shared: list) -> None:
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-5
 
 
-@pytest.mark.parametrize("kv_cache", ["concat", "preallocated"])
+@pytest.mark.parametrize("kv_cache", ["concat", "preallocated", "padded"])
 def test_the_engine_gives_the_same_tokens_with_the_prefix_held_once(kv_cache):
     tok = tiny_tokenizer()
     model = tiny_model(tok)

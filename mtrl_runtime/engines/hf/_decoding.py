@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ...torch_support import cache_of
-from ._kv_buffer import KV_CACHES, mergeable
+from ._kv_buffer import KV_CACHES, mergeable, reserve_columns
 from ._prefix_cache import KV
 from ._sampling import RowSampling
 from ._shared_prefix import (SHARED_PREFIX_KWARG, HeldPrefixes, SharedPrefix, choose_shared, cut_shared,
@@ -123,12 +123,14 @@ class DecodeBatch:
         ids_B1 = torch.tensor(tokens_B, dtype=torch.long, device=device)[:, None]
         positions_B1 = torch.tensor([r.next_position - 1 for r in self.rows], device=device)[:, None]
         self.mask_BL = F.pad(self.mask_BL, (0, 1), value=1)
+        width = reserve_columns(self.cache, 1)  # a padded cache's attention reads its whole buffer
+        mask_BW = self.mask_BL if width is None else F.pad(self.mask_BL, (0, width - self.mask_BL.shape[1]))
         held = HeldPrefixes(self.prefixes) if self.prefixes else None
         if held is not None:
             held.prepare(self.logits_BV.dtype if self.logits_BV.is_floating_point() else torch.float32)
         out = model(
             input_ids=ids_B1,
-            attention_mask=self.mask_BL,
+            attention_mask=mask_BW,
             position_ids=positions_B1,
             past_key_values=self.cache,
             use_cache=True,

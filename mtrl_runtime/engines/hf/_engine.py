@@ -59,10 +59,11 @@ summation order (fp32: within 1e-5 in the tests).
 
 KV during decoding (``kv_cache``, default ``auto``): transformers'
 per-step concatenation (``concat``), ``preallocated`` buffers a step writes
-one column into, or ``auto``: preallocated for fp32 on CPU, concat
-elsewhere (in bf16 the buffers' strided views leave oneDNN's fast matmul;
-GPUs are not measured: ``_kv_buffer`` and docs/performance.md give the runs). Both give the same tokens and
-logprobs.
+one column into, ``padded`` ones whose attention reads the whole buffer
+(its room masked: bf16 matmuls need contiguous tensors), or ``auto``:
+preallocated for fp32 on CPU, padded for bf16 on CPU, concat elsewhere
+(GPUs are not measured: ``_kv_buffer`` and docs/performance.md give the
+runs). All give the same tokens and logprobs.
 
 Linear layers on CPU (``cpu_linear``, default ``auto``): ``packed`` serves
 every fp32 ``nn.Linear`` of an inference forward (bf16 too where the CPU

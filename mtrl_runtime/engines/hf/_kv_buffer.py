@@ -8,15 +8,22 @@ column in place and returns views of the filled part. When the room runs
 out the buffer is reallocated with new room, so the copy happens once per
 ``HEADROOM`` steps instead of every step.
 
-On CPU this pays in fp32 only. The attention then multiplies views whose
-batch stride is the buffer's, not the view's: fp32 BLAS takes such strides
-as they are, while bf16 matmuls leave oneDNN for a generic kernel several
-times slower than the copy saved (``bench/decode_long_context.py``: SmolLM2,
-8 rows x 2,000 tokens). ``kv_cache="auto"``, the engine's default,
-therefore preallocates for fp32 on CPU only (on a GPU it is not measured:
-transformers' concatenation stays). In fp32 on a quiet
-2-core box it decodes 1.21x (rows sharing a system prompt) to 1.48x (rows
-with nothing in common) faster than the concatenation.
+The attention then multiplies views whose batch stride is the buffer's,
+not the view's: fp32 BLAS takes such strides as they are, while bf16
+matmuls on CPU leave oneDNN for a generic kernel several times slower than
+the copy saved (``bench/decode_long_context.py``: SmolLM2, 8 rows x 2,000
+tokens). ``PaddedLayer`` (``kv_cache="padded"``) hands the attention the
+whole buffer instead: contiguous, so bf16 stays on oneDNN's kernels, its
+room (``PADDED_HEADROOM`` columns at most) zero and hidden by the batch's
+mask, which ``reserve_columns`` widens to the buffer before each pass. The
+attention reads up to that many columns more; tokens and logprobs are the
+concatenation's (identical in bf16 in the bench and the tests).
+``kv_cache="auto"``, the engine's default, preallocates for fp32 on CPU
+and pads for bf16 on CPU (on a GPU neither is measured: transformers'
+concatenation stays). In fp32 on a quiet 2-core box preallocated buffers
+decode 1.21x (rows sharing a system prompt) to 1.48x (rows with nothing in
+common) faster than the concatenation; in bf16 on an AVX512-BF16 Xeon the
+padded buffers 1.13x and 1.40x.
 
 Everything else the decode batch does (merging rows, dropping rows,
 cropping padding, reading a row's KV for the prefix cache) assigns
@@ -34,6 +41,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 HEADROOM = 128  # columns of room allocated with each growth: one cache copy per this many decode steps
+PADDED_HEADROOM = 32  # the same for ``padded``, whose attention reads the room too
 
 
 class BufferLayer(DynamicLayer):
@@ -108,6 +116,51 @@ class BufferLayer(DynamicLayer):
         self._keys_buf, self._values_buf = keys, values  # the lengths stay: the filled part was copied
 
 
+class PaddedLayer(BufferLayer):
+    """A ``BufferLayer`` whose attention reads the whole buffer: contiguous tensors of ``capacity`` columns,
+    those past the filled part zero and masked out (``reserve_columns``; see the module docstring)."""
+
+    def __init__(self, headroom: int = PADDED_HEADROOM) -> None:
+        super().__init__(headroom)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._length + key_states.shape[-2] > self.capacity:  # the pass's mask was built for the capacity
+            raise RuntimeError(f"padded kv cache: {key_states.shape[-2]} new columns after {self._length} do not "
+                               f"fit its {self.capacity}; reserve_columns() must run before the forward pass")
+        super().update(key_states, value_states)
+        return self._keys_buf, self._values_buf
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:  # type: ignore[override]
+        """The mask covers the whole buffer (the attention reads all of it)."""
+        return max(self.capacity, self.get_seq_length() + query_length), 0
+
+    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
+        shape = (*key_states.shape[:2], capacity, key_states.shape[3])
+        keys = key_states.new_zeros(shape)  # zero, not empty: a masked column's key and value still enter a
+        values = value_states.new_zeros((*value_states.shape[:2], capacity, value_states.shape[3]))  # product
+        if self._length:
+            keys[:, :, : self._length] = self.keys
+            values[:, :, : self._length] = self.values
+        self._keys_buf, self._values_buf = keys, values
+
+
+def reserve_columns(cache: Any, n: int) -> int | None:
+    """Before a decode pass over a ``padded`` cache: room for ``n`` more columns in every layer; returns the
+    columns the pass's attention reads (its mask's width). None for any other cache (it needs no padding)."""
+    layers = getattr(cache, "layers", None) or []
+    if not layers or any(type(layer) is not PaddedLayer for layer in layers):
+        return None
+    for layer in layers:
+        if layer._length + n > layer.capacity:
+            keys, values = layer.keys, layer.values
+            layer._grow(keys[:, :, :0], values[:, :, :0], layer._length + n + layer.headroom)
+    widths = {layer.capacity for layer in layers}
+    if len(widths) != 1:
+        raise RuntimeError(f"padded kv cache: layers of {sorted(widths)} columns; the batch keeps them equal")
+    return widths.pop()
+
+
 def buffered(cache: Any, headroom: int = HEADROOM) -> Any:
     """``cache`` with each plain ``DynamicLayer`` replaced by a ``BufferLayer`` holding the same tensors.
 
@@ -115,12 +168,22 @@ def buffered(cache: Any, headroom: int = HEADROOM) -> Any:
     buffer once (its one copy in the next ``headroom`` steps). A cache with
     any other kind of layer is returned as it is.
     """
+    return _converted(cache, lambda: BufferLayer(headroom))
+
+
+def padded(cache: Any, headroom: int = PADDED_HEADROOM) -> Any:
+    """``cache`` with each plain ``DynamicLayer`` replaced by a ``PaddedLayer`` holding the same tensors (as
+    ``buffered``); the batch calls ``reserve_columns`` before each pass."""
+    return _converted(cache, lambda: PaddedLayer(headroom))
+
+
+def _converted(cache: Any, make: Any) -> Any:
     layers = getattr(cache, "layers", None)
     if not isinstance(cache, DynamicCache) or not layers or any(type(layer) is not DynamicLayer for layer in layers):
         return cache
     converted = []
     for layer in layers:
-        new = BufferLayer(headroom)
+        new = make()
         if layer.is_initialized:
             new.dtype, new.device, new.is_initialized = layer.dtype, layer.device, True
             new.keys, new.values = layer.keys, layer.values
@@ -135,14 +198,17 @@ def concatenated(cache: Any) -> Any:
 
 
 # engine option ``kv_cache``: how a decode batch holds its KV after prefill
-KV_CACHES = {"preallocated": buffered, "concat": concatenated}
+KV_CACHES = {"preallocated": buffered, "padded": padded, "concat": concatenated}
+AUTO_ON_CPU = {torch.float32: "preallocated", torch.bfloat16: "padded"}  # ``auto`` per weight dtype (measured)
 
 
 def resolve_kv_cache(name: str, model: Any) -> str:
     """The ``kv_cache`` path for ``model``: a name of ``KV_CACHES``, or "auto" (see the module docstring)."""
-    if name == "auto":  # measured on CPU only: fp32 gains, half precision loses; GPUs keep transformers' path
+    if name == "auto":  # measured on CPU only (fp32 and bf16); GPUs keep transformers' path
         weight = next(model.parameters())
-        return "preallocated" if weight.device.type == "cpu" and weight.dtype == torch.float32 else "concat"
+        if weight.device.type != "cpu":
+            return "concat"
+        return AUTO_ON_CPU.get(weight.dtype, "concat")
     if name not in KV_CACHES:
         raise ValueError(f"kv_cache: expected auto or one of {sorted(KV_CACHES)}, got {name!r}")
     return name
@@ -150,7 +216,8 @@ def resolve_kv_cache(name: str, model: Any) -> str:
 
 def mergeable(layer: Any) -> bool:
     """Whether a cache layer is plain full attention, whose columns can be re-padded, cut and re-stacked."""
-    return type(layer) in (DynamicLayer, BufferLayer)
+    return type(layer) in (DynamicLayer, BufferLayer, PaddedLayer)
 
 
-__all__ = ["HEADROOM", "KV_CACHES", "BufferLayer", "buffered", "resolve_kv_cache", "concatenated", "mergeable"]
+__all__ = ["HEADROOM", "KV_CACHES", "PADDED_HEADROOM", "BufferLayer", "PaddedLayer", "buffered", "concatenated",
+           "mergeable", "padded", "reserve_columns", "resolve_kv_cache"]
