@@ -135,6 +135,14 @@ class PaddedLayer(BufferLayer):
         """The mask covers the whole buffer (the attention reads all of it)."""
         return max(self.capacity, self.get_seq_length() + query_length), 0
 
+    def reserve(self, n: int) -> int:
+        """Room for ``n`` more columns (growing the buffers if they lack it); returns the capacity."""
+        if self._keys_buf is None or self._values_buf is None:
+            raise RuntimeError("padded kv cache: a layer holds no columns yet (prefill fills every layer first)")
+        if self._length + n > self.capacity:
+            self._grow(self._keys_buf[:, :, :0], self._values_buf[:, :, :0], self._length + n + self.headroom)
+        return self.capacity
+
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
         shape = (*key_states.shape[:2], capacity, key_states.shape[3])
         keys = key_states.new_zeros(shape)  # zero, not empty: a masked column's key and value still enter a
@@ -151,11 +159,7 @@ def reserve_columns(cache: Any, n: int) -> int | None:
     layers = getattr(cache, "layers", None) or []
     if not layers or any(type(layer) is not PaddedLayer for layer in layers):
         return None
-    for layer in layers:
-        if layer._length + n > layer.capacity:
-            keys, values = layer.keys, layer.values
-            layer._grow(keys[:, :, :0], values[:, :, :0], layer._length + n + layer.headroom)
-    widths = {layer.capacity for layer in layers}
+    widths = {layer.reserve(n) for layer in layers}
     if len(widths) != 1:
         raise RuntimeError(f"padded kv cache: layers of {sorted(widths)} columns; the batch keeps them equal")
     return widths.pop()
