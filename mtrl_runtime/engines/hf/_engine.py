@@ -63,7 +63,9 @@ one column into, ``padded`` ones whose attention reads the whole buffer
 (its room masked: bf16 matmuls need contiguous tensors), or ``auto``:
 preallocated for fp32 on CPU, padded for bf16 on CPU, concat elsewhere
 (GPUs are not measured: ``_kv_buffer`` and docs/performance.md give the
-runs). All give the same tokens and logprobs.
+runs). All give the same tokens and logprobs up to float summation order
+(identical in the tests and benches; a matmul over more columns may sum in
+another order, and a bf16 rounding may then flip a token).
 
 Linear layers on CPU (``cpu_linear``, default ``auto``): ``packed`` serves
 every fp32 ``nn.Linear`` of an inference forward (bf16 too where the CPU
