@@ -47,6 +47,8 @@ PADDED_HEADROOM = 32  # the same for ``padded``, whose attention reads the room 
 class BufferLayer(DynamicLayer):
     """A ``DynamicLayer`` whose ``keys`` / ``values`` are views of preallocated buffers (see the module docstring)."""
 
+    zero_room = False  # whether a grown buffer's room is zeroed (its attention never reads it: no)
+
     def __init__(self, headroom: int = HEADROOM) -> None:
         self._keys_buf: torch.Tensor | None = None
         self._values_buf: torch.Tensor | None = None
@@ -107,9 +109,9 @@ class BufferLayer(DynamicLayer):
         return self.keys, self.values
 
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
-        shape = (*key_states.shape[:2], capacity, key_states.shape[3])
-        keys = key_states.new_empty(shape)
-        values = value_states.new_empty((*value_states.shape[:2], capacity, value_states.shape[3]))
+        allocate = torch.Tensor.new_zeros if self.zero_room else torch.Tensor.new_empty
+        keys = allocate(key_states, (*key_states.shape[:2], capacity, key_states.shape[3]))
+        values = allocate(value_states, (*value_states.shape[:2], capacity, value_states.shape[3]))
         if self._length:
             keys[:, :, : self._length] = self.keys
             values[:, :, : self._length] = self.values
@@ -119,6 +121,8 @@ class BufferLayer(DynamicLayer):
 class PaddedLayer(BufferLayer):
     """A ``BufferLayer`` whose attention reads the whole buffer: contiguous tensors of ``capacity`` columns,
     those past the filled part zero and masked out (``reserve_columns``; see the module docstring)."""
+
+    zero_room = True  # a masked column's key and value still enter the attention's products: zero, not garbage
 
     def __init__(self, headroom: int = PADDED_HEADROOM) -> None:
         super().__init__(headroom)
@@ -143,14 +147,6 @@ class PaddedLayer(BufferLayer):
             self._grow(self._keys_buf[:, :, :0], self._values_buf[:, :, :0], self._length + n + self.headroom)
         return self.capacity
 
-    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
-        shape = (*key_states.shape[:2], capacity, key_states.shape[3])
-        keys = key_states.new_zeros(shape)  # zero, not empty: a masked column's key and value still enter a
-        values = value_states.new_zeros((*value_states.shape[:2], capacity, value_states.shape[3]))  # product
-        if self._length:
-            keys[:, :, : self._length] = self.keys
-            values[:, :, : self._length] = self.values
-        self._keys_buf, self._values_buf = keys, values
 
 
 def reserve_columns(cache: Any, n: int) -> int | None:
