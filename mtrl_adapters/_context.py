@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import numbers
 import threading
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-from .wire import CompletionReport, ModelCallReport, RewardReport, RolloutState, ToolCallReport, rollout_base_url
-
-MAX_RESULT_CHARS = 65536  # a tool result longer than this is cut (the store keeps what the model saw, bounded)
+from ._values import MAX_RESULT_CHARS, jsonable, policy_model_ids, reward_report, sampling_fields
+from .wire import CompletionReport, ModelCallReport, RolloutState, ToolCallReport, rollout_base_url
 
 _CURRENT: ContextVar["RolloutContext | None"] = ContextVar("mtrl_rollout", default=None)
 
@@ -335,80 +332,11 @@ def deactivate(token: Any) -> None:
     _CURRENT.reset(token)
 
 
-def policy_model_ids(value: Any) -> frozenset[str] | None:
-    """``policy_models`` as a set of model ids (None stays None: every call is the policy's); bad values raise."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = [value]
-    ids = frozenset(value)
-    if not ids or not all(isinstance(m, str) and m for m in ids):
-        raise ValueError(f"policy_models must be a non-empty list of model ids (strings), got {value!r}")
-    return ids
-
-
-def sampling_fields(sampling: Any) -> dict[str, Any]:
-    """OpenAI request fields from a ``SamplingParams``-like object or mapping (None fields dropped)."""
-    if sampling is None:
-        return {}
-    names = ("temperature", "top_p", "max_tokens", "seed")
-    if isinstance(sampling, Mapping):
-        values = {n: sampling.get(n) for n in names}
-        values["max_tokens"] = values["max_tokens"] or sampling.get("maxTokens")
-        values["top_p"] = values["top_p"] if values["top_p"] is not None else sampling.get("topP")
-    else:
-        values = {n: getattr(sampling, n, None) for n in names}
-    return {k: v for k, v in values.items() if v is not None}
-
-
-def reward_report(reward: Any, metrics: Mapping[str, float] | None) -> RewardReport:
-    """Validate ``update_reward``'s arguments into a report; bad values raise naming the field."""
-    clean_metrics = {str(k): _real(f"metrics[{k!r}]", v) for k, v in dict(metrics or {}).items()}
-    try:
-        if isinstance(reward, (list, tuple)):
-            turn_rewards = [_real(f"turn_rewards[{i}]", r) for i, r in enumerate(reward)]
-            return RewardReport(turn_rewards=turn_rewards, metrics=clean_metrics)
-        return RewardReport(reward=_real("reward", reward), metrics=clean_metrics)
-    except ValueError as exc:  # pydantic's ValidationError is a ValueError
-        raise ValueError(_first_error(exc)) from None
-
-
-def _real(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a float, got {value!r}")
-    return float(value)
-
-
-def _first_error(exc: ValueError) -> str:
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        return "; ".join(str(e.get("msg", "")).removeprefix("Value error, ") for e in errors())
-    return str(exc)
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` if it round-trips through JSON (strings cut to MAX_RESULT_CHARS), else its text."""
-    if value is None or isinstance(value, (bool, int, float)):
-        return value
-    if isinstance(value, str):
-        return value[:MAX_RESULT_CHARS]
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        return str(value)[:MAX_RESULT_CHARS]
-    return value if len(text) <= MAX_RESULT_CHARS else text[:MAX_RESULT_CHARS]
-
-
 __all__ = [
     "AgentTask",
-    "MAX_RESULT_CHARS",
     "RolloutContext",
     "activate",
     "current_rollout",
     "deactivate",
-    "jsonable",
-    "policy_model_ids",
-    "reward_report",
     "rollout_scope",
-    "sampling_fields",
 ]

@@ -27,7 +27,8 @@ from ._anthropic import instrument_anthropic
 from ._bedrock import instrument_bedrock
 from ._litellm import instrument_litellm
 from ._client import RolloutError, describe_error
-from ._context import RolloutContext, activate, current_rollout, deactivate, policy_model_ids
+from ._context import RolloutContext, activate, current_rollout, deactivate
+from ._values import policy_model_ids
 from ._openai import instrument_openai
 from ._selective import instrument_selective
 

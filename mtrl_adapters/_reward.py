@@ -11,7 +11,8 @@ from __future__ import annotations
 import warnings
 from typing import Any, Mapping, Sequence
 
-from ._context import current_rollout, reward_report
+from ._context import current_rollout
+from ._values import reward_report
 
 
 def update_reward(reward: float | Sequence[float], metrics: Mapping[str, float] | None = None) -> bool:

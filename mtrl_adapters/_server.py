@@ -28,7 +28,8 @@ import httpx
 from pydantic import ValidationError
 
 from ._client import describe_error, ssl_context
-from ._context import AgentTask, RolloutContext, jsonable, rollout_scope, sampling_fields
+from ._context import AgentTask, RolloutContext, rollout_scope
+from ._values import jsonable, sampling_fields
 from ._decorator import is_decorated, rollout
 from .wire import RolloutServerRequest, split_trajectory_id
 

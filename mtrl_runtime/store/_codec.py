@@ -1,8 +1,9 @@
 """Validation and encoding between the contract's dataclasses and the store's rows, for every backend.
 
-Every ``encode_*`` checks its input and raises ValueError naming the field
-and the value, so a bad write fails in the caller before anything is queued;
-every ``decode_*`` turns a row back into the dataclass. Each backend writes
+Every ``encode_*`` checks its input (with ``_checks``' scalar checks) and
+raises ValueError naming the field and the value, so a bad write fails in
+the caller before anything is queued; every ``decode_*`` turns a row back
+into the dataclass. Each backend writes
 through them (``sqlite`` into its tables, ``memory`` into dicts), so all of
 them refuse the same values with the same messages and read back the same
 values (JSON text in, JSON values out).
@@ -18,86 +19,17 @@ import json
 import math
 import sys
 from array import array
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, Iterable, NamedTuple
 
 import orjson
 
 from ..types import BreakReason, Rollout, RolloutStatus, Task, ToolCall, Turn
+from ._checks import check_float, check_int, check_metrics, check_str, status_of
 
 _SWAP = sys.byteorder != "little"  # blobs are little-endian on every machine
 _MAX_ID = 2**32 - 1
 _IDS = "I"  # uint32; array itself rejects negative and too large ids
 _HEX_DIGITS = frozenset("0123456789abcdef")
-
-
-# ---- scalars -------------------------------------------------------------
-
-
-def check_str(field: str, value: Any, *, optional: bool = False, empty: bool = False) -> str | None:
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or (not empty and not value):
-        kind = "a string" if empty else "a non-empty string"
-        raise ValueError(f"{field} must be {kind}, got {value!r:.200}")
-    return value
-
-
-def check_int(field: str, value: Any, *, optional: bool = False, minimum: int = 0) -> int | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def check_float(field: str, value: Any, *, optional: bool = False, minimum: float | None = None) -> float | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{field} must be a finite number, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{field} must be >= {minimum}, got {value!r}")
-    return float(value)
-
-
-def check_metrics(field: str, metrics: Any) -> dict[str, float]:
-    if not isinstance(metrics, Mapping):
-        raise ValueError(f"{field} must be a mapping of name to number, got {metrics!r}")
-    out: dict[str, float] = {}
-    for name, value in metrics.items():
-        check_str(f"{field} key", name)
-        out[name] = check_float(f"{field}[{name!r}]", value)
-    return out
-
-
-def status_of(field: str, value: Any) -> RolloutStatus:
-    try:
-        return RolloutStatus(value)
-    except ValueError:
-        known = ", ".join(s.value for s in RolloutStatus)
-        raise ValueError(f"{field} must be one of {known}; got {value!r}") from None
-
-
-def final_status(field: str, value: Any) -> RolloutStatus:
-    """A final status (every status but running), or a ValueError naming the field."""
-    final = status_of(field, value)
-    if not final.is_final:
-        known = ", ".join(s.value for s in RolloutStatus if s.is_final)
-        raise ValueError(f"{field} must be a final status ({known}), got {value!r}")
-    return final
-
-
-def check_rollout_ids(field: str, rollout_ids: Any) -> list[str]:
-    """At least one rollout id, each a non-empty string named at most once."""
-    ids = list(rollout_ids)
-    if not ids:
-        raise ValueError(f"{field} must name at least one rollout, got []")
-    for rollout_id in ids:
-        check_str(f"{field}[]", rollout_id)
-    if len(set(ids)) != len(ids):
-        twice = sorted({r for r in ids if ids.count(r) > 1})
-        raise ValueError(f"{field}: each id at most once, got duplicates {twice[:10]!r}")
-    return ids
 
 
 # ---- JSON and blobs --------------------------------------------------------

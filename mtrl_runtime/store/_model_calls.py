@@ -9,7 +9,7 @@ no sample is ever built from it.
 from __future__ import annotations
 
 from ..types import ModelCall
-from ._codec import check_float, check_int, check_str
+from ._checks import check_float, check_int, check_str
 
 COLUMNS = (
     "rollout_id, seq, protocol, model, latency_s, started_at, input_tokens, output_tokens, stream, status, error"

@@ -51,15 +51,15 @@ import torch.distributed as dist
 from ..diagnostics import NONFINITE_SKIPPED
 from ..types import Sample
 from ..engines import resolve_model
-from ._chunked import DecoderWithHead
 from ._fit import preflight_folder
 from ._policy import Policy, atomic_folder, policy_settings
-from ._rank0_weights import InitialWeights, build_sharded_policy, materialise
+from ._rank0_weights import InitialWeights, build_sharded_policy
 from ._ranks import Ranks, leave_job
 from ._sharded_checkpoint import indexed_optimizer_state, load_from_rank0, read_checkpoint
-from ._update import (TRAINER_STATE, WEIGHTS_FOLDER, NonFiniteWeights, PolicyUpdate, UpdateSettings,
-                      loss_normalizer,
-                      nonfinite_cause, nonfinite_rollouts)
+from ._fsdp import full_value, local_shard, shard_policy
+from ._nonfinite import NonFiniteWeights, nonfinite_cause, nonfinite_rollouts
+from ._update import TRAINER_STATE, WEIGHTS_FOLDER, PolicyUpdate, loss_normalizer
+from ._update_settings import UpdateSettings
 
 log = logging.getLogger("mtrl.train")
 
@@ -87,42 +87,6 @@ def sharded_update_from_config(config: Any, folder: str | Path, ranks: Ranks) ->
     del settings["device"]  # every rank fills its shards on its own device (ranks.device)
     policy, initial = build_sharded_policy(folder, ranks.leader, **settings)
     return ShardedUpdate.build(policy, UpdateSettings.from_config(config), ranks, initial)
-
-
-def shard_policy(policy: Policy, initial: InitialWeights, device: torch.device) -> None:
-    """Shard a policy built on the meta device (``build_sharded_policy``) with FSDP2, then fill this rank's
-    shards with rank 0's weights (``materialise``); rank 0's loaded copy is released after.
-
-    Each decoder layer is one FSDP unit, the rest (embeddings, final norm,
-    head) the root's. Gradients are summed, not averaged: each rank already
-    divides its loss by the whole step's count. A frozen reference copy (full
-    fine-tuning with a KL term) is not sharded: every rank fills a whole copy.
-    """
-    from torch.distributed.fsdp import FSDPModule, fully_shard
-
-    model = policy.model
-    base = model.get_base_model() if policy.lora else model
-    for layer in _decoder_layers(base):
-        fully_shard(layer)
-    fully_shard(model)
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)  # a plain sum: gloo has no pre-multiplied sum
-    materialise(model, initial, device)
-    if policy.reference_model is not None:
-        materialise(policy.reference_model, initial, device)
-    initial.release()
-
-
-def _decoder_layers(base: Any) -> list[torch.nn.Module]:
-    """The repeated blocks of a transformers causal LM (its decoder's ``layers``)."""
-    decoder = base.get_decoder() if isinstance(base, DecoderWithHead) else None
-    layers = decoder.layers if isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList) else None
-    if layers is None:
-        raise ValueError(f"distributed training: cannot find the decoder layers of {type(base).__name__} "
-                         "(expected get_decoder().layers, as transformers' causal LMs have)")
-    return list(layers)
 
 
 def deal_rounds(lengths: Sequence[int], world_size: int) -> list[list[int]]:
@@ -253,7 +217,7 @@ class ShardedUpdate:
             metrics = self._combine(local)
             if metrics["train/tokens_trained"] > 0:
                 params = update.policy.trainable_parameters()
-                grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, update.settings.max_grad_norm))
+                grad_norm = full_value(torch.nn.utils.clip_grad_norm_(params, update.settings.max_grad_norm))
                 bad = nonfinite_cause(metrics["train/loss"], float(grad_norm))
                 if bad is not None:
                     update.optimizer.zero_grad(set_to_none=True)
@@ -318,7 +282,7 @@ class ShardedUpdate:
             self.update.policy.model.eval()
 
     def _weights_finite(self) -> bool:
-        local = all(bool(torch.isfinite(_local(p)).all()) for p in self.update.policy.trainable_parameters())
+        local = all(bool(torch.isfinite(local_shard(p)).all()) for p in self.update.policy.trainable_parameters())
         flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=self.ranks.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
@@ -335,7 +299,7 @@ class ShardedUpdate:
         wanted = policy.trainable_parameters() if policy.lora else list(policy.model.parameters())
         state = {}
         for param in wanted:
-            full = _full(param.detach())
+            full = full_value(param.detach())
             if self.ranks.leader:
                 state[names[id(param)]] = full.cpu()
         return state
@@ -413,17 +377,4 @@ def _broadcast(obj: Any) -> Any:
     return box[0]
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's whole value on every rank (a collective); a plain tensor as it is."""
-    from torch.distributed.tensor import DTensor
-
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-
-
-__all__ = ["SUMMED", "ShardedUpdate", "deal_rounds", "follow_training", "shard_policy", "sharded_update_from_config"]
+__all__ = ["SUMMED", "ShardedUpdate", "deal_rounds", "follow_training", "sharded_update_from_config"]

@@ -47,7 +47,8 @@ from ._loop import StepReport, TrainingLoop
 from ._policy import policy_from_config
 from ._progress import ProgressDisplay
 from ._resume import plan_resume
-from ._update import PolicyUpdate, UpdateSettings
+from ._update import PolicyUpdate
+from ._update_settings import UpdateSettings
 from ._weights import PushedWeights, SharedWeights, shares_model
 
 MLFLOW_RUN_KEY = "mlflow_run_id"

@@ -32,13 +32,12 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
 
-from ..algorithms.losses import LOSSES, LossParams
+from ..algorithms.losses import LOSSES
 from ..diagnostics import NONFINITE_SKIPPED
 from ..types import Sample
 from . import _memory
@@ -48,55 +47,14 @@ from ._fit import MIN_MICRO_BATCH_TOKENS, StepMemory, check_fits, estimate_for_m
 from ._packing import (StepPrefix, batch_cost, can_share_prefix, common_prefix_length, pack_micro_batches,
                        shared_prefix_hidden, shared_prefix_logits, usable_shared)
 from ._policy import Policy, atomic_folder
+from ._nonfinite import NonFiniteWeights, nonfinite_cause, nonfinite_rollouts
 from ._precision import resolve_autocast
+from ._update_settings import UpdateSettings
 
 log = logging.getLogger("mtrl.train")
 
 TRAINER_STATE = "trainer_state.pt"
 WEIGHTS_FOLDER = "weights"
-
-
-@dataclass(frozen=True)
-class UpdateSettings:
-    """How a step trains: loss, optimizer and batching settings."""
-
-    loss_fn: str = "ppo"
-    loss: LossParams = field(default_factory=LossParams)
-    learning_rate: float = 4e-5
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    micro_batch_tokens: int = 4096
-    precision: str = "auto"  # auto | bf16 | fp32
-    share_prefix: bool = True  # run a prompt prefix the rows of a micro-batch share once (see _packing)
-    logprob_chunk_tokens: int = 512  # positions per LM-head chunk; 0: all kept positions' logits at once
-    gradient_checkpointing: str = "auto"  # auto | on | off (see the module docstring)
-    fit_memory: bool = True  # micro-batches of at most micro_batch_tokens, fewer when free memory is short
-
-    def __post_init__(self) -> None:
-        if self.precision not in ("auto", "bf16", "fp32"):
-            raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
-        if self.micro_batch_tokens < 1:
-            raise ValueError(f"micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}")
-        if self.logprob_chunk_tokens < 0:
-            raise ValueError(f"logprob_chunk_tokens must be >= 0 (0: unchunked), got {self.logprob_chunk_tokens}")
-        if self.gradient_checkpointing not in ("auto", "on", "off"):
-            raise ValueError(f"gradient_checkpointing must be auto, on or off, got {self.gradient_checkpointing!r}")
-        LOSSES.get(self.loss_fn)  # unknown names fail here, listing the known ones
-
-    @classmethod
-    def from_config(cls, config: Any) -> "UpdateSettings":
-        """From an ``MtrlConfig``."""
-        return cls(
-            loss_fn=config.core.loss_fn,
-            loss=LossParams.from_config(config.advanced),
-            learning_rate=config.core.learning_rate,
-            max_grad_norm=config.advanced.max_grad_norm,
-            micro_batch_tokens=config.advanced.micro_batch_tokens,
-            precision=config.advanced.precision,
-            logprob_chunk_tokens=config.advanced.logprob_chunk_tokens,
-            gradient_checkpointing=config.advanced.gradient_checkpointing,
-            fit_memory=config.advanced.fit_micro_batches,
-        )
 
 
 class PolicyUpdate:
@@ -393,10 +351,6 @@ class PolicyUpdate:
             self.version = int(state["version"])
 
 
-class NonFiniteWeights(RuntimeError):
-    """The policy holds a NaN or infinite weight: no checkpoint is written from it, none is resumed from it."""
-
-
 def loss_normalizer(samples: Sequence[Sample], aggregation: str) -> float:
     """The step's loss denominator: trained tokens (``token_mean``) or trained samples (``sequence_mean``)."""
     kept = [s for s in samples if any(s.loss_mask_T[1:])]
@@ -405,28 +359,10 @@ def loss_normalizer(samples: Sequence[Sample], aggregation: str) -> float:
     return float(len(kept))
 
 
-def nonfinite_rollouts(samples: Sequence[Sample]) -> list[str]:
-    """The rollouts whose samples carry a non-finite advantage or behaviour logprob."""
-    return sorted({
-        s.rollout_id for s in samples
-        if not all(math.isfinite(a) for a in s.advantages_T) or not all(math.isfinite(x) for x in s.behaviour_logprobs_T)
-    })
-
-
-def nonfinite_cause(loss: float, grad_norm: float) -> str | None:
-    """``"loss"`` or ``"gradients"`` when that value is not finite, else None."""
-    if not math.isfinite(loss):
-        return "loss"
-    if not math.isfinite(grad_norm):
-        return "gradients"
-    return None
-
-
 def _untrained_head(sample: Sample) -> tuple[int, ...]:
     """The tokens before the first logit the loss reads (a prefix shared up to there is computed once)."""
     first = next(i for i, trained in enumerate(sample.loss_mask_T) if trained and i > 0)
     return tuple(sample.token_ids_T[: first - 1])
 
 
-__all__ = ["NONFINITE_SKIPPED", "NonFiniteWeights", "PolicyUpdate", "UpdateSettings", "loss_normalizer",
-           "nonfinite_cause", "nonfinite_rollouts", "resolve_autocast"]
+__all__ = ["TRAINER_STATE", "WEIGHTS_FOLDER", "PolicyUpdate", "loss_normalizer"]

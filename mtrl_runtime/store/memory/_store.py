@@ -17,11 +17,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from ...types import ModelCall, Rollout, RolloutStatus, Task, ToolCall, Turn
+from .._checks import check_int, check_metrics, check_rollout_ids, check_str, final_status, status_of
 from .._codec import (
-    check_int,
-    check_metrics,
-    check_rollout_ids,
-    check_str,
     decode_rollout,
     decode_task,
     decode_tool_call,
@@ -32,9 +29,7 @@ from .._codec import (
     encode_task,
     encode_tool_call,
     encode_turn,
-    final_status,
     loads,
-    status_of,
 )
 from .._export import rollout_record, write_jsonl
 from .._model_calls import decode_model_call, encode_model_call

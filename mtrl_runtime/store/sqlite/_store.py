@@ -19,20 +19,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from ...types import ModelCall, Rollout, RolloutStatus, Task, ToolCall, Turn
-from .._codec import (
-    check_int,
-    check_metrics,
-    check_rollout_ids,
-    check_str,
-    dumps,
-    encode_reward,
-    encode_rollout,
-    encode_task,
-    encode_tool_call,
-    encode_turn,
-    final_status,
-    status_of,
-)
+from .._checks import check_int, check_metrics, check_rollout_ids, check_str, final_status, status_of
+from .._codec import dumps, encode_reward, encode_rollout, encode_task, encode_tool_call, encode_turn
 from .._export import rollout_record, write_jsonl
 from .._model_calls import encode_model_call
 from . import _ops, _reads
