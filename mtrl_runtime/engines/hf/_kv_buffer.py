@@ -17,7 +17,8 @@ whole buffer instead: contiguous, so bf16 stays on oneDNN's kernels, its
 room (``PADDED_HEADROOM`` columns at most) zero and hidden by the batch's
 mask, which ``reserve_columns`` widens to the buffer before each pass. The
 attention reads up to that many columns more; tokens and logprobs are the
-concatenation's (identical in bf16 in the bench and the tests).
+concatenation's up to float summation order (identical in bf16 in the
+bench and the tests; the engine's docstring says when a token may flip).
 ``kv_cache="auto"``, the engine's default, preallocates for fp32 on CPU
 and pads for bf16 on CPU (on a GPU neither is measured: transformers'
 concatenation stays). In fp32 on a quiet 2-core box preallocated buffers
@@ -146,7 +147,6 @@ class PaddedLayer(BufferLayer):
         if self._length + n > self.capacity:
             self._grow(self._keys_buf[:, :, :0], self._values_buf[:, :, :0], self._length + n + self.headroom)
         return self.capacity
-
 
 
 def reserve_columns(cache: Any, n: int) -> int | None:
