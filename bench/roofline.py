@@ -13,14 +13,19 @@ pick here, ``auto_dtype``):
   linear): one forward + backward of the model on those rows (FLOPs
   counted by torch's ``FlopCounterMode``, then timed without it), and one
   plain transformers decode step of 8 rows at 100 tokens of context
-  (timed, and the floor its weight reads set at the measured bandwidth).
+  (timed, and the floor its weight reads set at the measured bandwidth);
+- with ``--fused``, the most fusion torch itself offers a decode step: the
+  same step on transformers' static cache, eager and through
+  ``torch.compile`` (inductor, weights frozen and prepacked), side by side,
+  and the seconds the compilation took (the base model: what a decode
+  runs once the LoRA is folded into the weights).
 
 The floor of a step is forward + backward plus 64 decode steps with
 torch's own kernels (the optimizer, the sampling, the prefill and the
 bookkeeping come on top); what the hardware could do at best is the FLOPs
 at the measured matmul rate and the weight reads at the measured bandwidth.
 
-    python bench/roofline.py [--threads 2] [--repeats 5] [--out bench/results/roofline.json]
+    python bench/roofline.py [--threads 2] [--repeats 5] [--fused] [--out bench/results/roofline.json]
 """
 
 from __future__ import annotations
@@ -125,10 +130,44 @@ def model_floors(dtype: Any, repeats: int) -> dict[str, Any]:
     }
 
 
+def fused_decode(dtype: Any, repeats: int, context: int = 100) -> dict[str, Any]:
+    """One decode step of 8 rows after ``context`` tokens on transformers' static cache: eager, and compiled by
+    inductor (weights frozen: oneDNN prepacks the linears). Each side has its own cache, prefilled alike, and
+    their first steps' logits are compared; every call decodes the next position (a static cache attends over
+    all its columns, masked, so each step costs the same)."""
+    import torch
+    import torch._inductor.config as inductor_config
+    from transformers import AutoModelForCausalLM, StaticCache
+
+    from mtrl_runtime.engines import resolve_model
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m"), dtype=dtype).eval()
+    ids = torch.randint(100, 40000, (UPDATE_ROWS, context + 1))
+    calls = 2 + 4 * repeats  # the compared step, then best_seconds' warm-up call and its timed ones
+
+    def stepper() -> Callable[[torch.Tensor], torch.Tensor]:
+        cache = StaticCache(config=model.config, max_cache_len=context + calls)
+        model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True)
+        return lambda step_ids: model(input_ids=step_ids, past_key_values=cache, use_cache=True).logits
+
+    with torch.no_grad(), inductor_config.patch(freezing=True):
+        eager, compiled = stepper(), torch.compile(stepper(), dynamic=False)
+        eager_logits = eager(ids[:, context:])
+        started = time.perf_counter()
+        fused_logits = compiled(ids[:, context:])
+        compile_s = time.perf_counter() - started
+        eager_s = best_seconds(lambda: eager(ids[:, context:]), repeats * 4)
+        fused_s = best_seconds(lambda: compiled(ids[:, context:]), repeats * 4)
+    return {"context": context, "eager_s": round(eager_s, 4), "compiled_s": round(fused_s, 4),
+            "speedup": round(eager_s / fused_s, 2), "compile_s": round(compile_s, 1),
+            "max_abs_logit_diff": round(float((fused_logits.float() - eager_logits.float()).abs().max()), 5)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--fused", action="store_true", help="also time the decode step compiled by inductor")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
@@ -146,6 +185,8 @@ def main() -> None:
     floors, steps = {}, {}
     for name, kind in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         floors[name] = model_floors(kind, args.repeats)
+        if args.fused:
+            floors[name]["static_cache_decode_step_8_rows"] = fused_decode(kind, args.repeats)
         steps[name] = {
             "decode_step_weight_reads_s": round(floors[name]["weight_bytes"] / (memory["read_gb_s"] * 1e9), 4),
             "trl_step_s": round(floors[name]["forward_backward"]["seconds"]
@@ -155,7 +196,8 @@ def main() -> None:
     results = {
         "bench": "roofline",
         "command": "python bench/roofline.py " + " ".join(f"--{k} {v}" for k, v in (("threads", args.threads),
-                                                                                  ("repeats", args.repeats))),
+                                                                                  ("repeats", args.repeats)))
+                   + (" --fused" if args.fused else ""),
         "machine": machine_info(load_before, os.getloadavg(), args.threads,
                                 dtype={name: floors[name]["dtype"] for name in floors}),
         "engines_auto_dtype": auto,
