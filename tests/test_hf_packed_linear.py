@@ -1,5 +1,6 @@
 """Prepacked oneDNN linears in the hf engine (issue 21, decode): the same outputs as ``F.linear``, a weight
-changed in place is packed again before its next use, and training forwards never see a packed copy."""
+changed in place is packed again before its next use, training forwards never see a packed copy, and a plan
+packs only the weight shapes it names, from the rows it names."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 import torch
 
 from mtrl_runtime.engines import HFEngine
-from mtrl_runtime.engines.hf._packed_linear import PackedLinears, packable_dtypes, packing_pays
+from mtrl_runtime.engines.hf._packed_linear import (CROSSOVER_ROWS, MIN_GAIN, PackedLinears, cache_size_bytes,
+                                                    choose, last_level_cache_bytes, packable_dtypes,
+                                                    packing_plan)
 from mtrl_runtime.testing import tiny_model, tiny_tokenizer
 from mtrl_runtime.torch_support import cpu_has_native_bf16
 from mtrl_runtime.types import GenerationRequest, SamplingParams
@@ -72,7 +75,7 @@ def test_bf16_is_left_to_f_linear_where_the_cpu_emulates_it(tok):
     with torch.no_grad():
         model(torch.tensor([tok.encode("bf16 is not packed")]))
     assert packed.packs == 0 and torch.bfloat16 not in packable_dtypes()
-    assert packing_pays(model) is False, "the probe packs bf16 only where the CPU computes it natively"
+    assert packing_plan(model) == {}, "the probe packs bf16 only where the CPU computes it natively"
 
 
 @NATIVE_BF16
@@ -123,3 +126,69 @@ def test_switched_off_every_forward_goes_through_f_linear(tok):
         model(torch.tensor([tok.encode("switched off")]))
     assert packed.packs == 0
 
+
+
+def test_a_plan_packs_only_the_shapes_it_names_and_only_from_its_rows(tok):
+    plain = tiny_model(tok)
+    model = copy.deepcopy(plain)
+    mlp = model.model.layers[0].mlp
+    gate_shape, down_shape = tuple(mlp.gate_proj.weight.shape), tuple(mlp.down_proj.weight.shape)
+    assert gate_shape != down_shape
+    packed = PackedLinears(model, plan={gate_shape: CROSSOVER_ROWS, down_shape: 1})
+    served = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" in m.__dict__]
+    assert packed.layers == len(served) > 0
+    assert {tuple(m.weight.shape) for m in served} == {gate_shape, down_shape}
+    few = torch.tensor([tok.encode("one")[:1]])  # a forward's rows are its tokens: one here
+    many = torch.tensor([tok.encode("enough rows for the crossover")[:CROSSOVER_ROWS]])
+    assert many.numel() == CROSSOVER_ROWS
+    with torch.no_grad():
+        got_few = model(few).logits
+        down_only = packed.packs  # one row: the gate and up projections stay with F.linear
+        got_many = model(many).logits
+        expected_few, expected_many = plain(few).logits, plain(many).logits
+    layers = len(model.model.layers)
+    assert down_only == layers, "only the shape planned from one row was packed for a single row"
+    assert packed.packs == packed.layers == 3 * layers, "gate, up and down, once the rows reach the crossover"
+    for got, expected in ((got_few, expected_few), (got_many, expected_many)):
+        assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5), (got - expected).abs().max()
+
+
+@pytest.mark.parametrize(("times", "expected"), [
+    ((1.0, 1.0, 2.0, 1.0), 1),  # as fast at one row, twice as fast at the decode batch: packed from one row
+    ((1.0, 1.5, 2.0, 1.0), CROSSOVER_ROWS),  # slower at one row: packed only from the crossover
+    ((1.0, 0.5, MIN_GAIN * 0.99, 1.0), None),  # under the gain at the decode batch: never, whatever one row says
+])
+def test_the_plan_packs_a_shape_only_where_the_decode_batch_gains(times, expected):
+    assert choose(*times) == expected
+
+
+def test_cache_sizes_are_read_as_sysfs_writes_them():
+    assert cache_size_bytes("48K\n") == 48 << 10
+    assert cache_size_bytes("266240K") == 266240 << 10
+    assert cache_size_bytes("32M") == 32 << 20
+    assert cache_size_bytes("1024") == 1024
+    assert cache_size_bytes("") is None and cache_size_bytes("big") is None
+    assert last_level_cache_bytes() > 0
+
+
+def test_the_probe_plans_only_shapes_the_model_has_and_starts_cold_when_it_outgrows_the_cache(tok, monkeypatch):
+    import mtrl_runtime.engines.hf._packed_linear as packed_linear
+
+    model = tiny_model(tok)
+    evictions = []
+    real = packed_linear._Eviction
+
+    class Counted(real):
+        def __call__(self) -> None:
+            evictions.append(self.buffer.numel() * 4)
+            super().__call__()
+
+    monkeypatch.setattr(packed_linear, "_Eviction", Counted)
+    shapes = {tuple(m.weight.shape) for m in model.modules() if type(m) is torch.nn.Linear}
+    plan = packing_plan(model, repeats=1)
+    assert set(plan) <= shapes and set(plan.values()) <= {1, CROSSOVER_ROWS}
+    assert evictions == [], "a model that fits in the cache is timed warm, as its decode steps run"
+    monkeypatch.setattr(packed_linear, "last_level_cache_bytes", lambda: 4096)  # the tiny model outgrows it
+    plan = packing_plan(model, repeats=1)
+    assert set(plan) <= shapes
+    assert evictions == [2 * 4096] * 4, "each round (a warm-up and one timed, at two row counts) starts cold"

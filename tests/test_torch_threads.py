@@ -118,7 +118,7 @@ _PROBE = """
 import os, sys, torch
 torch.set_num_threads(2)
 from mtrl_runtime.engines import HFEngine
-from mtrl_runtime.engines.hf._packed_linear import packing_pays
+from mtrl_runtime.engines.hf._packed_linear import packing_plan
 
 def main_thread_has_team():
     before = len(os.listdir("/proc/self/task"))
@@ -127,7 +127,7 @@ def main_thread_has_team():
 
 engine = HFEngine(sys.argv[1], dtype="fp32", num_threads=2, cpu_linear="auto")
 if sys.argv[2] == "main":
-    packing_pays(engine.model)
+    packing_plan(engine.model)
 print("TEAM", main_thread_has_team(), engine.cpu_linear)
 """
 

@@ -72,9 +72,12 @@ every fp32 ``nn.Linear`` of an inference forward (bf16 too where the CPU
 computes bf16 natively) from a oneDNN copy of its weight reordered once
 (``_packed_linear``; one more copy of the linear weights, packed again after
 any in-place change such as folding an adapter), ``aten`` leaves
-``F.linear``, ``auto`` packs where a probe on the worker thread (a pass
-over 32 MiB of the largest weights at decode batch size) says oneDNN is at
-least 1.15x faster on this CPU. Training forwards never use a packed copy.
+``F.linear``, ``auto`` packs the weights of each shape where a probe on
+the worker thread (a pass over up to 32 MiB of that shape's weights at 1
+and 8 rows, cold where the model outgrows the CPU's last-level cache) says
+oneDNN is at least 1.15x faster at 8 rows on this CPU, leaving forwards of
+fewer than 4 rows to ``F.linear`` where a single row is faster there
+(``packed_linears.plan``). Training forwards never use a packed copy.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ from ._attention import use_short_query_attention
 from ._jobs import Call, Job
 from ._kv_buffer import resolve_kv_cache
 from ._lora_fold import LoraFold
-from ._packed_linear import CPU_LINEARS, PackedLinears, packing_pays
+from ._packed_linear import CPU_LINEARS, PackedLinears, packing_plan
 from ._prefix_cache import PrefixCache
 from ._pretrained import auto_dtype, default_eos_ids, load_lora_adapter, load_pretrained
 from ._worker import WorkerLoop
@@ -196,8 +199,9 @@ class HFEngine(WorkerLoop):
         # decode's linear layers through oneDNN with reordered weights where that pays on this CPU (_packed_linear);
         # the probe times matmuls, so it runs on the worker: on this thread it would start a second OpenMP team
         # and throttle every decode step after it (_worker's docstring)
-        pack = cpu_linear == "packed" or (cpu_linear == "auto" and self.on_worker_sync(lambda: packing_pays(model)))
-        self.packed_linears = PackedLinears(model) if pack else None
+        plan = self.on_worker_sync(lambda: packing_plan(model)) if cpu_linear == "auto" else None
+        pack = cpu_linear == "packed" or bool(plan)
+        self.packed_linears = PackedLinears(model, plan=plan) if pack else None  # plan None: every linear
         self.cpu_linear = "packed" if pack else "aten"
 
     # ------------------------------------------------------------------ public API

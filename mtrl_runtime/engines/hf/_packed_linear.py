@@ -22,24 +22,41 @@ call, so a stale copy is never used. The outputs equal ``F.linear``'s to
 float summation order (~1e-6 relative in fp32; in bf16 identical on the
 AVX512-BF16 Xeon measured, where ``F.linear`` runs oneDNN's kernels too).
 
-``packing_pays(model)`` decides ``cpu_linear: auto``: it times a pass over
-the model's largest linear weights (``PROBE_BYTES`` of them: more than the
-caches hold, so each is read from memory as in a decode step) both ways at
-the engine's decode batch size on this CPU, and packs where oneDNN is at
-least ``MIN_GAIN`` faster (it is in fp32 on the AMD EPYC development boxes,
-and in bf16 on an AVX512-BF16 Xeon; a CPU where MKL's own kernels are the
-fast ones keeps them). One weight timed over and over stays in cache and
-made the verdict a coin toss on that Xeon (1.17-1.23x against 1.3x over
-the whole model). The engine runs the probe on its worker thread: run
-anywhere else, its matmuls start a second OpenMP team, which halved the
-speed of every decode step after it (``_worker``'s docstring).
+``packing_plan(model)`` decides ``cpu_linear: auto``, per weight shape
+(q and o projections share one, k and v another, ...): it times a pass
+over each shape's weights (up to ``PROBE_BYTES`` of them) both ways on
+this CPU, at one row and at a decode batch's ``PROBE_ROWS``. A shape is
+packed where oneDNN is at least ``MIN_GAIN`` faster at ``PROBE_ROWS``, from
+one row where it is as fast there too, else from ``CROSSOVER_ROWS``: fewer
+rows go through ``F.linear``. The kernels' merits differ by shape and row
+count. Measured on SmolLM2's weights, cold, 2 threads, on an AVX512-BF16
+Xeon (``bench/cpu_linear_plan.py``): in bf16 oneDNN is 1.17-1.53x faster for
+every shape; in fp32 it is 2.66x faster for the LM head (49,152 x 576) at 8
+rows but 0.67-1.28x for the layers' weights, and at one row MKL's
+matrix-vector product reads an fp32 weight at the memory's speed where
+oneDNN takes 1.15-2.2x as long. A whole-model verdict either lost the LM
+head's gain or slowed the k and v projections and lone rows. (On the AMD
+EPYC development boxes packing the whole fp32 model was 1.69x faster; how
+that splits by shape there is not measured.)
+
+A decode step reads each weight from memory, not from a cache, unless the
+model fits in the CPU's last-level cache. The probe's weights would stay in
+that cache between its rounds (that Xeon's VM reports 260 MiB of it), where
+the kernels run alike, and made the verdict a coin toss there; so when the
+model's linear weights exceed that cache, each round starts cold: a buffer
+twice the cache's size is read first (``_Eviction``), and within a round
+each weight (and each packed copy) is read once. The engine runs the probe
+on its worker thread: run anywhere else, its matmuls start a second OpenMP
+team, which halved the speed of every decode step after it (``_worker``'s
+docstring).
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -47,29 +64,41 @@ import torch.nn.functional as F
 from ...torch_support import cpu_has_native_bf16
 
 CPU_LINEARS = ("auto", "packed", "aten")  # engine option cpu_linear: probe, always pack, never pack
-MIN_GAIN = 1.15  # oneDNN must beat F.linear by this much on the probe for "auto" to pack
+MIN_GAIN = 1.15  # oneDNN must beat F.linear by this much at PROBE_ROWS for "auto" to pack
 PACK_ROWS = 16  # the batch-size hint the weights are reordered for (a decode batch's rows)
-PROBE_BYTES = 32 << 20  # how much of the model's weights ``packing_pays`` times: more than a CPU's caches hold
+PROBE_ROWS = 8  # the decode batch the probe times: a group of 8 rollouts decoding together
+CROSSOVER_ROWS = 4  # the fewest rows served packed where a single row is faster through F.linear
+Shape = tuple[int, int]  # a linear weight's (out_features, in_features)
+PROBE_BYTES = 32 << 20  # how much of each weight shape ``packing_plan`` times (at least one weight)
+CACHE_BYTES_UNKNOWN = 64 << 20  # the last-level cache assumed where the system does not say
 
 
 class PackedLinears:
-    """The oneDNN-packed copies of a model's linear weights, used by inference forwards (module docstring)."""
+    """The oneDNN-packed copies of a model's linear weights, used by inference forwards (module docstring).
 
-    def __init__(self, model: Any, rows: int = PACK_ROWS) -> None:
+    ``plan`` maps a weight shape to the fewest rows its forwards run packed
+    from (``packing_plan``); linears of other shapes keep ``F.linear``.
+    None: every linear, from one row."""
+
+    def __init__(self, model: Any, rows: int = PACK_ROWS, plan: Mapping[Shape, int] | None = None) -> None:
         self.rows = rows
+        self.plan = dict(plan) if plan is not None else None
         self.dtypes = packable_dtypes()
         self.enabled = True  # False: every forward through F.linear (the copies are kept, still checked on use)
         self.packs = 0  # weights reordered (again: after a change) since the start
-        self.layers = 0
+        self.layers = 0  # the linears this serves
         for module in model.modules():
-            if type(module) is torch.nn.Linear:
-                module.forward = functools.partial(self._forward, module)  # the instance's own forward
+            if type(module) is not torch.nn.Linear:
+                continue
+            min_rows = 1 if self.plan is None else self.plan.get(tuple(module.weight.shape))
+            if min_rows is not None:
+                module.forward = functools.partial(self._forward, module, min_rows)  # the instance's own forward
                 self.layers += 1
 
-    def _forward(self, module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    def _forward(self, module: torch.nn.Linear, min_rows: int, x: torch.Tensor) -> torch.Tensor:
         weight = module.weight
         if not self.enabled or torch.is_grad_enabled() or x.dtype != weight.dtype or x.dtype not in self.dtypes \
-                or x.device.type != "cpu":
+                or x.device.type != "cpu" or x.numel() < min_rows * x.shape[-1]:
             return F.linear(x, weight, module.bias)
         packed = module.__dict__.get("_mtrl_packed")
         key = (id(weight), weight._version)
@@ -89,34 +118,107 @@ def packable_dtypes() -> tuple[torch.dtype, ...]:
     return (torch.float32, torch.bfloat16) if cpu_has_native_bf16() else (torch.float32,)
 
 
-def packing_pays(model: Any, rows: int = PACK_ROWS, repeats: int = 3) -> bool:
-    """Whether oneDNN with packed weights beats ``F.linear`` by ``MIN_GAIN`` on ``model``'s largest linear
-    weights (not the LM head; ``PROBE_BYTES`` of them, or all), each read once per pass as in a decode step,
-    at ``rows`` rows, on this CPU (CPU models in a ``packable_dtypes`` dtype; tens of ms). Best of ``repeats``
-    passes a side, interleaved. Call it on the thread that will decode (``_worker``'s docstring says why)."""
+def packing_plan(model: Any, repeats: int = 3) -> dict[Shape, int]:
+    """Per linear weight shape of ``model``, the fewest rows from which its inference forwards should run
+    packed on this CPU (``choose`` over ``probe_times``); shapes where packing does not pay are left out, and
+    a model on another device or in a dtype oneDNN does not pack here gets no plan. Call it on the thread that
+    will decode (``_worker``'s docstring says why)."""
+    return plan_from(probe_times(model, repeats))
+
+
+def plan_from(times: Mapping[tuple[Shape, int], tuple[float, float]]) -> dict[Shape, int]:
+    """The plan ``choose`` makes from ``probe_times``' seconds: the shapes worth packing, and from how many rows."""
+    plan = {}
+    for shape in dict.fromkeys(shape for shape, _ in times):
+        min_rows = choose(*times[shape, 1], *times[shape, PROBE_ROWS])
+        if min_rows is not None:
+            plan[shape] = min_rows
+    return plan
+
+
+def probe_times(model: Any, repeats: int = 3) -> dict[tuple[Shape, int], tuple[float, float]]:
+    """Seconds of ``F.linear`` and of oneDNN with packed weights per (weight shape, rows), at one row and at
+    ``PROBE_ROWS``, on ``model``'s linears (none where oneDNN does not pack its dtype on this CPU). Each
+    shape's weights (``PROBE_BYTES`` of them, or one) are read once a round, every round cold when the model
+    outgrows the last-level cache (module docstring); best of ``repeats`` rounds, after one that warms up
+    (under a second with SmolLM2 at 2 threads)."""
     weight = next(model.parameters())
     if weight.device.type != "cpu" or weight.dtype not in packable_dtypes():
-        return False
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype == weight.dtype]
-    if not linears:
-        return False
-    probes, size = [], 0
-    for module in sorted(linears[:-1] or linears, key=lambda m: -m.weight.numel()):
-        if size >= PROBE_BYTES:
-            break
-        probes.append(module.weight.detach())
-        size += probes[-1].numel() * probes[-1].element_size()
-    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in probes}
-    packed = [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in probes]
-    plain = dnnl = float("inf")
+        return {}
+    weights: dict[Shape, list[torch.Tensor]] = {}
+    for module in model.modules():
+        if type(module) is torch.nn.Linear and module.weight.dtype == weight.dtype:
+            weights.setdefault(tuple(module.weight.shape), []).append(module.weight.detach())
+    total = sum(w.numel() * w.element_size() for group in weights.values() for w in group)
+    cache = last_level_cache_bytes()
+    eviction = _Eviction(cache) if total > cache else None
+    probes = {shape: _up_to(group, PROBE_BYTES) for shape, group in weights.items()}
+    packed = {shape: [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in group]
+              for shape, group in probes.items()}
+    best: dict[tuple[Shape, int], tuple[float, float]] = {}
     with torch.no_grad():
-        for round_ in range(repeats + 1):
-            plain_s = _timed(lambda: [F.linear(inputs[w.shape[1]], w) for w in probes])
-            dnnl_s = _timed(lambda: [torch.ops.mkldnn._linear_pointwise(inputs[w.shape[1]], p, None, "none", [], "")
-                                     for w, p in zip(probes, packed)])
-            if round_:  # the first round warms both paths up and is not counted
-                plain, dnnl = min(plain, plain_s), min(dnnl, dnnl_s)
-    return plain >= MIN_GAIN * dnnl
+        for rows in (1, PROBE_ROWS):
+            inputs = {shape: torch.randn(rows, shape[1], dtype=weight.dtype) for shape in probes}
+            for round_ in range(repeats + 1):
+                if eviction is not None:
+                    eviction()
+                for shape, group in probes.items():
+                    x = inputs[shape]
+                    plain_s = _timed(lambda: [F.linear(x, w) for w in group])
+                    dnnl_s = _timed(lambda: [torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+                                             for p in packed[shape]])
+                    if round_:  # the first round warms both paths up and is not counted
+                        plain, dnnl = best.get((shape, rows), (plain_s, dnnl_s))
+                        best[shape, rows] = (min(plain, plain_s), min(dnnl, dnnl_s))
+    return best
+
+
+def choose(plain_one: float, dnnl_one: float, plain_many: float, dnnl_many: float) -> int | None:
+    """From the seconds of ``F.linear`` and of oneDNN at one row and at ``PROBE_ROWS``: None (keep
+    ``F.linear``) unless oneDNN is ``MIN_GAIN`` faster at ``PROBE_ROWS``; then 1 where it is at least as fast
+    at one row, else ``CROSSOVER_ROWS``."""
+    if plain_many < MIN_GAIN * dnnl_many:
+        return None
+    return 1 if plain_one >= dnnl_one else CROSSOVER_ROWS
+
+
+def _up_to(group: list[torch.Tensor], limit: int) -> list[torch.Tensor]:
+    """The first weights of ``group`` up to ``limit`` bytes (at least one)."""
+    chosen, size = [], 0
+    for w in group:
+        if chosen and size >= limit:
+            break
+        chosen.append(w)
+        size += w.numel() * w.element_size()
+    return chosen
+
+
+def last_level_cache_bytes() -> int:
+    """The size of the largest CPU cache the system reports (Linux sysfs), or ``CACHE_BYTES_UNKNOWN``."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        size = cache_size_bytes(entry.read_text())
+        if size is not None:
+            sizes.append(size)
+    return max(sizes, default=CACHE_BYTES_UNKNOWN)
+
+
+def cache_size_bytes(text: str) -> int | None:
+    """A sysfs cache size ("48K", "266240K", "32M") in bytes; None for anything else."""
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    digits = text[:-1] if scale > 1 else text
+    return int(digits) * scale if digits.isdigit() else None
+
+
+class _Eviction:
+    """Reading a buffer twice the last-level cache's size pushes the weights a probe timed out of it."""
+
+    def __init__(self, cache_bytes: int) -> None:
+        self.buffer = torch.ones(2 * cache_bytes // 4, dtype=torch.float32)  # written, so its pages are real
+
+    def __call__(self) -> None:
+        self.buffer.sum()
 
 
 def _timed(fn: Any) -> float:
@@ -125,4 +227,6 @@ def _timed(fn: Any) -> float:
     return time.perf_counter() - started
 
 
-__all__ = ["CPU_LINEARS", "MIN_GAIN", "PACK_ROWS", "PackedLinears", "packable_dtypes", "packing_pays"]
+__all__ = ["CPU_LINEARS", "CROSSOVER_ROWS", "MIN_GAIN", "PACK_ROWS", "PROBE_ROWS", "PackedLinears", "Shape",
+           "cache_size_bytes", "choose", "last_level_cache_bytes", "packable_dtypes", "packing_plan", "plan_from",
+           "probe_times"]
