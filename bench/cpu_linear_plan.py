@@ -37,8 +37,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from _machine import load_note, machine_info, model_dtype
 
 from mtrl_runtime.engines import HFEngine, resolve_model
@@ -49,16 +47,11 @@ RESULTS = Path(__file__).resolve().parent / "results" / "cpu_linear_plan.json"
 CONFIGS = ("aten", "packed", "plan")
 
 
-def unwrap(model: Any) -> None:
-    """Every linear back to its class's forward (``F.linear``)."""
-    for module in model.modules():
-        if type(module) is torch.nn.Linear:
-            module.__dict__.pop("forward", None)
-            module.__dict__.pop("_mtrl_packed", None)
-
-
 def install(engine: HFEngine, config: str, plan: dict[Any, int]) -> None:
-    unwrap(engine.model)
+    """Serve ``engine``'s linears as ``config`` says (the engine was built with ``cpu_linear: aten``)."""
+    if engine.packed_linears is not None:
+        engine.packed_linears.release()
+        engine.packed_linears = None
     if config != "aten":
         engine.packed_linears = PackedLinears(engine.model, plan=plan if config == "plan" else None)
 

@@ -151,6 +151,12 @@ def test_a_plan_packs_only_the_shapes_it_names_and_only_from_its_rows(tok):
     assert packed.packs == packed.layers == 3 * layers, "gate, up and down, once the rows reach the crossover"
     for got, expected in ((got_few, expected_few), (got_many, expected_many)):
         assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5), (got - expected).abs().max()
+    packed.release()
+    assert packed.layers == 0 and not any("forward" in m.__dict__ or "_mtrl_packed" in m.__dict__
+                                          for m in served), "released: the class's forward, no copies"
+    with torch.no_grad():
+        assert torch.equal(model(many).logits, expected_many)
+    assert packed.packs == 3 * layers
 
 
 @pytest.mark.parametrize(("times", "expected"), [

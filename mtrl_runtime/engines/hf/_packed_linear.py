@@ -86,14 +86,22 @@ class PackedLinears:
         self.dtypes = packable_dtypes()
         self.enabled = True  # False: every forward through F.linear (the copies are kept, still checked on use)
         self.packs = 0  # weights reordered (again: after a change) since the start
-        self.layers = 0  # the linears this serves
+        self._served: list[torch.nn.Linear] = []
         for module in model.modules():
             if type(module) is not torch.nn.Linear:
                 continue
             min_rows = 1 if self.plan is None else self.plan.get(tuple(module.weight.shape))
             if min_rows is not None:
                 module.forward = functools.partial(self._forward, module, min_rows)  # the instance's own forward
-                self.layers += 1
+                self._served.append(module)
+        self.layers = len(self._served)  # the linears this serves
+
+    def release(self) -> None:
+        """Give every served linear its class's forward back and drop its packed copy."""
+        for module in self._served:
+            module.__dict__.pop("forward", None)
+            module.__dict__.pop("_mtrl_packed", None)
+        self._served, self.layers = [], 0
 
     def _forward(self, module: torch.nn.Linear, min_rows: int, x: torch.Tensor) -> torch.Tensor:
         weight = module.weight
