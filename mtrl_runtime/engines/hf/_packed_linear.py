@@ -71,6 +71,7 @@ CROSSOVER_ROWS = 4  # the fewest rows served packed where a single row is faster
 Shape = tuple[int, int]  # a linear weight's (out_features, in_features)
 PROBE_BYTES = 32 << 20  # how much of each weight shape ``packing_plan`` times (at least one weight)
 CACHE_BYTES_UNKNOWN = 64 << 20  # the last-level cache assumed where the system does not say
+_COPY = "_mtrl_packed"  # where a served linear keeps (its weight's identity and version, the packed copy)
 
 
 class PackedLinears:
@@ -94,25 +95,29 @@ class PackedLinears:
             if min_rows is not None:
                 module.forward = functools.partial(self._forward, module, min_rows)  # the instance's own forward
                 self._served.append(module)
-        self.layers = len(self._served)  # the linears this serves
+
+    @property
+    def layers(self) -> int:
+        """How many linears this serves."""
+        return len(self._served)
 
     def release(self) -> None:
         """Give every served linear its class's forward back and drop its packed copy."""
         for module in self._served:
             module.__dict__.pop("forward", None)
-            module.__dict__.pop("_mtrl_packed", None)
-        self._served, self.layers = [], 0
+            module.__dict__.pop(_COPY, None)
+        self._served = []
 
     def _forward(self, module: torch.nn.Linear, min_rows: int, x: torch.Tensor) -> torch.Tensor:
         weight = module.weight
         if not self.enabled or torch.is_grad_enabled() or x.dtype != weight.dtype or x.dtype not in self.dtypes \
                 or x.device.type != "cpu" or x.numel() < min_rows * x.shape[-1]:
             return F.linear(x, weight, module.bias)
-        packed = module.__dict__.get("_mtrl_packed")
+        packed = module.__dict__.get(_COPY)
         key = (id(weight), weight._version)
         if packed is None or packed[0] != key:
             packed = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), self.rows))
-            module.__dict__["_mtrl_packed"] = packed
+            module.__dict__[_COPY] = packed
             self.packs += 1
         return torch.ops.mkldnn._linear_pointwise(x if x.is_contiguous() else x.contiguous(), packed[1],
                                                   module.bias, "none", [], "")
