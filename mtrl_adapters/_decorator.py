@@ -66,7 +66,8 @@ def rollout(
 
 def instrument() -> None:
     """Install the model-call redirects (openai, anthropic, botocore, aiobotocore), LiteLLM's guard when it is
-    loaded, and, when LangChain is loaded, the tool-call callbacks."""
+    loaded, and the tool-call capture of the frameworks loaded: LangChain's callbacks, Strands' hooks on every
+    Agent built inside a rollout."""
     instrument_openai()
     instrument_anthropic()
     instrument_bedrock()
@@ -77,6 +78,10 @@ def instrument() -> None:
         from .langgraph import instrument_langchain
 
         instrument_langchain()
+    if "strands" in sys.modules:
+        from .strands import instrument_strands
+
+        instrument_strands()
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """Strands Agents: record every tool call of a rollout, and give each rollout its own Agent.
 
 The agent's model needs no change: a Strands ``OpenAIModel`` talks through
-an ``openai`` client, which the ``rollout`` decorator redirects to the
-coordinator (any placeholder ``api_key`` will do; it never leaves the
-process). Tool calls are recorded by :class:`MtrlHooks` from Strands'
+an ``openai`` client, and a ``BedrockModel`` through a boto3 client, which
+the ``rollout`` decorator redirects to the coordinator (any placeholder
+credentials will do; they never leave the process). Tool calls are
+recorded by :class:`MtrlHooks` from Strands'
 ``BeforeToolCallEvent`` / ``AfterToolCallEvent``; a tool that raises stays an
 error result for the model, as Strands makes it, and is recorded with
 status ``error``. A call Strands refuses without running a tool (a tool name
@@ -11,15 +12,28 @@ its pattern rejects, a batch a hook cancelled) fires neither of those; the
 batch events ``BeforeToolsEvent`` / ``AfterToolsEvent`` (Strands 1.51 and
 later) record it too, as an error with Strands' refusal as its text.
 
-Strands Agents are not re-entrant, so concurrent rollouts need one Agent
-each::
-
-    make_agent = agent_factory(lambda: Agent(model=OpenAIModel(...), tools=[lookup, add]))
+Every Agent built inside a rollout gets :class:`MtrlHooks` by itself:
+:func:`instrument_strands` (the ``rollout`` decorator calls it when Strands
+is loaded) wraps ``Agent.__init__`` once, and the wrapper attaches the hooks
+after Strands' own ``__init__`` when a rollout is current; outside one it
+does nothing more than the original. So an existing function that builds
+its Agent, decorated as it is, records its tool calls::
 
     @rollout
     def run(task):
-        result = make_agent()(task.prompt)
-        update_reward(1.0 if "42" in str(result) else 0.0)
+        agent = Agent(model=OpenAIModel(...), tools=[lookup, add])
+        update_reward(1.0 if "42" in str(agent(task.prompt)) else 0.0)
+
+An Agent built before any rollout (at import, say) gets no hooks that way:
+build it with :func:`agent_factory`, or :func:`attach` the hooks to it.
+Strands Agents are not re-entrant either, so concurrent rollouts need one
+Agent each, which a factory gives::
+
+    make_agent = agent_factory(lambda: Agent(model=OpenAIModel(...), tools=[lookup, add]))
+
+A registry holds one set of mtrl's callbacks however the hooks arrive
+(``Agent(hooks=[MtrlHooks()])``, :func:`attach`, the factory, the wrapper),
+so no call is recorded twice.
 
 Importing this module imports ``strands``.
 """
@@ -27,8 +41,10 @@ Importing this module imports ``strands``.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Callable, TypeVar
 
+from strands import Agent
 from strands.hooks import (
     AfterToolCallEvent,
     AfterToolsEvent,
@@ -42,6 +58,10 @@ from ._context import current_rollout
 
 A = TypeVar("A")
 
+_INSTALL_LOCK = threading.Lock()
+_MARK = "__mtrl_rollout_hooks__"  # on the installed Agent.__init__ wrapper
+_REGISTERED = "_mtrl_hooks"  # on a HookRegistry: the MtrlHooks whose callbacks it holds
+
 
 class MtrlHooks(HookProvider):
     """Records each tool call (name, input, result, status, error, latency) on the current rollout."""
@@ -51,6 +71,10 @@ class MtrlHooks(HookProvider):
         self._ran: set[str] = set()  # toolUseIds a per-tool event saw (recorded there)
 
     def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
+        """Register the callbacks, unless ``registry`` holds an MtrlHooks' already (each call recorded once)."""
+        if getattr(registry, _REGISTERED, None) is not None:
+            return
+        setattr(registry, _REGISTERED, self)
         registry.add_callback(BeforeToolsEvent, self.before_tools)
         registry.add_callback(BeforeToolCallEvent, self.before_tool_call)
         registry.add_callback(AfterToolCallEvent, self.after_tool_call)
@@ -93,15 +117,18 @@ class MtrlHooks(HookProvider):
 
     def after_tools(self, event: AfterToolsEvent) -> None:
         """Record the batch's results no per-tool event saw: calls Strands refused (an invalid tool name, a
-        cancelled batch), each an error whose text is the refusal the model read."""
+        cancelled batch), each an error whose text is the refusal the model read. The batch's ids are forgotten
+        here, so a long-lived Agent's hooks hold none beyond the batch in flight."""
         ctx = current_rollout()
         for block in event.message.get("content") or ():
             result = block.get("toolResult") if isinstance(block, dict) else None
             call_id = result.get("toolUseId") if result is not None else None
-            if call_id is None or call_id in self._ran:
+            if call_id is None:
                 continue
-            self._ran.add(call_id)
             use = self._requested.pop(call_id, {})
+            if call_id in self._ran:
+                self._ran.discard(call_id)
+                continue
             if ctx is None:
                 continue
             value = _content(result)
@@ -116,10 +143,8 @@ class MtrlHooks(HookProvider):
 
 
 def attach(agent: A) -> A:
-    """Add :class:`MtrlHooks` to a Strands Agent once; returns the agent."""
-    if not getattr(agent, "_mtrl_hooks_attached", False):
-        agent.hooks.add_hook(MtrlHooks())  # type: ignore[attr-defined]
-        agent._mtrl_hooks_attached = True  # type: ignore[attr-defined]
+    """Add :class:`MtrlHooks` to a Strands Agent unless it has them; returns the agent."""
+    agent.hooks.add_hook(MtrlHooks())  # type: ignore[attr-defined]  # a no-op on a registry that has them
     return agent
 
 
@@ -131,6 +156,41 @@ def agent_factory(factory: Callable[..., A]) -> Callable[..., A]:
         return attach(factory(*args, **kwargs))
 
     return make
+
+
+def instrument_strands() -> bool:
+    """Give every Strands Agent built inside a rollout :class:`MtrlHooks`; True if installed now.
+
+    Wraps ``Agent.__init__`` once (the original is kept on the wrapper as
+    ``__mtrl_original__``; :func:`uninstall_strands` puts it back). Strands
+    offers no process-wide hook: its registry, and the ``AgentInitializedEvent``
+    it fires, belong to each Agent, made inside ``__init__``.
+    """
+    with _INSTALL_LOCK:
+        original = Agent.__init__
+        if getattr(original, _MARK, False):
+            return False
+
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            if current_rollout() is not None:
+                attach(self)
+
+        setattr(__init__, _MARK, True)
+        __init__.__mtrl_original__ = original  # type: ignore[attr-defined]
+        Agent.__init__ = __init__  # type: ignore[method-assign]
+        return True
+
+
+def uninstall_strands() -> bool:
+    """Put Strands' own ``Agent.__init__`` back (for tests); True if the wrapper was installed."""
+    with _INSTALL_LOCK:
+        wrapper = Agent.__init__
+        if not getattr(wrapper, _MARK, False):
+            return False
+        Agent.__init__ = wrapper.__mtrl_original__  # type: ignore[attr-defined,method-assign]
+        return True
 
 
 def _key(use: Any) -> tuple[str, Any]:
@@ -164,4 +224,4 @@ def _block(block: Any) -> Any:
     return block
 
 
-__all__ = ["MtrlHooks", "agent_factory", "attach"]
+__all__ = ["MtrlHooks", "agent_factory", "attach", "instrument_strands", "uninstall_strands"]

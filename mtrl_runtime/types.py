@@ -231,13 +231,25 @@ class Turn:
     model: str | None = None
 
 
+# The metrics the coordinator itself adds to a rollout as it ends (a count, or 1.0 for yes): what the run did
+# not see or could not do, shown wherever a rollout is summarised. Every other metric is the reward's.
+ROLLOUT_FLAGS = (
+    "reward_defaulted",  # the agent reported no reward: it got the configured default
+    "hit_turn_limit",  # the rollout reached its max_turns
+    "tool_calls_unrecorded",  # tool calls the model's results show ran, beyond those the adapter reported
+    "tool_calls_undeclared",  # calls to a tool name the request did not declare (refused, no tool ran)
+    "tool_results_failed",  # tool results the wire marked failed (Anthropic is_error, Bedrock status error)
+)
+
+
 @dataclass(frozen=True)
 class Rollout:
     """One episode of the agent on one task.
 
     Exactly one of ``reward`` and ``turn_rewards`` is set once the agent has
     reported; ``reward_defaulted`` marks a rollout that never reported and
-    got the configured default.
+    got the configured default. ``metrics`` holds the reward's metrics and
+    the coordinator's flags (``ROLLOUT_FLAGS``).
     """
 
     id: str
@@ -637,6 +649,7 @@ AgentFn = Callable[..., Any | Awaitable[Any]]
 
 
 __all__ = [
+    "ROLLOUT_FLAGS",
     "Abandoned",
     "AgentEnded",
     "AgentFn",

@@ -111,18 +111,20 @@ def test_strands_sync_agents_on_threads(served, tiny_tok):
 
 
 async def test_agent_built_without_hooks_is_flagged_not_silent(served, tiny_tok, caplog):
-    """An existing ``main()`` that builds its own Agent, decorated as it is: the tool calls it ran and did not
-    report are flagged on each rollout, counted, and the fix is logged once, naming agent_factory."""
+    """Agents built before their rollouts opened (no mtrl hooks: only an Agent built inside a rollout gets them by
+    itself), run by a decorated ``main()``: the tool calls they ran and did not report are flagged on each
+    rollout, counted, and the fix is logged once, naming agent_factory."""
     handle = served(ScriptedEngine(tiny_tok, policy))
     model = _model()
+    runs = [s for s in specs(handle, tasks(6)) if CRASH_KEY not in s.task.prompt and ERROR_KEY not in s.task.prompt]
+    agents = {s.task.id: Agent(model=model, tools=[lookup_tool, add_tool], callback_handler=None) for s in runs}
 
     @rollout
     async def main(task):
-        agent = Agent(model=model, tools=[lookup_tool, add_tool], callback_handler=None)  # no mtrl hooks
+        agent = agents[task.id]
         await agent.invoke_async(task.prompt)
         finish_episode(task, _turns(agent))
 
-    runs = [s for s in specs(handle, tasks(6)) if CRASH_KEY not in s.task.prompt and ERROR_KEY not in s.task.prompt]
     with caplog.at_level("WARNING", logger="mtrl.coordinator"):
         for spec in runs:
             with rollout_scope(spec):
@@ -140,15 +142,17 @@ async def test_agent_built_without_hooks_is_flagged_not_silent(served, tiny_tok,
     assert len(warnings) == 1 and "agent_factory" in warnings[0].getMessage()
 
 
-@pytest.mark.parametrize("hooks", ["factory", "none"])
+@pytest.mark.parametrize("hooks", ["factory", "built in the function", "none"])
 async def test_refused_tool_name_is_recorded_not_flagged_unrecorded(served, tiny_tok, caplog, hooks):
     """Strands answers a call to an invalid tool name with an error result and fires no per-tool hook. With
     the hooks, the batch events record it (an error naming Strands' refusal, the name the model wrote); either
-    way the coordinator counts it as undeclared, never as a tool call the agent ran and did not report."""
+    way the coordinator counts it as undeclared, never as a tool call the agent ran and did not report.
+    ``none``: an Agent built before the rollout opened, which nothing gave mtrl's hooks."""
     handle = served(ScriptedEngine(tiny_tok, calling_first("look up")))
     model = _model()
     build = lambda: Agent(model=model, tools=[lookup_tool, add_tool], callback_handler=None)  # noqa: E731
-    make_agent = agent_factory(build) if hooks == "factory" else build
+    built_before = build()
+    make_agent = {"factory": agent_factory(build), "built in the function": build, "none": lambda: built_before}[hooks]
 
     @rollout
     async def run(task):
@@ -172,7 +176,7 @@ async def test_refused_tool_name_is_recorded_not_flagged_unrecorded(served, tiny
     assert echoed["tool_calls"][0]["function"]["name"] == "INVALID_TOOL_NAME"
     assert [t.break_reason for t in stored.turns] == [None, BreakReason.REPLY_EDITED, None]
     assert handle.coordinator.counters["prefix_break/reply_edited"] == 1
-    if hooks == "factory":
+    if hooks != "none":
         assert "tool_calls_unrecorded" not in stored.metrics
         refused, ran = stored.tool_calls
         assert (refused.name, refused.arguments, refused.status) == ("look up", {"key": "K00"}, "error")

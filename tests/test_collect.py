@@ -189,3 +189,52 @@ def test_serve_refuses_a_script_for_another_engine(tmp_path, tiny_model_dir):
     cfg, _, script = _inputs(tmp_path, tiny_model_dir)
     with pytest.raises(SystemExit, match="only the scripted engine takes a script .*'hf'.*--engine scripted"):
         main(["serve", "--config", str(cfg), "--engine", "hf", "--script", str(script)])
+
+
+STRANDS_AGENT = '''
+from strands import Agent, tool
+from strands.models.openai import OpenAIModel
+
+from mtrl_adapters import rollout, update_reward
+
+
+@tool
+def lookup(key: str) -> int:
+    """Look a key up in the table."""
+    return {"A1": 42}[key]
+
+
+model = OpenAIModel(client_args={"api_key": "sk-user-real-key"}, model_id="gpt-4o-mini")
+agent = Agent(model=model, tools=[lookup], callback_handler=None)  # built at import, as Strands' quickstart does
+
+
+@rollout
+def at_import(task):
+    update_reward(float("42" in str(agent(task.prompt))))
+
+
+@rollout
+def in_function(task):
+    built = Agent(model=model, tools=[lookup], callback_handler=None)
+    update_reward(float("42" in str(built(task.prompt))))
+'''
+
+
+def test_collect_line_shows_the_tool_calls_a_strands_agent_left_unrecorded(tmp_path, tiny_model_dir, capsys):
+    """A Strands agent module as Strands' docs write one: the Agent built at import runs its ``lookup`` unseen by
+    mtrl's hooks, and ``mtrl collect``'s line for that rollout says so; the Agent built in the function records it."""
+    pytest.importorskip("strands")
+    from mtrl_runtime.cli import main
+
+    cfg, data, script = _inputs(tmp_path, tiny_model_dir)
+    (tmp_path / "strands_collect_agent.py").write_text(STRANDS_AGENT)
+    lines = {}
+    for name in ("at_import", "in_function"):
+        assert main(["collect", str(cfg), "--agent", f"{tmp_path / 'strands_collect_agent.py'}:{name}",
+                     "--dataset", str(data), "-n", "1", "--samples", "1", "--script", str(script),
+                     "--run-dir", str(tmp_path / name)]) == 0
+        out = capsys.readouterr().out
+        [lines[name]] = [line for line in out.splitlines() if line.startswith("look ")]
+    assert lines["at_import"].endswith("completed  turns=2  tool_calls=0  reward=1.000  "
+                                       "flags: tool_calls_unrecorded=1"), lines
+    assert lines["in_function"].endswith("completed  turns=2  tool_calls=1 [lookup]  reward=1.000"), lines

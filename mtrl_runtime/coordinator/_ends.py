@@ -16,9 +16,11 @@ _log = logging.getLogger("mtrl.coordinator")
 
 UNRECORDED_TOOLS_FIX = (
     "the agent ran tool calls the model asked for, but its adapter reported none of them: "
-    "Strands: build each Agent with mtrl_adapters.strands.agent_factory(...) or attach(agent) "
+    "Strands: an Agent built before the rollout opened (at import, say) gets no hooks; build the Agent inside "
+    "the decorated function, or with mtrl_adapters.strands.agent_factory(...), or attach(agent) "
     "(or Agent(hooks=[MtrlHooks()])); LangGraph/LangChain: pass mtrl_adapters.langgraph's callbacks; "
-    "an agent on another host: post them to /rollouts/{id}/tool_calls"
+    "your own tool loop: mtrl_adapters.record_tool_call(...); an agent on another host: post them to "
+    "/rollouts/{id}/tool_calls"
 )
 
 

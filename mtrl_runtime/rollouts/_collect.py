@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..config import MtrlConfig
-from ..types import PolicyEngine, Rollout, RolloutStatus, Task
+from ..types import ROLLOUT_FLAGS, PolicyEngine, Rollout, RolloutStatus, Task
 from ._dispatcher import GroupResult
 from ._stack import open_stack
 
@@ -83,13 +83,21 @@ async def collect_rollouts(
 
 
 def rollout_line(task: Task, rollout: Rollout) -> str:
-    """``task  rollout  status  turns  tool calls  reward  [error]`` on one line."""
+    """``task  rollout  status  turns  tool calls  reward  [flags]  [error]`` on one line.
+
+    ``flags`` lists the coordinator's flags the rollout carries (``ROLLOUT_FLAGS``; a defaulted reward shows
+    as ``(default)`` instead), such as ``tool_calls_unrecorded=2``: tool calls that ran and were not recorded.
+    """
     reward = "-" if rollout.reward is None else f"{rollout.reward:.3f}"
     if rollout.reward_defaulted:
         reward += " (default)"
     tools = ", ".join(c.name for c in rollout.tool_calls[:6]) + (", ..." if len(rollout.tool_calls) > 6 else "")
     line = (f"{task.id}  {rollout.id}  {rollout.status.value}  turns={len(rollout.turns)}  "
             f"tool_calls={len(rollout.tool_calls)}{f' [{tools}]' if tools else ''}  reward={reward}")
+    flags = [f"{name}={rollout.metrics[name]:g}" for name in ROLLOUT_FLAGS
+             if name != "reward_defaulted" and rollout.metrics.get(name)]
+    if flags:
+        line += f"  flags: {', '.join(flags)}"
     if rollout.error:
         error = rollout.error.replace("\n", " ")
         line += f"  error: {error[:300]}"
