@@ -102,6 +102,7 @@ class RolloutContext:
         default_factory=dict, init=False, repr=False
     )
     _seen_keys: set[Any] = field(default_factory=set, init=False, repr=False)
+    _textless: set[str] = field(default_factory=set, init=False, repr=False)  # failed calls buffered with no result
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)  # the async owner's loop
     _pending: list[asyncio.Task] = field(default_factory=list, init=False, repr=False)
     outcome: RolloutState | None = field(default=None, init=False)
@@ -214,6 +215,29 @@ class RolloutContext:
         )
         with self._lock:
             self._tool_calls.append(report)
+            if report.status == "error" and report.result is None and call_id is not None:
+                self._textless.add(call_id)
+
+    @property
+    def failed_calls_without_result(self) -> frozenset[str]:
+        """The call ids of buffered failed calls recorded with no result (their tool raised): for
+        :meth:`fill_tool_result` once the framework says what the model read instead."""
+        with self._lock:
+            return frozenset(self._textless)
+
+    def fill_tool_result(self, call_id: str, result: Any) -> bool:
+        """Give a buffered failed call that has no result the text the framework sent the model in its place
+        (LangGraph's ToolNode turns a raised exception into a ToolMessage); False if there is no such call."""
+        with self._lock:
+            if call_id not in self._textless:
+                return False
+            self._textless.discard(call_id)
+            for i in range(len(self._tool_calls) - 1, -1, -1):
+                report = self._tool_calls[i]
+                if report.call_id == call_id and report.status == "error" and report.result is None:
+                    self._tool_calls[i] = report.model_copy(update={"result": jsonable(result)})
+                    return True
+        return False
 
     def tool_started(self, key: Any, name: str, arguments: Any, call_id: str | None = None) -> bool:
         """Note the start of a tool call a framework announced; False if ``key`` was seen before.
@@ -250,6 +274,7 @@ class RolloutContext:
         """The buffered tool calls, removed from the buffer."""
         with self._lock:
             calls, self._tool_calls = self._tool_calls, []
+            self._textless.clear()
         return calls
 
     # ------------------------------------------------------------------ non-policy model calls

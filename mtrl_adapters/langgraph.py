@@ -20,7 +20,14 @@ rollout fails. For the model to see it as a ``ToolMessage``, as Strands
 does, give ``langchain.agents.create_agent`` an async ``wrap_tool_call``
 middleware that returns one (docs/quickstart.md, 3b), or give the deprecated
 ``create_react_agent`` a ``ToolNode(tools, handle_tool_errors=True)``.
-Either way the call is recorded with its error.
+Either way the call is recorded with its error (the exception), and its
+result is the ``ToolMessage`` text the model read: ``on_tool_error`` records
+the call with no result, and the first chain to end with a ``ToolMessage``
+for that call id (the tools node) gives it one. A tool that catches its own
+error and returns a string (``"Error: ..."``) succeeded as far as LangChain
+knows, and is recorded so; one that raises ``ToolException`` under
+``handle_tool_error`` returns a ``ToolMessage`` with ``status="error"``, and
+is recorded failed (docs/tool-calls.md has the table).
 
 Importing this module imports ``langchain_core``.
 """
@@ -28,11 +35,13 @@ Importing this module imports ``langchain_core``.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import ToolMessage
 from langchain_core.tracers import context as _tracer_context
 
 from ._context import current_rollout
@@ -73,7 +82,19 @@ class MtrlCallbackHandler(BaseCallbackHandler):
         ctx = current_rollout()
         if ctx is None:
             return
-        ctx.tool_finished(("langchain", run_id), error=f"{type(error).__name__}: {error}")
+        ctx.tool_finished(("langchain", run_id), error=f"{type(error).__name__}: {error}")  # result: on_chain_end
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        """A failed call's result: the ToolMessage a node made of its exception, which the model reads."""
+        ctx = current_rollout()
+        if ctx is None:
+            return
+        waiting = ctx.failed_calls_without_result
+        if not waiting:
+            return
+        for message in _tool_messages(outputs):
+            if message.tool_call_id in waiting:
+                ctx.fill_tool_result(message.tool_call_id, message.content)
 
 
 _HANDLER: ContextVar[MtrlCallbackHandler | None] = ContextVar(
@@ -88,6 +109,18 @@ def instrument_langchain() -> bool:
             return False
         _tracer_context.register_configure_hook(_HANDLER, inheritable=True)
         return True
+
+
+def _tool_messages(value: Any, depth: int = 3) -> Iterator[ToolMessage]:
+    """The ToolMessages in a chain's output: a node's ``{"messages": [...]}``, a list of them, or one."""
+    if isinstance(value, ToolMessage):
+        yield value
+    elif depth > 0 and isinstance(value, Mapping):
+        for item in value.values():
+            yield from _tool_messages(item, depth - 1)
+    elif depth > 0 and isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tool_messages(item, depth - 1)
 
 
 def _output(output: Any) -> tuple[Any, str | None]:

@@ -13,7 +13,16 @@ not there (``KeyError``), then answers.
   ``ToolNode(..., handle_tool_errors=True)`` gives the model the error.
 
 Wherever the tool ran, its call is recorded with its error (the sync-only
-middleware fails the run before the tool runs).
+middleware fails the run before the tool runs), and, where the model read
+the error, with the ``ToolMessage`` text it read as its result.
+
+Which results count as failed (docs/tool-calls.md): a tool that catches its
+own error and returns ``"Error: ..."`` succeeded as far as LangChain knows
+(recorded ``success``, that text its result); a tool that raises
+``ToolException`` under ``handle_tool_error=True`` is answered with a
+``ToolMessage(status="error")`` by LangChain itself (recorded ``error``);
+arguments that fail the tool's schema are answered by ``create_agent``'s
+ToolNode by default (recorded ``error``, the text the model read).
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ pytest.importorskip("langchain.agents")
 from langchain.agents import create_agent  # noqa: E402
 from langchain.agents.middleware import wrap_tool_call  # noqa: E402
 from langchain.messages import ToolMessage  # noqa: E402
-from langchain_core.tools import tool  # noqa: E402
+from langchain_core.tools import StructuredTool, ToolException, tool  # noqa: E402
 from langchain_openai import ChatOpenAI  # noqa: E402
 from langgraph.prebuilt import ToolNode  # noqa: E402
 
@@ -116,4 +125,58 @@ async def test_a_raising_tool(name, served, tiny_tok):
         assert record.tool_calls == (), record.tool_calls  # refused before the tool ran
         return
     [call] = record.tool_calls
-    assert (call.name, call.error) == ("lookup", "KeyError: 'B7'"), call
+    assert (call.name, call.status, call.error) == ("lookup", "error", "KeyError: 'B7'"), call
+    if status == "completed":
+        assert call.result == contents[2], call  # the ToolMessage text the model read, not None
+        read = [m["content"] for m in record.turns[-1].messages if m["role"] == "tool"]
+        assert read == [call.result]
+    else:
+        assert call.result is None  # the exception ended the run: the model read nothing
+
+
+@tool
+def quiet_lookup(key: str) -> str:
+    """Look a key up in the table."""
+    try:
+        return str({"A1": 42}[key])
+    except KeyError as exc:
+        return f"Error: no key {exc}"  # the tool's own error text: LangChain sees a result
+
+
+def _strict_lookup(key: str) -> int:
+    """Look a key up in the table."""
+    if key != "A1":
+        raise ToolException(f"no key {key}")  # LangChain answers the model with this, status error
+    return 42
+
+
+strict_lookup = StructuredTool.from_function(_strict_lookup, name="strict_lookup", handle_tool_error=True)
+
+
+CASES = {
+    "returns 'Error: ...'": (quiet_lookup, {"key": "B7"}, "success", None, "Error: no key 'B7'"),
+    "raises ToolException under handle_tool_error": (strict_lookup, {"key": "B7"}, "error", "no key B7", "no key B7"),
+    "arguments the schema refuses": (lookup, {"name": "B7"}, "error", "ValidationError", "Error invoking tool 'lookup'"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+async def test_what_create_agent_counts_as_a_failed_tool(case, served, tiny_tok):
+    tool_, args, status, error, result = CASES[case]
+    handle = served(ScriptedEngine(tiny_tok, [ScriptedReply.tool_call(tool_.name, args), "No such key."]))
+    graph = create_agent(_llm(), [tool_])
+
+    @rollout
+    async def run(task):
+        await graph.ainvoke({"messages": [("user", task.prompt)]})
+        update_reward(0.0)
+
+    [spec] = specs(handle, [Task(id="t1", prompt="What is stored under B7?")])
+    with rollout_scope(spec):
+        await run(spec.task)
+    record = handle.store.get_rollout(spec.rollout_id)
+    assert record.status is RolloutStatus.COMPLETED, record.error
+    [call] = record.tool_calls
+    [read] = [m["content"] for m in record.turns[-1].messages if m["role"] == "tool"]
+    assert call.status == status and call.result == read and str(call.result).startswith(result), call
+    assert (call.error is None) if error is None else (error in call.error), call
