@@ -16,6 +16,7 @@ tests in test_adapters_strands.py), and shown on ``mtrl collect``'s line.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -170,20 +171,23 @@ def test_the_wrapper_installs_once_keeps_the_original_and_uninstalls():
     assert instrument_strands() is True and Agent.__init__.__mtrl_original__ is original
 
 
-def test_strands_own_tool_results_for_a_raise_and_for_an_error_string(served, tiny_tok):
-    """What the docs' table states for Strands: a tool that raises is recorded ``error`` with the text the model
-    read as its result; a tool that returns an ``Error: ...`` string succeeded, as far as Strands knows."""
+def test_what_strands_counts_as_a_failed_tool(served, tiny_tok):
+    """The Strands column of docs/tool-calls.md: a tool that raises, that returns Strands' error result, or whose
+    arguments fail its schema is recorded ``error``, with the text the model read as its result; a tool that
+    returns an ``Error: ...`` string succeeded, as far as Strands knows."""
     from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
 
     @tool
-    def fetch(key: str) -> str:
+    def fetch(key: str) -> Any:
         """Fetch a key."""
         if key == "raise":
             raise KeyError(f"no key {key}")
+        if key == "status":
+            return {"status": "error", "content": [{"text": f"no key {key}"}]}
         return f"Error: no key {key}"
 
-    handle = served(ScriptedEngine(tiny_tok, [ScriptedReply.tool_call("fetch", {"key": "raise"}),
-                                              ScriptedReply.tool_call("fetch", {"key": "quiet"}), "Nothing found."]))
+    calls = [{"key": "raise"}, {"key": "status"}, {"key": "quiet"}, {"name": "bad"}]
+    handle = served(ScriptedEngine(tiny_tok, [ScriptedReply.tool_call("fetch", a) for a in calls] + ["None."]))
 
     @rollout
     def main(task):
@@ -193,10 +197,13 @@ def test_strands_own_tool_results_for_a_raise_and_for_an_error_string(served, ti
     with rollout_scope(spec):
         main(spec.task)
     stored = handle.store.get_rollout(spec.rollout_id)
-    raised, returned = stored.tool_calls
+    raised, status, returned, refused = stored.tool_calls
     assert (raised.status, raised.error, raised.result) == ("error", "KeyError: 'no key raise'",
                                                              "Error: KeyError - 'no key raise'")
+    assert (status.status, status.error, status.result) == ("error", "no key status", "no key status")
     assert (returned.status, returned.error, returned.result) == ("success", None, "Error: no key quiet")
+    assert refused.status == "error" and refused.error.startswith("ValueError: Validation failed for input")
+    assert refused.result.startswith("Error: Validation failed for input parameters")
     read = [m["content"] for m in stored.turns[-1].messages if m["role"] == "tool"]
-    assert read == [raised.result, returned.result]  # what was stored is what the model read
+    assert read == [c.result for c in stored.tool_calls]  # what was stored is what the model read
     assert stored.metrics.get("tool_results_failed") is None  # chat completions carry no failure flag
