@@ -45,14 +45,15 @@ import threading
 from typing import Any, Callable, TypeVar
 
 from strands import Agent
-from strands.hooks import (
-    AfterToolCallEvent,
-    AfterToolsEvent,
-    BeforeToolCallEvent,
-    BeforeToolsEvent,
-    HookProvider,
-    HookRegistry,
-)
+from strands.hooks import AfterToolCallEvent, BeforeToolCallEvent, HookProvider, HookRegistry
+
+try:
+    from strands.hooks import AfterToolsEvent, BeforeToolsEvent
+except ImportError as exc:  # the rollout decorator imports this module whenever Strands is loaded: say the fix
+    from importlib.metadata import version
+
+    raise ImportError(f"mtrl records Strands tool calls with strands-agents 1.51 or later (BeforeToolsEvent); "
+                      f"{version('strands-agents')} is installed: pip install 'strands-agents>=1.51'") from exc
 
 from ._context import current_rollout
 

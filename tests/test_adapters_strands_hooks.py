@@ -207,3 +207,13 @@ def test_what_strands_counts_as_a_failed_tool(served, tiny_tok):
     read = [m["content"] for m in stored.turns[-1].messages if m["role"] == "tool"]
     assert read == [c.result for c in stored.tool_calls]  # what was stored is what the model read
     assert stored.metrics.get("tool_results_failed") is None  # chat completions carry no failure flag
+
+
+def test_a_strands_without_the_batch_events_is_refused_naming_the_version():
+    """The decorator imports this adapter whenever Strands is loaded: a Strands too old for it says what to install."""
+    import subprocess
+    import sys
+
+    code = "import strands.hooks as h; del h.BeforeToolsEvent; import mtrl_adapters.strands"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "pip install 'strands-agents>=1.51'" in done.stderr, done.stderr
