@@ -215,8 +215,10 @@ class RolloutContext:
         )
         with self._lock:
             self._tool_calls.append(report)
-            if report.status == "error" and report.result is None and call_id is not None:
-                self._textless.add(call_id)
+            if call_id is not None:  # a later attempt of the same call (a retry) is the one the model read
+                self._textless.discard(call_id)
+                if report.status == "error" and report.result is None:
+                    self._textless.add(call_id)
 
     @property
     def failed_calls_without_result(self) -> frozenset[str]:

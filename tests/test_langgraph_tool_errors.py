@@ -5,10 +5,10 @@ the served scripted policy: the model calls ``lookup`` with a key that is
 not there (``KeyError``), then answers.
 
 - ``langchain.agents.create_agent`` (LangChain v1): by default the
-  exception leaves ``ainvoke`` and the rollout is ``failed``; with an async
-  ``wrap_tool_call`` middleware the model sees the error and the rollout
-  completes; a sync-only middleware under ``ainvoke`` fails the rollout
-  with ``NotImplementedError``.
+  exception leaves ``ainvoke`` and the rollout is ``failed``; with
+  ``ToolErrorMiddleware`` or an async ``wrap_tool_call`` middleware the
+  model sees the error and the rollout completes; a sync-only middleware
+  under ``ainvoke`` fails the rollout with ``NotImplementedError``.
 - ``langgraph.prebuilt.create_react_agent`` (deprecated): the same default;
   ``ToolNode(..., handle_tool_errors=True)`` gives the model the error.
 
@@ -38,7 +38,7 @@ from mtrl_runtime.types import RolloutStatus, Task
 
 pytest.importorskip("langchain.agents")
 from langchain.agents import create_agent  # noqa: E402
-from langchain.agents.middleware import wrap_tool_call  # noqa: E402
+from langchain.agents.middleware import ToolErrorMiddleware, ToolRetryMiddleware, wrap_tool_call  # noqa: E402
 from langchain.messages import ToolMessage  # noqa: E402
 from langchain_core.tools import StructuredTool, ToolException, tool  # noqa: E402
 from langchain_openai import ChatOpenAI  # noqa: E402
@@ -75,6 +75,11 @@ def sync_tool_errors_to_model(request, handler):
         return ToolMessage(content=f"Error: {exc!r}", tool_call_id=request.tool_call["id"], status="error")
 
 
+def _say_error(exc, request):
+    """ToolErrorMiddleware's handler, as its docs write one: name the exception type, not its message."""
+    return f"{request.tool_call['name']} failed: {type(exc).__name__}"
+
+
 def _llm():
     return ChatOpenAI(model="gpt-4o-mini", api_key="sk-user-real-key", max_retries=0)
 
@@ -91,6 +96,9 @@ GRAPHS = {
         lambda: create_agent(_llm(), [lookup], middleware=[tool_errors_to_model]), "completed", "Error: KeyError('B7')"),
     "create_agent+sync middleware": (
         lambda: create_agent(_llm(), [lookup], middleware=[sync_tool_errors_to_model]), "failed", "NotImplementedError"),
+    "create_agent+ToolErrorMiddleware": (
+        lambda: create_agent(_llm(), [lookup], middleware=[ToolErrorMiddleware(on_error=_say_error)]), "completed",
+        "lookup failed: KeyError"),
     "create_react_agent": (lambda: _react([lookup]), "failed", "KeyError: 'B7'"),
     "create_react_agent+ToolNode(handle_tool_errors=True)": (
         lambda: _react(ToolNode([lookup], handle_tool_errors=True)), "completed", "Error: KeyError('B7')"),
@@ -180,3 +188,45 @@ async def test_what_create_agent_counts_as_a_failed_tool(case, served, tiny_tok)
     [read] = [m["content"] for m in record.turns[-1].messages if m["role"] == "tool"]
     assert call.status == status and call.result == read and str(call.result).startswith(result), call
     assert (call.error is None) if error is None else (error in call.error), call
+
+
+async def test_retried_tool_calls_each_attempt_and_the_last_carries_what_the_model_read(served, tiny_tok):
+    """``ToolRetryMiddleware`` runs a raising tool three times, then answers the model with an error
+    ToolMessage: three attempts recorded, all ``error``; only the last carries that text (the model read no
+    earlier attempt). A tool that fails once and then succeeds: the success is what the model read."""
+    attempts = []
+
+    @tool
+    def flaky(key: str) -> int:
+        """Look a key up in the flaky table."""
+        attempts.append(key)
+        if key == "B7" or len(attempts) == 1:
+            raise ConnectionError(f"table busy ({len(attempts)})")
+        return 42
+
+    handle = served(ScriptedEngine(tiny_tok, lambda request, prompt: (
+        ScriptedReply.tool_call("flaky", {"key": "B7" if "B7" in prompt else "A1"}) if request.turn_index == 0
+        else "Done.")))
+    graph = create_agent(_llm(), [flaky], middleware=[ToolRetryMiddleware(max_retries=2, initial_delay=0.0,
+                                                                          jitter=False)])
+
+    @rollout
+    async def run(task):
+        await graph.ainvoke({"messages": [("user", task.prompt)]})
+        update_reward(0.0)
+
+    runs = specs(handle, [Task(id="flaky", prompt="What is under A1?"), Task(id="down", prompt="And under B7?")])
+    recorded = {}
+    for spec in runs:
+        with rollout_scope(spec):
+            await run(spec.task)
+        recorded[spec.task.id] = handle.store.get_rollout(spec.rollout_id)
+    for name, rollout_ in recorded.items():
+        [read] = [m["content"] for m in rollout_.turns[-1].messages if m["role"] == "tool"]
+        calls = rollout_.tool_calls
+        assert len({c.call_id for c in calls}) == 1 and calls[-1].result == read, calls
+        assert all(c.result is None for c in calls[:-1]), calls
+        if name == "flaky":
+            assert [c.status for c in calls] == ["error", "success"] and read == "42"
+        else:
+            assert [c.status for c in calls] == ["error"] * 3 and "ConnectionError" in read, read
