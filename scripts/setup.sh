@@ -6,7 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="strands,langgraph"
-if [ "${1:-}" = "dev" ]; then extras="$extras,agentcore,ray,anthropic,openai-agents,bedrock,datasets,dev"; fi
+# dev: every extra the tests use, in one environment. Some frameworks' caps conflict (docs/quickstart.md, "Known
+# conflicts"), so pip settles on releases that satisfy them all: openai 2.x (Strands' OpenAIModel), hence
+# openai-agents 0.20, and anthropic 0.x (Strands' AnthropicModel). Users install one extra and keep current SDKs.
+if [ "${1:-}" = "dev" ]; then
+  extras="$extras,agentcore,ray,anthropic,strands-anthropic,strands-litellm,openai-agents,bedrock,datasets,dev"
+fi
 python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv

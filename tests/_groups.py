@@ -11,6 +11,8 @@ worker; a test in no group may run on any worker.
 - each docs page (``tests/test_docs.py``): its blocks read what the blocks
   above them wrote, so a page runs in order in one workspace; pages whose
   servers listen on the same fixed port share one group.
+- ``EXTRAS`` (``tests/test_extras.py``): its resolutions against PyPI run
+  at once in one module fixture, so its tests stay on the worker that ran it.
 """
 
 from __future__ import annotations
@@ -18,5 +20,6 @@ from __future__ import annotations
 import pytest
 
 PROCESSES = "processes"
+EXTRAS = "extras"
 
 processes = pytest.mark.xdist_group(PROCESSES)
