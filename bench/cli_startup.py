@@ -55,7 +55,7 @@ def ran_dtype(command: str) -> str | dict[str, str]:
     import torch
 
     from mtrl_runtime.config import MtrlConfig
-    from mtrl_runtime.training._precision import resolve_autocast
+    from mtrl_runtime.training import resolve_autocast
 
     autocast = resolve_autocast(MtrlConfig.from_yaml(ROOT / SCRIPTED).advanced.precision, torch.device("cpu"))
     return {"update": "fp32" if autocast is None else DTYPE_NAMES[str(autocast)]}

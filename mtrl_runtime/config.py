@@ -177,7 +177,7 @@ class AdvancedConfig(_Section):
     loss_aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
     micro_batch_tokens: int = Field(default=4096, ge=16)
     precision: Literal["auto", "bf16", "fp32"] = "auto"
-    # memory of the update step (training/_update.py, _fit.py, _chunked.py; measured in docs/performance.md)
+    # memory of the update step (training/update/: _step.py, _fit.py, _chunked.py; measured in docs/performance.md)
     logprob_chunk_tokens: int = Field(default=512, ge=0)  # positions per LM-head chunk; 0: full logits at once
     gradient_checkpointing: Literal["auto", "on", "off"] = "auto"  # auto: on where memory limits the micro-batch
     fit_micro_batches: bool = True  # micro-batches shrink below micro_batch_tokens when free memory is short

@@ -119,7 +119,7 @@ def plant_nan_gradient() -> None:
     """Step ``POISONED_STEP``'s gradients get a NaN (after the backward pass, before the clip and the step)."""
     import math
 
-    from mtrl_runtime.training import _update
+    from mtrl_runtime.training.update import _step as _update
 
     backward = _update.PolicyUpdate.backward
 
@@ -134,7 +134,8 @@ def plant_nan_gradient() -> None:
 
 
 def arm_kill_points(kill: str | None) -> None:
-    from mtrl_runtime.training import _checkpoint, _update
+    from mtrl_runtime.training import _checkpoint
+    from mtrl_runtime.training.update import _step as _update
 
     if kill == "update":
         backward = _update.PolicyUpdate.backward

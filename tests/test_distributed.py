@@ -213,7 +213,7 @@ def test_the_fit_check_counts_one_rank_share(job, kind):
     of the weights and of the gradients + AdamW state, plus the whole weights FSDP gathers at once; so a free
     memory that holds one rank's share but not the whole model passes at world size 2 and fails in one process."""
     from mtrl_runtime.training import StepDoesNotFit, folder_plan
-    from mtrl_runtime.training._fit import check_fits
+    from mtrl_runtime.training.update import check_fits
 
     from transformers import Qwen3Config, Qwen3ForCausalLM
 

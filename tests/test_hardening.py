@@ -149,7 +149,7 @@ def test_the_diagnostics_name_a_skipped_non_finite_step():
 
 def test_no_checkpoint_is_written_from_non_finite_weights_and_resume_takes_the_last_finite_one(tmp_path):
     from mtrl_runtime.training._checkpoint import Checkpoints
-    from mtrl_runtime.training._nonfinite import NonFiniteWeights
+    from mtrl_runtime.training.update import NonFiniteWeights
 
     update, tok = _policy_update()
     with SQLiteStore(tmp_path / "trajectories.db") as store:

@@ -240,7 +240,7 @@ def test_checkpoints_keep_the_newest_and_remove_what_a_dead_write_left(tokenizer
 
 def test_the_training_device_is_cuda_when_present_and_an_unavailable_one_is_named():
     from mtrl_runtime.config import ConfigError, MtrlConfig
-    from mtrl_runtime.training._policy import train_device
+    from mtrl_runtime.training import train_device
 
     assert train_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert train_device("cpu") == torch.device("cpu")
@@ -280,7 +280,7 @@ def test_a_shared_prompt_prefix_runs_once_with_the_same_gradient(tokenizer, kl_c
 
 
 def test_plan_counts_a_shared_prefix_once():
-    from mtrl_runtime.training._packing import pack_micro_batches
+    from mtrl_runtime.training.update._packing import pack_micro_batches
 
     rows = [tuple(range(40)) + (100 + i,) * 10 for i in range(4)]  # 40 shared tokens, 10 of each row's own
     lengths = [len(r) for r in rows]
@@ -292,7 +292,7 @@ def test_plan_counts_a_shared_prefix_once():
 
 
 def test_each_step_gives_freed_memory_back(tokenizer, monkeypatch):
-    from mtrl_runtime.training import _memory
+    from mtrl_runtime.training.update import _memory
 
     calls = []
     monkeypatch.setattr(_memory, "release_free_memory", lambda: calls.append(1) or True)
@@ -306,7 +306,7 @@ def test_each_step_gives_freed_memory_back(tokenizer, monkeypatch):
 def test_release_free_memory_trims_the_heap_on_glibc():
     import platform
 
-    from mtrl_runtime.training._memory import release_free_memory
+    from mtrl_runtime.training.update._memory import release_free_memory
 
     assert release_free_memory() is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
 

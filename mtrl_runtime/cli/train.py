@@ -6,7 +6,7 @@ The agent is named ``module:function`` or ``path/to/file.py:function``
 run every ``core.val_every`` steps; ``--strict`` names a strict scorer the
 same way as the agent (``fn(final_text, ground_truth) -> float``).
 Under ``torchrun --nproc-per-node N -m mtrl_runtime.cli train ...`` rank 0
-runs the run and every rank trains its FSDP2 shard (``training._distributed``).
+runs the run and every rank trains its FSDP2 shard (``training.distributed``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
 """Training: the policy update (LoRA or full), sync/async loops, checkpoints, the trainer.
 
-Rollouts are collected by the floor below (``mtrl_runtime.rollouts``).
+Rollouts are collected by the floor below (``mtrl_runtime.rollouts``). Two
+subsystems have a subpackage each: ``update/`` (the policy and one update
+step: micro-batches, loss, memory, precision) and ``distributed/`` (the
+same step sharded with FSDP2 under ``torchrun``). The modules beside them
+run a run: the loop, the trainer, weights strategies, checkpoints, resume,
+dynamic sampling, metrics and progress.
 
 Names load on first use (PEP 562), as at the package root: ``from
 mtrl_runtime.training import PolicyUpdate`` imports the update and the
@@ -16,14 +21,12 @@ from ..lazy import lazy_exports
 # public name -> the module that defines it (relative to this package)
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("DEFAULT_TARGET_MODULES", "Policy", "atomic_folder", "build_policy", "policy_from_config",
-                     "train_device"), "._policy"),
-    "plan_micro_batches": "._packing",
-    **dict.fromkeys(("StepDoesNotFit", "folder_plan", "preflight_folder"), "._fit"),
-    **dict.fromkeys(("InitialWeights", "build_sharded_policy", "materialise"), "._rank0_weights"),
+                     "train_device", "plan_micro_batches", "StepDoesNotFit", "folder_plan", "preflight_folder",
+                     "WEIGHTS_FOLDER", "PolicyUpdate", "resolve_autocast", "UpdateSettings"), ".update"),
+    **dict.fromkeys(("InitialWeights", "build_sharded_policy", "materialise", "ShardedUpdate", "deal_rounds",
+                     "follow_training", "sharded_update_from_config", "shard_policy", "Ranks", "check_world_divides",
+                     "init_ranks", "join_torchrun", "launched_distributed", "rank_device"), ".distributed"),
     **dict.fromkeys(("INIT_KEY", "load_initial_weights"), "._init_weights"),
-    **dict.fromkeys(("WEIGHTS_FOLDER", "PolicyUpdate"), "._update"),
-    "resolve_autocast": "._precision",
-    "UpdateSettings": "._update_settings",
     **dict.fromkeys(("PreparedBatch", "group_advantages", "prepare_batch", "staleness"), "._batch"),
     **dict.fromkeys(("SampledStep", "sample_step", "sampling_metrics", "useful_mask"), "._dynamic_sampling"),
     **dict.fromkeys(("CHECKPOINTS", "POLICY_FOLDER", "CheckpointState", "Checkpoints", "StepRecord"), "._checkpoint"),
@@ -32,10 +35,6 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("ResumePlan", "plan_resume"), "._resume"),
     **dict.fromkeys(("MultiTurnRLTrainer", "TrainingResult"), "._trainer"),
     **dict.fromkeys(("PushedWeights", "SharedWeights", "shares_model"), "._weights"),
-    **dict.fromkeys(("ShardedUpdate", "deal_rounds", "follow_training", "sharded_update_from_config"), "._distributed"),
-    "shard_policy": "._fsdp",
-    **dict.fromkeys(("Ranks", "check_world_divides", "init_ranks", "join_torchrun", "launched_distributed",
-                     "rank_device"), "._ranks"),
 }
 
 __all__ = sorted(_EXPORTS)

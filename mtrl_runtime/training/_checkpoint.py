@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import torch
 
 from ..types import TrajectoryStore
-from ._policy import atomic_folder
+from .update import atomic_folder
 
 log = logging.getLogger("mtrl.train")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ._policy import Policy
+from .update import Policy
 
 INIT_KEY = "advanced.init_adapter"
 

@@ -39,17 +39,13 @@ from ..torch_support import on_own_thread
 from ..tracking import Tracker
 from ..types import RolloutExecutor, Task
 from ._checkpoint import Checkpoints
-from ._distributed import ShardedUpdate, sharded_update_from_config
-from ._ranks import Ranks
-from ._fit import preflight_folder
 from ._init_weights import load_initial_weights
 from ._loop import StepReport, TrainingLoop
-from ._policy import policy_from_config
 from ._progress import ProgressDisplay
 from ._resume import plan_resume
-from ._update import PolicyUpdate
-from ._update_settings import UpdateSettings
 from ._weights import PushedWeights, SharedWeights, shares_model
+from .distributed import Ranks, ShardedUpdate, sharded_update_from_config
+from .update import PolicyUpdate, UpdateSettings, policy_from_config, preflight_folder
 
 MLFLOW_RUN_KEY = "mlflow_run_id"
 

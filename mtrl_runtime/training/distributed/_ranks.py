@@ -5,7 +5,7 @@ than one process) it checks that the step's batch splits over the ranks and
 that each rank gets its own device (``rank_device``: ``cuda:LOCAL_RANK`` or
 the CPU), then joins the process group (nccl with CUDA, else gloo);
 ``leave_job`` leaves it with the others. The sharded training itself is
-``_distributed``.
+``_sharded_update``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ..types import Sample
+from ...types import Sample
 
 
 class NonFiniteWeights(RuntimeError):

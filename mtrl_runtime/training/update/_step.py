@@ -37,11 +37,11 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from ..algorithms.losses import LOSSES
-from ..diagnostics import NONFINITE_SKIPPED
-from ..types import Sample
+from ...algorithms.losses import LOSSES
+from ...diagnostics import NONFINITE_SKIPPED
+from ...types import Sample
 from . import _memory
-from ._checkpointing import checkpoint_layers, checkpointed
+from ._gradient_checkpointing import checkpoint_layers, checkpointed
 from ._chunked import chunked_logprobs, decoder_and_head, splits_head
 from ._fit import MIN_MICRO_BATCH_TOKENS, StepMemory, check_fits, estimate_for_model, fit_tokens
 from ._packing import (StepPrefix, batch_cost, can_share_prefix, common_prefix_length, pack_micro_batches,
@@ -49,7 +49,7 @@ from ._packing import (StepPrefix, batch_cost, can_share_prefix, common_prefix_l
 from ._policy import Policy, atomic_folder
 from ._nonfinite import NonFiniteWeights, nonfinite_cause, nonfinite_rollouts
 from ._precision import resolve_autocast
-from ._update_settings import UpdateSettings
+from ._settings import UpdateSettings
 
 log = logging.getLogger("mtrl.train")
 
@@ -156,7 +156,7 @@ class PolicyUpdate:
 
         The result does not depend on how samples are split into micro-batches.
         ``normalizer``: the loss denominator when ``samples`` are part of a larger
-        step (a rank's share under ``_distributed``); by default this batch's own.
+        step (a rank's share under ``training.distributed``); by default this batch's own.
         """
         kept = [s for s in samples if any(s.loss_mask_T[1:])]
         if normalizer is None:
@@ -165,7 +165,7 @@ class PolicyUpdate:
         counts = {"loss": 0.0, "tokens_forward": 0.0, "tokens_real": 0.0, "tokens_shared": 0.0, "micro_batches": 0.0,
                   "tokens_step_prefix": 0.0}
         budget, recompute = self.step_plan()
-        # a checkpointed layer cannot write the KV cache a shared prefix hands to the rows (see _checkpointing)
+        # a checkpointed layer cannot write the KV cache a shared prefix hands to the rows (see _gradient_checkpointing)
         shareable = [_untrained_head(s) for s in kept] if self._share_prefix and not recompute else None
         lengths = [len(s.token_ids_T) for s in kept]
         plan, base = pack_micro_batches(lengths, budget, shareable), 0

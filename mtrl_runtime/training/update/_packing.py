@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..torch_support import cache_of, plain_kv_cache
+from ...torch_support import cache_of, plain_kv_cache
 
 MIN_SHARED_TOKENS = 16  # below this a second forward pass costs more than it saves
 

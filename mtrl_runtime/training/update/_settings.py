@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..algorithms.losses import LOSSES, LossParams
+from ...algorithms.losses import LOSSES, LossParams
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._policy import Policy, build_policy
+from ..update import Policy, build_policy
 from ._sharded_checkpoint import load_from_rank0
 
 

@@ -5,7 +5,7 @@ the adapter, or the model) and ``trainer_state.pt`` (the optimizer state
 keyed by position, as ``Optimizer.state_dict`` keys it, and the version).
 DCP's full state dicts key the same things by parameter name; these helpers
 turn one into the other, so a checkpoint written by one process resumes
-under torchrun and the other way round (``_distributed``). ``load_from_rank0``
+under torchrun and the other way round (``_sharded_update``). ``load_from_rank0``
 sends rank 0's weights to every rank's shard: the resume and the first load
 of the model (``_rank0_weights``) both go through it.
 """
@@ -17,8 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ._policy import Policy
-from ._update import TRAINER_STATE, WEIGHTS_FOLDER, PolicyUpdate
+from ..update import TRAINER_STATE, WEIGHTS_FOLDER, Policy, PolicyUpdate
 
 
 def read_checkpoint(folder: Path, update: PolicyUpdate) -> tuple[dict[str, torch.Tensor], dict[str, Any], int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..torch_support import cpu_has_native_bf16
+from ...torch_support import cpu_has_native_bf16
 
 FROZEN_BASE_DTYPES = ("model", "fp32")
 

@@ -7,8 +7,7 @@ from typing import Any
 
 import torch
 
-from ._chunked import DecoderWithHead
-from ._policy import Policy
+from ..update import DecoderWithHead, Policy
 from ._rank0_weights import InitialWeights, materialise
 
 

@@ -22,7 +22,7 @@ One step (``ShardedUpdate.step``, on every rank, on the same samples):
   round runs a padding pass: the shortest sample with an infinite loss
   denominator, so its gradient is exactly zero;
 - each rank's loss is divided by the whole step's denominator (tokens or
-  sequences, ``_update.loss_normalizer``) and FSDP sums the gradients
+  sequences, ``update.loss_normalizer``) and FSDP sums the gradients
   (divide factor 1), so the gradient is that of the one-process step;
 - the gradient norm (clipping) is global, a non-finite loss or gradient
   skips the step on every rank, AdamW updates each rank's shard.
@@ -48,18 +48,16 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from ..diagnostics import NONFINITE_SKIPPED
-from ..types import Sample
-from ..engines import resolve_model
-from ._fit import preflight_folder
-from ._policy import Policy, atomic_folder, policy_settings
+from ...diagnostics import NONFINITE_SKIPPED
+from ...engines import resolve_model
+from ...types import Sample
+from ..update import (TRAINER_STATE, WEIGHTS_FOLDER, NonFiniteWeights, Policy, PolicyUpdate, UpdateSettings,
+                      atomic_folder, loss_normalizer, nonfinite_cause, nonfinite_rollouts, policy_settings,
+                      preflight_folder)
+from ._fsdp import full_value, local_shard, shard_policy
 from ._rank0_weights import InitialWeights, build_sharded_policy
 from ._ranks import Ranks, leave_job
 from ._sharded_checkpoint import indexed_optimizer_state, load_from_rank0, read_checkpoint
-from ._fsdp import full_value, local_shard, shard_policy
-from ._nonfinite import NonFiniteWeights, nonfinite_cause, nonfinite_rollouts
-from ._update import TRAINER_STATE, WEIGHTS_FOLDER, PolicyUpdate, loss_normalizer
-from ._update_settings import UpdateSettings
 
 log = logging.getLogger("mtrl.train")
 
