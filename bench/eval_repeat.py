@@ -36,6 +36,8 @@ from typing import Any
 
 from _machine import machine_info
 
+from mtrl_runtime.run_folder import RunFolder
+
 Episode = tuple[tuple[int, ...], ...]  # each turn's completion ids
 
 
@@ -116,7 +118,7 @@ def main() -> None:
         started = time.perf_counter()
         side = evaluate(args, Path(tmp))
         wall = time.perf_counter() - started
-        ours = base_episodes(Path(tmp) / "eval" / "trajectories.db")
+        ours = base_episodes(RunFolder(RunFolder(tmp).evaluation).store)  # the evaluator's default output
     comparisons = {str(store): compare(ours, base_episodes(store)) for store in args.against}
     data = {
         "benchmark": "eval_repeat",

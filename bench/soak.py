@@ -73,7 +73,7 @@ def serve(port: int, run_dir: Path, max_seconds: float) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     config = MtrlConfig.from_dict({"core": {"max_turns": 8, "run_dir": str(run_dir)}})
-    store = SQLiteStore(run_dir / "trajectories.db")
+    store = SQLiteStore(config.run_folder.store)
     app = create_app(Coordinator(ScriptedEngine(tiny_tokenizer(), policy), store, config))
     handle = start_server(app, "127.0.0.1", port)  # the serving path the trainer uses
     try:
@@ -201,9 +201,10 @@ def rss_at(samples: list[tuple[float, int]], t: float) -> int:
 
 
 def stored_completed(run_dir: Path, rollout_ids: list[str]) -> tuple[int, list[str]]:
+    from mtrl_runtime.run_folder import RunFolder
     from mtrl_runtime.store import SQLiteStore
 
-    with SQLiteStore(run_dir / "trajectories.db") as store:
+    with SQLiteStore(RunFolder(run_dir).store) as store:
         missing = [rid for rid in rollout_ids
                    if (r := store.get_rollout(rid, with_turns=False)) is None or r.status.value != "completed"]
         total = len(store.rollouts(status="completed", with_turns=False))

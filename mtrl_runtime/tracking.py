@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .config import MtrlConfig
+from .run_folder import RunFolder
 from .types import ModelCall, Rollout, ToolCall, Turn
 
 log = logging.getLogger("mtrl.tracking")
@@ -45,8 +46,8 @@ _SECRET_KEY = re.compile(r"(^|_)(api_?key|secret|password|token)$", re.IGNORECAS
 
 
 def default_tracking_uri(run_dir: str | Path) -> str:
-    """The embedded store of a run: a SQLite file inside its folder."""
-    return f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
+    """The embedded store of a run: a SQLite file inside its folder (``RunFolder.mlflow_uri``)."""
+    return RunFolder(run_dir).mlflow_uri
 
 
 def flatten_params(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -109,7 +110,7 @@ class Tracker:
         found = self.client.get_experiment_by_name(name)
         if found is not None:
             return found.experiment_id
-        location = (self.run_dir.resolve() / "mlartifacts").as_uri() if embedded else None
+        location = RunFolder(self.run_dir).mlflow_artifacts.resolve().as_uri() if embedded else None
         return self.client.create_experiment(name, artifact_location=location)
 
     # ---- params, metrics, artifacts ------------------------------------------

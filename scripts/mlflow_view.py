@@ -122,11 +122,18 @@ def demo_run(run_dir: Path, steps: int = 4) -> Path:
 SERVING = re.compile(r"Uvicorn running on (?P<url>http://[\d.]+:\d+)")  # mlflow server's uvicorn names its port
 
 
+def mlflow_db(run_dir: Path) -> Path:
+    """The run folder's embedded MLflow store (``RunFolder.mlflow_db``), absolute."""
+    from mtrl_runtime.run_folder import RunFolder
+
+    return RunFolder(run_dir).mlflow_db.resolve()
+
+
 class MlflowUI:
     """``mlflow server`` on a run folder's ``mlflow.db``, on loopback; a context manager."""
 
     def __init__(self, run_dir: Path, log: Path) -> None:
-        self.db = run_dir.resolve() / "mlflow.db"
+        self.db = mlflow_db(run_dir)
         if not self.db.is_file():
             raise FileNotFoundError(f"run_dir: {str(run_dir)!r} has no mlflow.db (train it with MLflow on)")
         self.url = ""  # known once the server says which port it took
@@ -318,7 +325,7 @@ def trace_url(base: str, ids: dict[str, str]) -> str:
 def capture(run_dir: Path, out: Path, browser: str, metric_filter: str = "rollout/reward/") -> dict[str, Any]:
     """Screenshots of the run's metric charts and of one trace, and the trace page's text, into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    ids = pick(run_dir.resolve() / "mlflow.db")
+    ids = pick(mlflow_db(run_dir))
     spans = json.loads(ids["spans"])
     with MlflowUI(run_dir, out / "mlflow_server.log") as ui, Browser(browser) as page:
         shown = page.width - ASSISTANT_PANEL_PX

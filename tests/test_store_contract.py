@@ -13,15 +13,24 @@ from typing import Iterator
 
 import pytest
 
+from mtrl_runtime.config import MtrlConfig
+from mtrl_runtime.rollouts import store_for
+from mtrl_runtime.run_folder import RunFolder
 from mtrl_runtime.store import STORES, TrajectoryStore, hash_token, open_store
+from mtrl_runtime.store.memory import MemoryStore
 from mtrl_runtime.types import BreakReason, ModelCall, Rollout, RolloutStatus, Task, ToolCall, Turn
 
 TOKEN = "secret-token"
 
 
-@pytest.fixture(params=["sqlite", "memory"])
+@pytest.fixture(params=["sqlite", "memory", "memory-from-config"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TrajectoryStore]:
-    s = open_store(tmp_path / "run" / "trajectories.db", backend=request.param)
+    if request.param == "memory-from-config":  # the path a run takes: core.store picks the registered backend
+        config = MtrlConfig.from_dict({"core": {"store": "memory", "run_dir": str(tmp_path / "run")}})
+        s = store_for(config)
+        assert isinstance(s, MemoryStore) and s.path == RunFolder(tmp_path / "run").store
+    else:
+        s = open_store(tmp_path / "run" / "trajectories.db", backend=request.param)
     yield s
     s.close()
 

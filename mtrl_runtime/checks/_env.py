@@ -49,7 +49,7 @@ async def acheck_env(
     cfg = MtrlConfig.coerce(config)
     tasks = _pick(select_tasks(dataset, split), task_ids)
     sampling = cfg.core.val_sampling_params.model_copy(update={"temperature": 0.0})
-    folder = Path(output_path) if output_path is not None else cfg.run_dir / "checks"
+    folder = Path(output_path) if output_path is not None else cfg.run_folder.checks
     served = EvalPlan.from_config(cfg, tasks, samples=1, sampling=sampling).dispatch_config(cfg)
     async with open_stack(served, agent_env, folder / "check_env.db", engine) as stack:
         runs = _Runs(stack.dispatcher(), cfg, sampling, run_tag())

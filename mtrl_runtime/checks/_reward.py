@@ -235,7 +235,7 @@ async def acheck_reward(
     tasks = select_tasks(dataset, split, max_tasks)
     k = samples if samples is not None else min(cfg.core.group_size, DEFAULT_MAX_SAMPLES)
     plan = EvalPlan.from_config(cfg, tasks, samples=k, sampling=cfg.core.sampling_params)
-    folder = Path(output_path) if output_path is not None else cfg.run_dir / "checks"
+    folder = Path(output_path) if output_path is not None else cfg.run_folder.checks
     async with open_stack(cfg, agent_env, folder / "check_reward.db", engine) as stack:
         if grader is not None:  # before any rollout: the policy must not judge itself
             refuse_policy_endpoint(grader.base_url, stack.endpoint, "judge base_url")

@@ -23,7 +23,6 @@ import shlex
 import signal
 import sys
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 
@@ -94,19 +93,18 @@ def resume_command(args: argparse.Namespace) -> str:
 def stopped_message(config: Any, since: float, resume: str) -> str:
     """What a stopped ``mtrl train`` prints: the rollouts it marked interrupted and how to continue."""
     from ..store import open_store
-    from ..training import CHECKPOINTS
 
-    run_dir = Path(config.run_dir)
+    folder = config.run_folder
     marked = 0
-    store_path = run_dir / "trajectories.db"
+    store_path = folder.store
     if store_path.is_file():
-        store = open_store(store_path)
+        store = open_store(store_path, config.core.store)
         try:
             marked = sum(1 for r in store.rollouts(status="interrupted", with_turns=False)
                          if r.finished_at is not None and r.finished_at >= since)
         finally:
             store.close()
-    checkpoints = sorted((run_dir / CHECKPOINTS).glob("step-*"))
+    checkpoints = sorted(folder.checkpoints.glob("step-*"))
     lines = [f"mtrl: stopped; {marked} rollouts in flight were marked interrupted in {store_path}"]
     if checkpoints:
         lines.append(f"mtrl: resume from {checkpoints[-1]} with: {resume}")

@@ -59,7 +59,7 @@ def _collect(args: argparse.Namespace) -> int:
     tasks = tasks[: args.num_tasks]
     agent = load_agent(args.agent)
     print(f"mtrl: collecting {len(tasks)} tasks x {config.core.group_size} rollouts with {config.core.engine} "
-          f"into {config.run_dir / 'trajectories.db'}", flush=True)
+          f"into {config.run_folder.store}", flush=True)
     collected = asyncio.run(collect_rollouts(config, agent, tasks,
                                              on_rollout=lambda task, r: print(rollout_line(task, r), flush=True)))
     counts = ", ".join(f"{n} {status}" for status, n in collected.counts().items() if n)

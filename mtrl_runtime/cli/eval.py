@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from . import check_template
+from ..run_folder import RunFolder
 from ..task_sources import SOURCE_HELP
 from ._agents import load_agent
 from ._command import Command
@@ -74,8 +75,8 @@ def _eval(args: argparse.Namespace) -> int:
 
     config = _config(args)
     adapter = args.adapter
-    if adapter is None and (config.run_dir / "adapter" / "adapter_config.json").is_file():
-        adapter = config.run_dir / "adapter"
+    if adapter is None:
+        adapter = config.run_folder.saved_adapter()
     evaluator = MultiTurnRLEvaluator(
         agent_env=load_agent(args.agent), dataset=args.dataset, config=config, output_path=args.output,
         adapter=adapter, evaluate_base_model=args.base, strict_scorer=_scorer(args.strict), split=args.split,
@@ -88,7 +89,7 @@ def _eval(args: argparse.Namespace) -> int:
             result = evaluator.evaluate(progress=True, heartbeat_s=args.heartbeat)
     except KeyboardInterrupt:
         print(f"mtrl: evaluation stopped; its rollouts in flight were marked interrupted in "
-              f"{evaluator.output_path / 'trajectories.db'}; run the same command again to evaluate anew",
+              f"{RunFolder(evaluator.output_path).store}; run the same command again to evaluate anew",
               file=sys.stderr, flush=True)
         return 130
     except ConnectionError as exc:  # the reference endpoint, checked before anything ran

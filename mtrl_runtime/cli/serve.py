@@ -91,7 +91,7 @@ def _run_server(config: MtrlConfig, adapter: Path | None, port: int) -> int:
 
     server_cfg = config.advanced.server
     sock = _listen(server_cfg.host, port)  # before the model loads: a port in use fails at once
-    stack = RolloutStack.build(config, store_path=config.run_dir / "trajectories.db", serve=False)
+    stack = RolloutStack.build(config, store_path=config.run_folder.store, serve=False)
     try:
         if adapter is not None:
             asyncio.run(stack.engine.load_adapter(str(adapter), 1))

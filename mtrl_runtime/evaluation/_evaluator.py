@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 from ..config import MtrlConfig
 from ..coordinator import ReferenceModel, check_reference
 from ..rollouts import HEARTBEAT_S, executor_kind, open_stack
+from ..run_folder import RunFolder
 from ..types import MixesBaseRows, Rollout, Task
 from ._base_model import base_policy
 from ._progress import EvalProgress
@@ -141,9 +142,8 @@ class MultiTurnRLEvaluator:
             config = model.config if config is None else config
             agent_env = model.agent_env if agent_env is None else agent_env
             engine = model.engine if engine is None else engine
-            trained = Path(model.config.run_dir) / "adapter"
-            if adapter is None and (trained / "adapter_config.json").is_file():
-                adapter = trained
+            if adapter is None:
+                adapter = model.config.run_folder.saved_adapter()
             model = None
         self.config = MtrlConfig.coerce(config)
         if model is not None:
@@ -155,7 +155,7 @@ class MultiTurnRLEvaluator:
             raise ValueError("dataset: give held-out tasks (a JSONL path or rows); never evaluate on training prompts")
         self.agent_env = agent_env
         self.dataset = dataset
-        self.output_path = Path(output_path) if output_path is not None else self.config.run_dir / "eval"
+        self.output_path = Path(output_path) if output_path is not None else self.config.run_folder.evaluation
         self.adapter = Path(adapter) if adapter is not None else None
         self.evaluate_base_model = evaluate_base_model
         self.strict_scorer = as_strict_scorer(strict_scorer)
@@ -191,7 +191,7 @@ class MultiTurnRLEvaluator:
         tag = run_tag()
         # the coordinator's defaults are the plan's too, for agents that do not pass the rollout's sampling on
         config = plan.dispatch_config(self.config)
-        async with open_stack(config, self.agent_env, self.output_path / "trajectories.db", self.engine) as stack:
+        async with open_stack(config, self.agent_env, RunFolder(self.output_path).store, self.engine) as stack:
             sides: dict[str, EvalSide] = {}
             dispatcher = stack.dispatcher()  # one tally for the progress lines
             if display is not None:
@@ -228,9 +228,7 @@ class MultiTurnRLEvaluator:
 
     def _describe(self, stack: Any, plan: EvalPlan) -> dict[str, Any]:
         """The start line's facts: model, engine, where results go, MLflow URI, the work planned."""
-        from ..tracking import default_tracking_uri
-
-        mlflow = (self.config.advanced.mlflow.tracking_uri or default_tracking_uri(self.config.run_dir)
+        mlflow = (self.config.advanced.mlflow.tracking_uri or self.config.run_folder.mlflow_uri
                   if self.tracking else "off")
         sides = (2 if self.evaluate_base_model and self.adapter is not None else 1) + (self.reference is not None)
         reference = f"{self.reference.model} at {self.reference.url}" if self.reference is not None else "none"

@@ -23,12 +23,11 @@ from ._rescore import (
     rescore_run,
     score_rollouts,
 )
-from ._run import STORE_FILE, StoredRun, StoredStep, load_run, open_run_store, run_config
+from ._run import StoredRun, StoredStep, load_run, open_run_store, run_config
 from ._signal import StepSignal, reward_distribution, step_signal, with_rewards
 
 __all__ = [
     "REPRODUCED",
-    "STORE_FILE",
     "Mismatch",
     "RescoreError",
     "RescoreResult",

@@ -1,6 +1,6 @@
 """A finished (or stopped) run as rescoring reads it: its config, and per step the groups its update saw.
 
-The run folder's store is opened read-only (``SQLiteStore(read_only=True)``:
+The run folder's store is opened read-only (``open_store(read_only=True)``:
 nothing is written, a missing file is an error, not a new store). The config
 is the one the trainer recorded in the store's meta (``RUN_CONFIG_META``);
 a run trained before mtrl recorded it needs the YAML it trained with.
@@ -24,10 +24,10 @@ from typing import Mapping
 
 from ..config import RUN_CONFIG_META, ConfigError, MtrlConfig
 from ..rollouts import GROUP_POLICIES, GroupResult, GroupRound
-from ..store import SQLiteStore
-from ..types import Rollout, RolloutStatus, Task
+from ..run_folder import STORE_FILE, RunFolder
+from ..store import open_store
+from ..types import Rollout, RolloutStatus, Task, TrajectoryStore
 
-STORE_FILE = "trajectories.db"  # the trainer's store in its run folder
 _GROUP_ID = re.compile(r"^s(\d+)-([gr])(\d+)$")  # a step's own groups (g), then dynamic sampling's refills (r)
 
 
@@ -71,19 +71,19 @@ class StoredRun:
     steps: tuple[StoredStep, ...]
 
 
-def open_run_store(folder: str | Path) -> SQLiteStore:
+def open_run_store(folder: str | Path) -> TrajectoryStore:
     """The run folder's store, opened read-only; a clear error when the folder holds none."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"run: no folder {str(folder)!r}; give the run_dir of a training run")
-    path = folder / STORE_FILE
+    path = RunFolder(folder).store
     if not path.is_file():
         raise FileNotFoundError(f"run: {str(folder)!r} holds no trajectory store ({STORE_FILE}); "
                                 "give the run_dir of a training run (core.run_dir, mtrl train --run-dir)")
-    return SQLiteStore(path, read_only=True)
+    return open_store(path, read_only=True)
 
 
-def run_config(store: SQLiteStore, folder: Path, given: MtrlConfig | None) -> tuple[MtrlConfig, str]:
+def run_config(store: TrajectoryStore, folder: Path, given: MtrlConfig | None) -> tuple[MtrlConfig, str]:
     """The config the run recorded, else ``given``; neither: an error naming the fix."""
     if given is not None:
         return given, "given"
@@ -147,11 +147,11 @@ def _group_order(group_id: str, step: int) -> tuple[int, int, str]:
     return (0 if match.group(2) == "g" else 1, int(match.group(3)), "")
 
 
-def _task(store: SQLiteStore, rollout: Rollout) -> Task:
+def _task(store: TrajectoryStore, rollout: Rollout) -> Task:
     task = store.get_task(rollout.task_id)
     if task is None:
         raise ValueError(f"rollout {rollout.id!r} names task {rollout.task_id!r}, which the store does not hold")
     return task
 
 
-__all__ = ["STORE_FILE", "StoredRun", "StoredStep", "load_run", "open_run_store", "run_config"]
+__all__ = ["StoredRun", "StoredStep", "load_run", "open_run_store", "run_config"]

@@ -1,7 +1,8 @@
 """Collecting rollouts: everything training, evaluation, the checks and serving share.
 
 - ``RolloutStack`` / ``open_stack``: the one composition of engine, store,
-  coordinator, loopback server and executor;
+  coordinator, loopback server and executor; ``store_for``: the store a run
+  records into (the backend ``core.store`` names);
 - ``executor_for``: which executor runs the agent, from what the user passed;
 - ``Dispatcher``: ``group_size`` rollouts per task under one concurrency
   limit and one deadline per rollout, groups formed by a group policy
@@ -19,7 +20,7 @@ from ._dispatcher import ENVIRONMENT_PROBLEM_RATE, Dispatcher, GroupResult, Step
 from ._executors import EXECUTOR_KINDS, ExecutorKind, executor_for, executor_kind
 from ._groups import GROUP_POLICIES, GroupDecision, GroupPolicy, GroupRound
 from ._heartbeat import HEARTBEAT_S, Heartbeat, RolloutTally
-from ._stack import RolloutStack, open_stack
+from ._stack import RolloutStack, open_stack, store_for
 from ._tasks import TaskSchedule, load_tasks, task_from_row
 
 __all__ = [
@@ -48,5 +49,6 @@ __all__ = [
     "open_stack",
     "refill_group_id",
     "rollout_line",
+    "store_for",
     "task_from_row",
 ]

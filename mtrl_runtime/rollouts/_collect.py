@@ -57,12 +57,12 @@ async def collect_rollouts(
 ) -> Collected:
     """Run ``agent_env`` on every task (``core.group_size`` rollouts each, concurrently) and return them stored.
 
-    ``store_path``: default the run folder's ``trajectories.db``. ``on_rollout``
+    ``store_path``: default the run folder's store (``RunFolder.store``). ``on_rollout``
     is called as each group finishes, once per rollout (for printing).
     """
     if not tasks:
         raise ValueError("tasks: give at least one task to collect")
-    path = Path(store_path) if store_path is not None else config.run_dir / "trajectories.db"
+    path = Path(store_path) if store_path is not None else config.run_folder.store
     started = time.monotonic()
     async with open_stack(config, agent_env, path, engine=engine) as stack:
         label = f"collect-{len(stack.store.get_meta(COLLECT_RUNS_KEY, []))}"

@@ -4,7 +4,7 @@ Training, evaluation, the checks and ``mtrl serve`` all build their parts
 here, so an agent is run the same way (the same endpoint, adapters and
 dispatcher) wherever it is measured::
 
-    stack = RolloutStack.build(config, store_path="runs/x/trajectories.db", agent_env=my_agent)
+    stack = RolloutStack.build(config, store_path=config.run_folder.store, agent_env=my_agent)
     try:
         batch = await stack.dispatcher().collect(0, tasks)
     finally:
@@ -67,8 +67,7 @@ class RolloutStack:
             if engine is None:
                 engine = create_engine(config.core.engine, config.core.model, **config.advanced.engine_options)
                 closers.append(engine.close)
-            Path(store_path).parent.mkdir(parents=True, exist_ok=True)
-            store = open_store(store_path)
+            store = store_for(config, store_path)
             closers.append(store.close)
             coordinator = Coordinator(engine, store, config)
             server = None
@@ -140,6 +139,14 @@ class RolloutStack:
                     await result
 
 
+def store_for(config: MtrlConfig, path: str | Path | None = None) -> TrajectoryStore:
+    """The store a run records into: backend ``core.store`` at ``path`` (default the run folder's store), its
+    folder made."""
+    path = Path(path) if path is not None else config.run_folder.store
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open_store(path, config.core.store)
+
+
 def _close_now(closers: list[Callable[[], Any]]) -> None:
     """Close what was built so far, from a thread with no running loop (a failed ``build``)."""
     while closers:
@@ -165,4 +172,4 @@ async def open_stack(
         await stack.close()
 
 
-__all__ = ["RolloutStack", "open_stack"]
+__all__ = ["RolloutStack", "open_stack", "store_for"]

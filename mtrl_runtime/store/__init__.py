@@ -2,9 +2,12 @@
 
 ``TrajectoryStore`` is the protocol (``mtrl_runtime.types``); a backend is
 one folder here satisfying it, and one line in ``STORES`` (name -> factory
-of a path). ``sqlite`` is the run's store: one SQLite file (WAL) in the run
-folder, one writer that group-commits, and a write returns once it is
-durable. ``memory`` is the test double::
+of a path). ``core.store`` picks the backend a run records into
+(``rollouts.RolloutStack`` opens it); ``sqlite`` is the default: one SQLite
+file (WAL) in the run folder (``RunFolder.store``), one writer that
+group-commits, and a write returns once it is durable. ``memory`` is the
+test double, kept in the process. A run read back from its folder (rescore,
+export, warm start) is read from that file, ``read_only``::
 
     store = open_store("runs/x/trajectories.db")            # SQLiteStore
     store.put_task(task)
@@ -17,7 +20,7 @@ durable. ``memory`` is the test double::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Protocol
 
 from ..registry import Registry
 from ..types import TrajectoryStore
@@ -25,16 +28,24 @@ from ._codec import hash_token
 from .memory import MemoryStore
 from .sqlite import SQLiteStore
 
-StoreFactory = Callable[[str | Path], TrajectoryStore]
+class StoreFactory(Protocol):
+    """A backend's constructor: the store at ``path``; ``read_only`` opens what is there and refuses writes."""
+
+    def __call__(self, path: str | Path, *, read_only: bool = False) -> TrajectoryStore: ...
+
 
 STORES: Registry[StoreFactory] = Registry("store backend")
 STORES.register("sqlite")(SQLiteStore)
 STORES.register("memory")(MemoryStore)
 
+DEFAULT_STORE = "sqlite"  # core.store's default, and the backend a run folder's store file is read with
 
-def open_store(path: str | Path, backend: str = "sqlite") -> TrajectoryStore:
+
+def open_store(path: str | Path, backend: str = DEFAULT_STORE, *, read_only: bool = False) -> TrajectoryStore:
     """The store of backend ``backend`` at ``path``; an unknown backend is a KeyError listing the known ones."""
-    return STORES.get(backend)(path)
+    factory = STORES.get(backend)
+    return factory(path, read_only=True) if read_only else factory(path)
 
 
+# DEFAULT_STORE and StoreFactory are for the config and the backends, not the public door
 __all__ = ["STORES", "SQLiteStore", "TrajectoryStore", "hash_token", "open_store"]

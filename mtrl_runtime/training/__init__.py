@@ -29,7 +29,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("INIT_KEY", "load_initial_weights"), "._init_weights"),
     **dict.fromkeys(("PreparedBatch", "group_advantages", "prepare_batch", "staleness"), "._batch"),
     **dict.fromkeys(("SampledStep", "sample_step", "sampling_metrics", "useful_mask"), "._dynamic_sampling"),
-    **dict.fromkeys(("CHECKPOINTS", "POLICY_FOLDER", "CheckpointState", "Checkpoints", "StepRecord"), "._checkpoint"),
+    **dict.fromkeys(("POLICY_FOLDER", "CheckpointState", "Checkpoints", "StepRecord"), "._checkpoint"),
     **dict.fromkeys(("StepReport", "TrainingLoop", "off_policy_bound"), "._loop"),
     **dict.fromkeys(("reward_function_metrics", "rollout_metrics"), "._metrics"),
     **dict.fromkeys(("ResumePlan", "plan_resume"), "._resume"),

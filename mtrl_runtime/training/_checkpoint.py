@@ -33,12 +33,12 @@ from typing import Any, Sequence
 
 import torch
 
+from ..run_folder import RunFolder
 from ..types import TrajectoryStore
 from .update import atomic_folder
 
 log = logging.getLogger("mtrl.train")
 
-CHECKPOINTS = "checkpoints"
 STATE_FILE = "state.json"
 RNG_FILE = "rng.pt"
 POLICY_FOLDER = "policy"
@@ -79,7 +79,7 @@ class Checkpoints:
     def __init__(self, run_dir: str | Path, store: TrajectoryStore, keep: int = 2) -> None:
         if keep < 1:
             raise ValueError(f"keep: must be >= 1, got {keep}")
-        self.folder = Path(run_dir) / CHECKPOINTS
+        self.folder = RunFolder(run_dir).checkpoints
         self.store = store
         self.keep = keep
         self.pending: list[StepRecord] = []
@@ -169,4 +169,4 @@ def _state_json(state: CheckpointState) -> dict[str, Any]:
     return data
 
 
-__all__ = ["CHECKPOINTS", "CheckpointState", "Checkpoints", "StepRecord"]
+__all__ = ["CheckpointState", "Checkpoints", "StepRecord"]

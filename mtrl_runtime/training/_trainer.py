@@ -189,7 +189,7 @@ class _Run:
         self.validation_tasks = _validation_tasks(trainer.validation_dataset, self.schedule.tasks)
         self.strict_scorer = trainer.strict_scorer
         config.advanced.server.training_mode = True  # the trainer opens the rollouts; POST /v1/rollouts is refused
-        self.stack = RolloutStack.build(config, store_path=config.run_dir / "trajectories.db", engine=trainer.engine,
+        self.stack = RolloutStack.build(config, store_path=config.run_folder.store, engine=trainer.engine,
                                         agent_env=trainer.agent_env)
         engine, self.store = self.stack.engine, self.stack.store
         self.store.set_meta(RUN_CONFIG_META, config.recorded())  # what it ran with: mtrl rescore reads it
@@ -293,7 +293,7 @@ class _Run:
 
     def finish(self) -> Path:
         """Save the final adapter (or model), log it to MLflow, end the MLflow run."""
-        adapter = self.update.policy.save_weights(self.config.run_dir / "adapter")
+        adapter = self.update.policy.save_weights(self.config.run_folder.adapter)
         if self.tracker is not None:
             self.tracker.log_artifacts(adapter, "adapter")
             self.tracker.close("FINISHED")

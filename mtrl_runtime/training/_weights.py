@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..run_folder import RunFolder
 from ..types import PolicyEngine, Sample, SharedModelEngine
 
 
@@ -87,7 +88,7 @@ class PushedWeights:
     def __init__(self, engine: PolicyEngine, update: Any, run_dir: str | Path, keep: int = 2) -> None:
         self.engine = engine
         self.update = update
-        self.folder = Path(run_dir) / "adapters"
+        self.folder = RunFolder(run_dir).pushed_adapters
         self.keep = keep
         self._published: list[Path] = []
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mtrl-update")  # see the module docstring

@@ -27,6 +27,7 @@ from typing import Any
 from ..algorithms.samples import build_samples
 from ..chat import CHAT_TEMPLATE_META
 from ..evaluation import StrictScorer
+from ..run_folder import STORE_FILE, RunFolder
 from ..store import open_store
 from ..types import Rollout, RolloutStatus, Task
 from ._demonstration import Demonstration
@@ -117,10 +118,10 @@ def store_demonstrations(
     success_threshold: float = 1.0,
     split: str | None = None,
 ) -> tuple[list[Demonstration], StoreSelection]:
-    """The demonstrations of the run at ``run_dir`` (its ``trajectories.db``) for the policy ``renderer`` renders for."""
-    db = Path(run_dir) / "trajectories.db"
+    """The demonstrations of the run at ``run_dir`` (its store file) for the policy ``renderer`` renders for."""
+    db = RunFolder(run_dir).store
     if not db.is_file():
-        raise ValueError(f"--from-run: {str(run_dir)!r} holds no trajectories.db (give a run folder of mtrl collect "
+        raise ValueError(f"--from-run: {str(run_dir)!r} holds no {STORE_FILE} (give a run folder of mtrl collect "
                          "or mtrl train)")
     store = open_store(db)
     try:

@@ -54,9 +54,16 @@ class _Recorded:
 
 
 class MemoryStore:
-    """The ``memory`` ``TrajectoryStore``: every record in dicts; ``path`` is only a label."""
+    """The ``memory`` ``TrajectoryStore``: every record in dicts; ``path`` is only a label.
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    ``read_only``: there is nothing to read back (a memory store keeps nothing
+    once its process ends), so asking for one is an error naming the path.
+    """
+
+    def __init__(self, path: str | Path | None = None, *, read_only: bool = False) -> None:
+        if read_only:
+            raise ValueError(f"store backend 'memory' keeps nothing once its process ends: there is no store at "
+                             f"{str(path)!r} to read; a run recorded with core.store: memory cannot be read back")
         self.path = None if path is None else Path(path)
         self._lock = threading.RLock()
         self._closed = False
