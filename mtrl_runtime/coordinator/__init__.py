@@ -16,7 +16,9 @@ rely on). It is composed of collaborators, each owning its own state:
   machine, from typed events) and written;
 - ``ReferenceClient`` (``_reference``): inside ``reference_side``, new
   rollouts' calls go to a reference model's own endpoint and are recorded
-  without token ids (an evaluation's reference side; never trained).
+  without token ids (an evaluation's reference side; never trained);
+- ``CoordinatorCounters`` (``_counters``): what they all count, one named
+  field per event, shared with the server as ``Coordinator.counters``.
 
 A rollout leaves memory when it ends, so memory stays bounded however many
 rollouts a run makes; later lookups read the store.
@@ -25,7 +27,6 @@ rollouts a run makes; later lookups read the store.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Mapping, Sequence
 
@@ -53,6 +54,7 @@ from ..types import (
     TrajectoryStore,
 )
 from ._capture import CallCapture, ChatResult
+from ._counters import CoordinatorCounters
 from ._drift import DriftMeter
 from ._ends import RolloutEnds
 from ._lifecycle import Ending, RolloutLife, deadline_error
@@ -69,7 +71,7 @@ class Coordinator:
         self.engine = engine
         self.store = store
         self.config = config or MtrlConfig()
-        self.counters: Counter[str] = Counter()
+        self.counters = CoordinatorCounters()
         core = self.config.core
         self.default_sampling = core.sampling_params.to_params()
         self.max_tokens_cap = max(core.sampling_params.max_tokens, core.val_sampling_params.max_tokens)
@@ -244,4 +246,19 @@ class Coordinator:
         return await self.end(rollout_id, ExecutorEnded(status, error))
 
 
-__all__ = ["ChatResult", "ChatStream", "Coordinator", "Ending", "ReferenceClient", "ReferenceModel", "RolloutHandle", "RolloutLife", "StreamClosed", "VerifiedToken", "check_reference", "deadline_error", "hash_token"]
+__all__ = [
+    "ChatResult",
+    "ChatStream",
+    "Coordinator",
+    "CoordinatorCounters",
+    "Ending",
+    "ReferenceClient",
+    "ReferenceModel",
+    "RolloutHandle",
+    "RolloutLife",
+    "StreamClosed",
+    "VerifiedToken",
+    "check_reference",
+    "deadline_error",
+    "hash_token",
+]

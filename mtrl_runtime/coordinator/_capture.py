@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
@@ -24,6 +23,7 @@ from ..types import (
     ChatOptions, Generation, GenerationRequest, PolicyEngine, SamplingParams, StreamingEngine, TrajectoryStore, Turn,
     TurnLimitHit,
 )
+from ._counters import CoordinatorCounters
 from ._live import LiveRollout, LiveRollouts, VerifiedToken
 from ._owner import call_owner
 from ._stream import ChatStream, StreamClosed
@@ -48,7 +48,7 @@ class CallCapture:
         engine: PolicyEngine,
         store: TrajectoryStore,
         live: LiveRollouts,
-        counters: Counter[str],
+        counters: CoordinatorCounters,
         chat_format: ChatFormat | None = None,
         history_training: str = "extend",
         default_seed: int | None = None,
@@ -105,7 +105,7 @@ class CallCapture:
                 raise Conflict(f"rollout {rollout_id!r} ended while this call waited", param="rollout_id")
             if live.turns >= live.max_turns:
                 self.live.decide(rollout_id, TurnLimitHit())
-                self.counters["turn_limit_hits"] += 1
+                self.counters.turn_limit_hits += 1
                 raise Conflict(
                     f"rollout {rollout_id!r} reached max_turns={live.max_turns}; end the episode",
                     param="max_turns",
@@ -138,7 +138,7 @@ class CallCapture:
         if options.tool_choice == "auto" or not tools:
             return plan, ""
         prefix = self.format.forced_prefix(options.tool_name if options.tool_choice == "function" else None)
-        self.counters["forced_tool_calls"] += 1
+        self.counters.forced_tool_calls += 1
         return replace(plan, prompt_ids=plan.prompt_ids + tuple(self.renderer.encode(prefix))), prefix
 
     async def _inference(
@@ -160,7 +160,7 @@ class CallCapture:
             self._streaming(stream, prefix, tools, sampling, len(plan.prompt_ids)),
         )
         text, message, finish, _, _ = self._reply(gen, tools, sampling, prefix)
-        self.counters["inference_calls"] += 1
+        self.counters.inference_calls += 1
         return ChatResult(message, finish, plan.prompt_ids, gen, text)
 
     async def _attributed_turn(
@@ -183,7 +183,7 @@ class CallCapture:
         gen = await self._generate(request, self._streaming(stream, prefix, tools, sampling, len(plan.prompt_ids)))
         text, message, finish, malformed, reasoning_tokens = self._reply(gen, tools, sampling, prefix)
         if plan.break_reason is not None:
-            self.counters[f"prefix_break/{plan.break_reason.value}"] += 1
+            self.counters.prefix_breaks[plan.break_reason] += 1
         turn = Turn(
             rollout_id=live.rollout_id,
             index=live.turns,
@@ -210,7 +210,7 @@ class CallCapture:
         )
         live.note_calls(message.get("tool_calls") or (), tools, turn.index)
         live.turns += 1
-        self.counters["turns"] += 1
+        self.counters.turns += 1
         return ChatResult(message, finish, plan.prompt_ids, gen, text)
 
     async def _reference_turn(
@@ -229,7 +229,7 @@ class CallCapture:
         started = time.time()
         live.note_answers(messages)
         if options.template_kwargs:  # the policy's template variables: not sent to another model (``_reference``)
-            self.counters["reference_template_kwargs_dropped"] += 1
+            self.counters.reference_template_kwargs_dropped += 1
         reply = await live.reference.chat(messages, tools, sampling, options)
         calls = tuple(reply.message.get("tool_calls") or ())
         turn = Turn(
@@ -241,7 +241,7 @@ class CallCapture:
         await self.store.aadd_turn(turn)  # durable before the response is sent
         live.note_calls(calls, tools, turn.index)
         live.turns += 1
-        self.counters["reference_turns"] += 1
+        self.counters.reference_turns += 1
         generation = Generation((), (), reply.finish_reason, live.policy_version)
         return ChatResult(reply.message, reply.finish_reason, (), generation, reply.completion_text)
 
@@ -252,7 +252,7 @@ class CallCapture:
         if context is None or prompt_tokens + sampling.max_tokens <= context:
             return sampling
         if prompt_tokens >= context or sampling.max_tokens_requested:
-            self.counters["context_exceeded"] += 1
+            self.counters.context_exceeded += 1
             asked = f" + max_tokens {sampling.max_tokens}" if sampling.max_tokens_requested else ""
             raise BadRequest(
                 f"the rendered prompt is {prompt_tokens} tokens{asked}; the model's context is {context} tokens: "
@@ -277,12 +277,12 @@ class CallCapture:
                 return await stream.run(self.engine.generate_stream(request))
             return await stream.run(self.engine.generate(request))  # one burst at the end
         except StreamClosed:
-            self.counters["streams_closed"] += 1  # the client hung up: generation stopped, no turn recorded
+            self.counters.streams_closed += 1  # the client hung up: generation stopped, no turn recorded
             raise
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the engine failed: the call fails, the server keeps serving
-            self.counters["engine_failures"] += 1
+            self.counters.engine_failures += 1
             raise EngineFailure(f"the policy engine failed: {type(exc).__name__}: {exc}") from exc
 
     def _reply(
@@ -308,11 +308,11 @@ class CallCapture:
         reasoning_tokens = 0
         if parsed.reasoning:  # counted in the endpoint's metrics (tokens as the tokenizer splits the text)
             reasoning_tokens = len(self.renderer.encode(parsed.reasoning))
-            self.counters["reasoning_replies"] += 1
-            self.counters["reasoning_tokens"] += reasoning_tokens
+            self.counters.reasoning_replies += 1
+            self.counters.reasoning_tokens += reasoning_tokens
         if tools:
-            self.counters["malformed_tool_calls"] += malformed
-            self.counters[f"malformed_tool_calls/{self.format.name}"] += malformed
+            self.counters.malformed_tool_calls += malformed
+            self.counters.malformed_by_format[self.format.name] += malformed
         return text, message, finish, malformed, reasoning_tokens
 
 

@@ -7,9 +7,9 @@ end-of-rollout flags reach the store.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 
 from ..types import RolloutEvent, TrajectoryStore
+from ._counters import CoordinatorCounters
 from ._live import LiveRollouts
 
 _log = logging.getLogger("mtrl.coordinator")
@@ -27,7 +27,9 @@ UNRECORDED_TOOLS_FIX = (
 class RolloutEnds:
     """Feeds end events to live rollouts and records the end the first decisive one produces."""
 
-    def __init__(self, store: TrajectoryStore, live: LiveRollouts, counters: Counter[str], default_reward: float) -> None:
+    def __init__(
+        self, store: TrajectoryStore, live: LiveRollouts, counters: CoordinatorCounters, default_reward: float
+    ) -> None:
         self.store = store
         self.live = live
         self.counters = counters
@@ -46,21 +48,21 @@ class RolloutEnds:
         unrecorded = live.unrecorded_tool_calls
         if unrecorded:  # never silent: flagged on the rollout, counted, and said once where the user looks
             metrics["tool_calls_unrecorded"] = float(unrecorded)
-            self.counters["tool_calls_unrecorded"] += unrecorded
+            self.counters.tool_calls_unrecorded += unrecorded
             if not self._warned_unrecorded:
                 self._warned_unrecorded = True
                 _log.warning("rollout %s: %d tool call(s) unrecorded; %s", rollout_id, unrecorded, UNRECORDED_TOOLS_FIX)
         refused = live.refused_tool_calls
         if refused:  # the model called a tool its request did not declare; the agent refused it (no tool ran)
             metrics["tool_calls_undeclared"] = float(refused)
-            self.counters["tool_calls_undeclared"] += refused
+            self.counters.tool_calls_undeclared += refused
         if live.failed_results:  # the failure flags tool results carried (server.protocols._tool_results)
             metrics["tool_results_failed"] = float(len(live.failed_results))
-            self.counters["tool_results_failed"] += len(live.failed_results)
+            self.counters.tool_results_failed += len(live.failed_results)
         if ending.default_reward:
             metrics["reward_defaulted"] = 1.0
             await self.store.aset_reward(rollout_id, self.default_reward, None, metrics, defaulted=True)
-            self.counters["rewards_defaulted"] += 1
+            self.counters.rewards_defaulted += 1
         elif metrics:
             stored = self.store.get_rollout(rollout_id, with_turns=False)
             if stored is not None:
@@ -68,7 +70,7 @@ class RolloutEnds:
                     rollout_id, stored.reward, stored.turn_rewards, {**stored.metrics, **metrics}, defaulted=False
                 )
         await self.store.afinish_rollout(rollout_id, ending.status, ending.error)
-        self.counters[f"rollouts_{ending.status.value}"] += 1
+        self.counters.rollouts_ended[ending.status] += 1
         return True
 
 

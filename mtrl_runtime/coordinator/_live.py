@@ -8,7 +8,6 @@ import json
 import secrets
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -16,6 +15,7 @@ from ..chat import ConversationState, normalize_tools
 from ..errors import Conflict, Forbidden, RolloutNotFound, Unauthorized
 from ..store import hash_token
 from ..types import Rollout, RolloutEvent, RolloutHandle, Task, TrajectoryStore
+from ._counters import CoordinatorCounters
 from ._errors import client_data
 from ._lifecycle import Ending, RolloutLife
 from ._reference import ReferenceClient
@@ -108,7 +108,7 @@ class LiveRollouts:
     worker threads while the server's loop serves them.
     """
 
-    def __init__(self, store: TrajectoryStore, counters: Counter[str], default_max_turns: int) -> None:
+    def __init__(self, store: TrajectoryStore, counters: CoordinatorCounters, default_max_turns: int) -> None:
         self.store = store
         self.counters = counters
         self.default_max_turns = default_max_turns
@@ -124,7 +124,7 @@ class LiveRollouts:
                 self.store.put_task(task)
             return
         if _task_content(stored) != _task_content(task):
-            self.counters["task_conflicts"] += 1
+            self.counters.task_conflicts += 1
             raise Conflict(
                 f"task_id {task.id!r} is already stored with other content (prompt, messages, ground_truth, split "
                 "or data); a stored task never changes: use a new task_id",
@@ -172,7 +172,7 @@ class LiveRollouts:
         )
         with self._lock:
             self._live[rollout_id] = live
-        self.counters["rollouts_created"] += 1
+        self.counters.rollouts_created += 1
         return RolloutHandle(rollout_id=rollout_id, token=token, group_id=group_id, task=task)
 
     def ids(self) -> list[str]:
@@ -204,7 +204,7 @@ class LiveRollouts:
                 param="authorization",
             )
         if not hmac.compare_digest(hash_token(token), expected_hash):
-            self.counters["auth_rejected"] += 1
+            self.counters.auth_rejected += 1
             raise Forbidden(f"rollout {rollout_id!r}: the token does not belong to this rollout", param="authorization")
 
     def check_access(self, rollout_id: str, token: str | None) -> None:

@@ -29,18 +29,19 @@ between siblings (docs/reliability.md says so).
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from typing import Any
 
 from ..chat import ConversationState, message_key
 from ..types import Task, TrajectoryStore
+from ._counters import CoordinatorCounters
 from ._live import LiveRollouts
 
 log = logging.getLogger("mtrl.coordinator")
 
 
 def call_owner(
-    live: LiveRollouts, store: TrajectoryStore, named: str, messages: list[dict[str, Any]], counters: Counter[str]
+    live: LiveRollouts, store: TrajectoryStore, named: str, messages: list[dict[str, Any]],
+    counters: CoordinatorCounters,
 ) -> str:
     """The live rollout ``messages`` belong to (see the module docstring); ``named`` when nothing says otherwise."""
     current = live.get(named)  # None: ended (a stale header may name a rollout that has ended since)
@@ -63,9 +64,9 @@ def call_owner(
     return _moved(named, fresh[0].rollout_id, counters) if fresh else named
 
 
-def _moved(named: str, owner: str, counters: Counter[str]) -> str:
-    counters["compat_reattributed"] += 1
-    if counters["compat_reattributed"] == 1:  # once per coordinator: the cause and its limit
+def _moved(named: str, owner: str, counters: CoordinatorCounters) -> str:
+    counters.compat_reattributed += 1
+    if counters.compat_reattributed == 1:  # once per coordinator: the cause and its limit
         log.warning(
             "mtrl: a SageMaker call named rollout %s but its messages are rollout %s's; recorded there "
             "(counter compat_reattributed). A wrap_model-wrapped model shared by concurrent rollouts sends "

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 
 from mtrl_adapters.wire import CompletionReport, ModelCallReport, RewardReport, RolloutState, ToolCallReport
 
 from ..errors import BadRequest, Conflict, RolloutNotFound
 from ..types import AgentEnded, ModelCall, RewardReported, RolloutStatus, ToolCall, TrajectoryStore
+from ._counters import CoordinatorCounters
 from ._ends import RolloutEnds
 from ._errors import client_data
 from ._live import LiveRollout, LiveRollouts
@@ -26,7 +26,7 @@ class ReportIntake:
     """The coordinator's part that records what agents report (tool calls, rewards, their end) and answers state."""
 
     def __init__(
-        self, store: TrajectoryStore, live: LiveRollouts, ends: RolloutEnds, counters: Counter[str],
+        self, store: TrajectoryStore, live: LiveRollouts, ends: RolloutEnds, counters: CoordinatorCounters,
         reward_range: tuple[float, float] = (-1.0, 1.0),
     ) -> None:
         self.store = store
@@ -40,7 +40,7 @@ class ReportIntake:
         with client_data("tool_call"):
             await self.store.aadd_tool_call(_tool_call(live, report))
         live.note_reported([report.name])
-        self.counters["tool_calls"] += 1
+        self.counters.tool_calls += 1
 
     async def record_tool_calls(self, rollout_id: str, token: str | None, reports: list[ToolCallReport]) -> None:
         """Several tool calls of one rollout (an adapter's buffer), committed together, in order."""
@@ -52,7 +52,7 @@ class ReportIntake:
                 if start + TOOL_CALL_CHUNK < len(calls):
                     await asyncio.sleep(0)
         live.note_reported(call.name for call in calls)
-        self.counters["tool_calls"] += len(calls)
+        self.counters.tool_calls += len(calls)
 
     async def record_model_calls(self, rollout_id: str, token: str | None, reports: list[ModelCallReport]) -> None:
         """A rollout's non-policy model calls, in order: stored apart from its turns, so never trained on."""
@@ -61,10 +61,10 @@ class ReportIntake:
         with client_data("calls"):
             for call in calls:
                 await self.store.aadd_model_call(call)
-        self.counters["model_calls_passed_through"] += len(calls)
+        self.counters.model_calls_passed_through += len(calls)
         if calls and live.turns == 0:  # all passed through: policy_models likely names none of the agent's models
-            self.counters["rollouts_with_no_policy_call"] += 1
-            if self.counters["rollouts_with_no_policy_call"] == 1:
+            self.counters.rollouts_with_no_policy_call += 1
+            if self.counters.rollouts_with_no_policy_call == 1:
                 _log.warning(
                     "mtrl: rollout %s made %d model call(s) of %s and none to the policy, so it has nothing to train "
                     "on; check that policy_models (advanced.policy_models or @rollout(policy_models=...)) names the "
@@ -119,7 +119,7 @@ class ReportIntake:
         ]
         for name, value in values:
             if value is not None and not low <= value <= high:
-                self.counters["reward_out_of_range"] += 1
+                self.counters.reward_out_of_range += 1
                 raise BadRequest(
                     f"{name}: {value!r} is outside this run's reward range [{low:g}, {high:g}] "
                     "(advanced.reward_range); nothing was recorded",

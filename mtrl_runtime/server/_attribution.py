@@ -101,7 +101,7 @@ def _named_rollout(
     source, _ = given[0]
     rollout_id = ids[source]
     if "path" in ids and ids["path"] != rollout_id:
-        coordinator.counters["attribution_header_over_path"] += 1
+        coordinator.counters.attribution_header_over_path += 1
     bound = False
     for where, value in given:
         if ids[where] == rollout_id:

@@ -116,7 +116,7 @@ def bind_credential(
     if not verified:
         return token
     if not bound:
-        coordinator.counters["auth_rejected"] += 1
+        coordinator.counters.auth_rejected += 1
         raise Unauthorized(
             f"rollout {rollout_id!r}: a SageMaker SigV4 token acts for a rollout only when the request names it by "
             "the trajectory id mtrl handed its agent ('<rollout_id>.<mac>', metadata.trajectory_id of the /rollout "
@@ -135,7 +135,7 @@ def sigv4_verified(peer: str, coordinator: Coordinator, token: str | None) -> bo
     if not (cfg.sagemaker_compat and token and token.startswith(SIGV4_PREFIX)):
         return False
     if not cfg.sagemaker_compat_remote and not (_loopback(cfg.host) and _loopback(peer)):
-        coordinator.counters["auth_rejected"] += 1
+        coordinator.counters.auth_rejected += 1
         raise Unauthorized(
             f"SageMaker SigV4 tokens are accepted only on loopback (server {cfg.host!r}, peer {peer!r}) unless "
             "advanced.server.sagemaker_compat_remote is true (the signature is verified either way); "
@@ -143,7 +143,7 @@ def sigv4_verified(peer: str, coordinator: Coordinator, token: str | None) -> bo
             param="authorization",
         )
     if not (cfg.sagemaker_access_key_id and cfg.sagemaker_secret):
-        coordinator.counters["auth_rejected"] += 1
+        coordinator.counters.auth_rejected += 1
         raise Unauthorized(
             "SageMaker SigV4 tokens are verified against advanced.server.sagemaker_access_key_id and "
             "sagemaker_secret, and this run sets none; set them or send the rollout's own token",
@@ -154,9 +154,9 @@ def sigv4_verified(peer: str, coordinator: Coordinator, token: str | None) -> bo
         url = base64.b64decode(token[len(SIGV4_PREFIX):]).decode()
         problem = signature_problem(url, cfg.sagemaker_access_key_id, cfg.sagemaker_secret)
     if problem is not None:
-        coordinator.counters["auth_rejected"] += 1
+        coordinator.counters.auth_rejected += 1
         raise Unauthorized(f"the SageMaker bearer token is not valid: {problem}", param="authorization")
-    coordinator.counters["compat_sigv4_accepted"] += 1
+    coordinator.counters.compat_sigv4_accepted += 1
     return True
 
 
@@ -188,7 +188,7 @@ class FailureGrace:
             f"no error text, and no executor answered for this rollout within {self.grace_s:g} s of its reward"
         )
         if await self.coordinator.end(rollout_id, AgentEnded(RolloutStatus.FAILED, error)):
-            self.coordinator.counters["compat_failures_without_text"] += 1
+            self.coordinator.counters.compat_failures_without_text += 1
 
 
 def build_compat_router(coordinator: Coordinator) -> APIRouter:

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Awaitable, Callable, Protocol
 
 from ..chat import TextDelta
-from ..coordinator import ChatResult, ChatStream, StreamClosed
+from ..coordinator import ChatResult, ChatStream, CoordinatorCounters, StreamClosed
 from ..errors import MtrlError
 from ._asgi import Receive, Send
 
@@ -48,7 +48,9 @@ class EventWriter(Protocol):
     def error(self, exc: MtrlError) -> bytes: ...
 
 
-async def stream_answer(run: Run, events: EventWriter, counters: Any, receive: Receive, send: Send) -> None:
+async def stream_answer(
+    run: Run, events: EventWriter, counters: CoordinatorCounters, receive: Receive, send: Send
+) -> None:
     """Run the call and write its events as they come (see the module docstring).
 
     Raises ``MtrlError`` when the call is refused before anything was sent.
@@ -88,7 +90,7 @@ async def stream_answer(run: Run, events: EventWriter, counters: Any, receive: R
             if stream.text is not None:
                 rest, exact = stream.text.remainder(result.message)
                 if not exact:
-                    counters["stream_divergences"] += 1
+                    counters.stream_divergences += 1
                     log.warning("mtrl: a streamed reply's text diverged from its final parse (%s); "
                                 "the client holds the streamed text, the turn its ids", stream.text.content[:40])
             await write(lambda: _closing(events, rest, result))

@@ -37,7 +37,7 @@ def resolve_trajectory(coordinator: Coordinator, value: str, source: str) -> tup
     if len(mac) != TRAJECTORY_MAC_HEX or not hmac.compare_digest(
         trajectory_mac(rollout_id, expected_hash).encode(), mac.encode()
     ):
-        coordinator.counters["auth_rejected"] += 1
+        coordinator.counters.auth_rejected += 1
         raise Unauthorized(
             f"{source}: {value!r} does not carry rollout {rollout_id!r}'s MAC; send the trajectory id mtrl handed "
             "the agent (metadata.trajectory_id of its /rollout request) unchanged",

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..chat import CHAT_TEMPLATE_META
 from ..config import RUN_CONFIG_META, ConfigError, CoreConfig, MtrlConfig
+from ..coordinator import CoordinatorCounters
 from ..engines import resolve_model
 from ..evaluation import StrictScorer, as_strict_scorer
 from ..monitor import DiagnosticsMonitor, history_from_rows
@@ -275,7 +276,7 @@ class _Run:
         )
 
     @property
-    def counters(self) -> Any:
+    def counters(self) -> CoordinatorCounters:
         assert self.stack is not None
         return self.stack.coordinator.counters
 
