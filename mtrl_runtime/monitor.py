@@ -21,12 +21,21 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from .diagnostics import Diagnosis, diagnose, knobs_from_config
 from .run_folder import RunFolder
+from .tracking import NullTracker
+from .types import RunTracker
 
 _TAG_CHARS = 4500  # MLflow tag values are capped at 5000 characters
+
+
+@runtime_checkable
+class StepObserver(Protocol):
+    """What the training loop asks of its monitor: a step's metrics in, the findings new at that step out."""
+
+    def observe(self, step: int, metrics: Mapping[str, float], suspects: Sequence[str] = ()) -> Sequence[Diagnosis]: ...
 
 
 class DiagnosticsMonitor:
@@ -37,15 +46,24 @@ class DiagnosticsMonitor:
         knobs: Mapping[str, Any],
         *,
         path: str | Path | None = None,
-        tracker: Any = None,
+        tracker: RunTracker | None = None,
         echo: Callable[[str], None] | None = print,
     ) -> None:
         self.knobs = dict(knobs)
         self.path = Path(path) if path is not None else None
-        self.tracker = tracker
+        self.tracker = tracker  # None: a NullTracker
         self.echo = echo
         self.history: list[dict[str, Any]] = []
         self._active: set[str] = set()  # rules whose finding stands (reported, still firing)
+
+    @property
+    def tracker(self) -> RunTracker:
+        """Where findings go besides ``diagnostics.jsonl``: metric ``diagnostics/<rule>`` and a run tag."""
+        return self._tracker
+
+    @tracker.setter
+    def tracker(self, tracker: RunTracker | None) -> None:
+        self._tracker = tracker if tracker is not None else NullTracker()
 
     @classmethod
     def for_config(cls, config: Any, **kwargs: Any) -> "DiagnosticsMonitor":
@@ -89,10 +107,9 @@ class DiagnosticsMonitor:
                       "message": diagnosis.message, "first_fix": diagnosis.first_fix, "evidence": dict(diagnosis.evidence)}
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(record, default=str) + "\n")
-        if self.tracker is not None:
-            self.tracker.log_metrics(step, {f"diagnostics/{diagnosis.rule}": 1.0})
-            text = f"step {step}: {diagnosis.message} | first fix: {diagnosis.first_fix}"
-            self.tracker.client.set_tag(self.tracker.run_id, f"mtrl.diagnosis.{diagnosis.rule}", text[:_TAG_CHARS])
+        self.tracker.log_metrics(step, {f"diagnostics/{diagnosis.rule}": 1.0})
+        text = f"step {step}: {diagnosis.message} | first fix: {diagnosis.first_fix}"
+        self.tracker.set_tag(f"mtrl.diagnosis.{diagnosis.rule}", text[:_TAG_CHARS])
 
 
 def history_from_rows(rows: Iterable[tuple[int, str, float]]) -> list[dict[str, Any]]:
@@ -103,4 +120,4 @@ def history_from_rows(rows: Iterable[tuple[int, str, float]]) -> list[dict[str, 
     return [steps[s] for s in sorted(steps)]
 
 
-__all__ = ["DiagnosticsMonitor", "history_from_rows"]
+__all__ = ["DiagnosticsMonitor", "StepObserver", "history_from_rows"]

@@ -74,7 +74,7 @@ def metric_key(name: str) -> str:
 
 
 class Tracker:
-    """One MLflow run of a training run: metrics and params now, traces in the background.
+    """One MLflow run of a training run: metrics and params now, traces in the background (a ``RunTracker``).
 
     ``run_id`` continues an existing MLflow run (resume); otherwise a new run
     is created in ``experiment_name`` and its params are the flattened config.
@@ -133,6 +133,10 @@ class Tracker:
 
     def log_artifacts(self, folder: str | Path, artifact_path: str) -> None:
         self.client.log_artifacts(self.run_id, str(folder), artifact_path)
+
+    def set_tag(self, key: str, value: str) -> None:
+        """A tag on the MLflow run (e.g. ``mtrl.diagnosis.<rule>``; MLflow caps a value at 5000 characters)."""
+        self.client.set_tag(self.run_id, key, value)
 
     # ---- traces ---------------------------------------------------------------
 
@@ -219,6 +223,28 @@ class Tracker:
             _route_traces(self._previous_uri)
 
 
+class NullTracker:
+    """A ``RunTracker`` that records nothing: a run with tracking off (``tracking=False``, ``--no-mlflow``)."""
+
+    run_id: str | None = None
+    tracking_uri: str | None = None
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        pass
+
+    def log_rollouts(self, rollouts: Iterable[Rollout], step: int) -> None:
+        pass
+
+    def log_artifacts(self, folder: str | Path, artifact_path: str) -> None:
+        pass
+
+    def set_tag(self, key: str, value: str) -> None:
+        pass
+
+    def close(self, status: str = "FINISHED") -> None:
+        pass
+
+
 def _route_traces(uri: str | None) -> str | None:
     """Point MLflow's (process-wide) tracer at ``uri``; returns the URI it pointed at before."""
     import mlflow
@@ -290,4 +316,4 @@ def _model_call_io(call: ModelCall) -> tuple[Any, Any, dict[str, Any]]:
     return {"model": call.model}, outputs, attributes
 
 
-__all__ = ["Tracker", "default_tracking_uri", "flatten_params", "metric_key"]
+__all__ = ["NullTracker", "Tracker", "default_tracking_uri", "flatten_params", "metric_key"]

@@ -512,6 +512,29 @@ class GroupRescorer(Protocol):
 
 
 @runtime_checkable
+class RunTracker(Protocol):
+    """Where a run's records go besides its store (MLflow: ``tracking.Tracker``; none: ``tracking.NullTracker``).
+
+    ``run_id`` and ``tracking_uri`` are None when nothing is tracked.
+    ``log_rollouts`` may return before the rollouts are written (traces go
+    out in the background); ``close`` writes what is queued and ends the run.
+    """
+
+    run_id: str | None
+    tracking_uri: str | None
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def log_rollouts(self, rollouts: Sequence[Rollout], step: int) -> None: ...
+
+    def log_artifacts(self, folder: str | Path, artifact_path: str) -> None: ...
+
+    def set_tag(self, key: str, value: str) -> None: ...
+
+    def close(self, status: str = "FINISHED") -> None: ...
+
+
+@runtime_checkable
 class RolloutCoordinator(Protocol):
     """What the rollout dispatcher, the evaluation and the server may call on the coordinator, and nothing else.
 
@@ -675,6 +698,7 @@ __all__ = [
     "RolloutSpec",
     "RolloutStatus",
     "RunStopped",
+    "RunTracker",
     "Sample",
     "SamplingParams",
     "SharedModelEngine",

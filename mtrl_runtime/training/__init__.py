@@ -34,7 +34,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("reward_function_metrics", "rollout_metrics"), "._metrics"),
     **dict.fromkeys(("ResumePlan", "plan_resume"), "._resume"),
     **dict.fromkeys(("MultiTurnRLTrainer", "TrainingResult"), "._trainer"),
-    **dict.fromkeys(("PushedWeights", "SharedWeights", "shares_model"), "._weights"),
+    **dict.fromkeys(("PushedWeights", "SharedWeights", "WeightSync", "shares_model"), "._weights"),
 }
 
 __all__ = sorted(_EXPORTS)

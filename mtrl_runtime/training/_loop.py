@@ -50,15 +50,20 @@ from typing import Any, Callable, Mapping, Sequence
 from ..algorithms import AdvantageParams
 from ..config import MtrlConfig
 from ..diagnostics import TEMPLATE_DRIFT, VAL_REWARD, ZERO_ADV
-from ..evaluation import run_validation
+from ..evaluation import StrictScorer, run_validation
+from ..monitor import StepObserver
 from ..rollouts import Dispatcher, TaskSchedule
 from ..torch_support import on_own_thread
-from ..types import MeasuresTemplateDrift, Task
+from ..tracking import NullTracker
+from ..types import MeasuresTemplateDrift, RunTracker, Task
 from ._batch import prepare_batch
 from ._checkpoint import Checkpoints
 from ._dynamic_sampling import SampledStep, sample_step
 from ._metrics import rollout_metrics
 from ._resume import ResumePlan
+from ._weights import WeightSync
+from .distributed import ShardedUpdate
+from .update import PolicyUpdate
 
 log = logging.getLogger("mtrl.train")
 
@@ -101,18 +106,18 @@ class TrainingLoop:
     config: MtrlConfig
     schedule: TaskSchedule
     dispatcher: Dispatcher
-    weights: Any  # SharedWeights | PushedWeights
+    weights: WeightSync
     checkpoints: Checkpoints
-    tracker: Any | None = None
+    tracker: RunTracker = field(default_factory=NullTracker)
     resume: ResumePlan | None = None
     on_step: Callable[[StepReport], bool | None] | None = None  # returning True ends the run after that step
     extra_state: dict[str, Any] = field(default_factory=dict)
     validation_tasks: Sequence[Task] = ()
-    strict_scorer: Any = None  # evaluation.StrictScorer | None
-    monitor: Any = None  # monitor.DiagnosticsMonitor | None
+    strict_scorer: StrictScorer | None = None
+    monitor: StepObserver | None = None  # monitor.DiagnosticsMonitor
 
     @property
-    def update(self) -> Any:
+    def update(self) -> PolicyUpdate | ShardedUpdate:
         return self.weights.update
 
     @property
@@ -167,8 +172,7 @@ class TrainingLoop:
             return None
         started = time.perf_counter()
         side = await run_validation(self.dispatcher, self.validation_tasks, step=step, strict_scorer=self.strict_scorer)
-        if self.tracker is not None:
-            self.tracker.log_rollouts(side.rollouts, step)
+        self.tracker.log_rollouts(side.rollouts, step)
         suspects = tuple(d.rollout_id for d in side.strict.reward_only) if side.strict is not None else ()
         return ValidationPass(step, {**side.metrics, "time/validation": time.perf_counter() - started}, suspects)
 
@@ -181,8 +185,7 @@ class TrainingLoop:
         validated = await self._validate(step) if self.validates else None
         if validated is None:
             return report
-        if self.tracker is not None:
-            self.tracker.log_metrics(step, validated.metrics)
+        self.tracker.log_metrics(step, validated.metrics)
         await asyncio.to_thread(self.checkpoints.store.log_metrics, step, validated.metrics)  # its policy is saved
         found = self._diagnose(step, validated.metrics, validated.suspects)
         return replace(report, metrics={**report.metrics, **validated.metrics}, warnings=report.warnings + found)
@@ -228,9 +231,8 @@ class TrainingLoop:
         if validated is not None:
             metrics.update(validated.metrics)
         found = self._diagnose(batch.step, metrics, validated.suspects if validated is not None else ())
-        if self.tracker is not None:
-            self.tracker.log_metrics(batch.step, metrics)
-            self.tracker.log_rollouts(batch.rollouts, batch.step)
+        self.tracker.log_metrics(batch.step, metrics)
+        self.tracker.log_rollouts(batch.rollouts, batch.step)
         self.checkpoints.record(batch.step, prepared.rollout_ids, metrics)
         saved = await self._maybe_checkpoint(batch.step + 1)
         return StepReport(batch.step, core.max_steps, metrics, batch.warnings + found, saved)

@@ -37,14 +37,14 @@ from ..monitor import DiagnosticsMonitor, history_from_rows
 from ..rewards import judged_rewards
 from ..rollouts import HEARTBEAT_S, RolloutStack, TaskSchedule, executor_kind, load_tasks
 from ..torch_support import on_own_thread
-from ..tracking import Tracker
-from ..types import RolloutExecutor, Task
+from ..tracking import NullTracker, Tracker
+from ..types import RolloutExecutor, RunTracker, Task
 from ._checkpoint import Checkpoints
 from ._init_weights import load_initial_weights
 from ._loop import StepReport, TrainingLoop
 from ._progress import ProgressDisplay
 from ._resume import plan_resume
-from ._weights import PushedWeights, SharedWeights, shares_model
+from ._weights import PushedWeights, SharedWeights, WeightSync, shares_model
 from .distributed import Ranks, ShardedUpdate, sharded_update_from_config
 from .update import PolicyUpdate, UpdateSettings, policy_from_config, preflight_folder
 
@@ -155,8 +155,8 @@ class MultiTurnRLTrainer:
             start_step=run.start_step,
             final_step=max([run.start_step] + [r.step + 1 for r in reports]),
             output_adapter_path=adapter,
-            mlflow_run_id=run.tracker.run_id if run.tracker else None,
-            tracking_uri=run.tracker.tracking_uri if run.tracker else None,
+            mlflow_run_id=run.tracker.run_id,
+            tracking_uri=run.tracker.tracking_uri,
             reports=tuple(reports),
         )
 
@@ -166,10 +166,10 @@ class _Run:
 
     def __init__(self) -> None:
         self.stack: RolloutStack | None = None
-        self.weights: Any = None
-        self.tracker: Any = None
+        self.weights: WeightSync | None = None
+        self.tracker: RunTracker = NullTracker()
         self.ranks: Ranks | None = None
-        self.update: Any = None
+        self.update: PolicyUpdate | ShardedUpdate | None = None
         self.initialized = False  # advanced.init_adapter loaded into the policy (a fresh run, not a resume)
 
     @classmethod
@@ -251,9 +251,9 @@ class _Run:
         state = self.checkpoints.restore(self.update)
         return state.next_step, plan_resume(self.store, state.next_step, int(self.update.version))
 
-    def _tracker(self, enabled: bool) -> Any:
+    def _tracker(self, enabled: bool) -> RunTracker:
         if not enabled:
-            return None
+            return NullTracker()
         rendered = self.store.get_meta(CHAT_TEMPLATE_META) or {}  # the endpoint's chat format, written at its start
         tracker = Tracker(self.config, run_id=self.store.get_meta(MLFLOW_RUN_KEY), chat_format=rendered.get("chat_format"))
         self.store.set_meta(MLFLOW_RUN_KEY, tracker.run_id)
@@ -287,7 +287,7 @@ class _Run:
             "training": self.stack.coordinator.served_model,
             "engine": self.stack.coordinator.engine_name,
             "run folder": self.config.run_dir,
-            "MLflow": self.tracker.tracking_uri if self.tracker is not None else "off",
+            "MLflow": self.tracker.tracking_uri or "off",
             "from step": f"{self.start_step + 1} of {self.config.core.max_steps}",
             **({"starting from": self.config.advanced.init_adapter} if self.initialized else {}),
         }
@@ -295,14 +295,12 @@ class _Run:
     def finish(self) -> Path:
         """Save the final adapter (or model), log it to MLflow, end the MLflow run."""
         adapter = self.update.policy.save_weights(self.config.run_folder.adapter)
-        if self.tracker is not None:
-            self.tracker.log_artifacts(adapter, "adapter")
-            self.tracker.close("FINISHED")
+        self.tracker.log_artifacts(adapter, "adapter")
+        self.tracker.close("FINISHED")
         return adapter
 
     def abort(self) -> None:
-        if self.tracker is not None:
-            self.tracker.close("FAILED")
+        self.tracker.close("FAILED")
 
     async def close(self) -> None:
         if self.weights is not None:

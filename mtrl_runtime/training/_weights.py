@@ -29,10 +29,30 @@ import contextlib
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 from ..run_folder import RunFolder
 from ..types import PolicyEngine, Sample, SharedModelEngine
+from .distributed import ShardedUpdate
+from .update import PolicyUpdate
+
+
+@runtime_checkable
+class WeightSync(Protocol):
+    """How each trained version reaches the engine that serves the policy: ``SharedWeights`` or ``PushedWeights``.
+
+    ``apply`` trains one step on ``update`` and makes the engine serve the
+    result; ``publish`` makes the engine serve what ``update`` holds now (a
+    resume, initial weights); ``close`` releases what the strategy started.
+    """
+
+    update: PolicyUpdate | ShardedUpdate
+
+    async def apply(self, samples: Sequence[Sample]) -> dict[str, float]: ...
+
+    async def publish(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def shares_model(engine: Any) -> bool:
@@ -43,7 +63,7 @@ def shares_model(engine: Any) -> bool:
 class SharedWeights:
     """The engine and the trainer hold the same model object (see the module docstring)."""
 
-    def __init__(self, engine: SharedModelEngine, update: Any) -> None:
+    def __init__(self, engine: SharedModelEngine, update: PolicyUpdate) -> None:
         self.engine = engine
         self.update = update
         engine.on_worker_sync(self._fold_again)
@@ -85,7 +105,8 @@ class SharedWeights:
 class PushedWeights:
     """The engine loads every new version from an adapter folder (see the module docstring)."""
 
-    def __init__(self, engine: PolicyEngine, update: Any, run_dir: str | Path, keep: int = 2) -> None:
+    def __init__(self, engine: PolicyEngine, update: PolicyUpdate | ShardedUpdate, run_dir: str | Path,
+                 keep: int = 2) -> None:
         self.engine = engine
         self.update = update
         self.folder = RunFolder(run_dir).pushed_adapters
@@ -118,4 +139,4 @@ class PushedWeights:
         self._thread.shutdown(wait=True)
 
 
-__all__ = ["PushedWeights", "SharedWeights", "shares_model"]
+__all__ = ["PushedWeights", "SharedWeights", "WeightSync", "shares_model"]
