@@ -20,7 +20,6 @@ _EXPORTS: dict[str, str] = {
     "ToolCall": ".types",
     "Rollout": ".types",
     "RolloutStatus": ".types",
-    "Group": ".types",
     "Sample": ".types",
     "SamplingParams": ".types",
     "GenerationRequest": ".types",

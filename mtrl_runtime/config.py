@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .algorithms import ADVANTAGES, LOSSES
 from .chat.formats import CHAT_FORMATS
 from .engines import ENGINES, POOL_OPTIONS, check_pool_options
+from .group_policies import GROUP_POLICIES
 from .registry import Registry
 from .rewards import JudgeSpec
 from .run_folder import RunFolder
@@ -134,9 +135,14 @@ class AsyncConfig(_Section):
 class GroupPolicyConfig(_Section):
     """What happens to a group when some of its rollouts fail."""
 
-    on_failure: Literal["drop_group", "keep_survivors", "retry"] = "keep_survivors"
+    on_failure: str = "keep_survivors"  # a name in the group policy registry: drop_group, keep_survivors, retry
     min_survivors: int = Field(default=2, ge=1)
     max_retries: int = Field(default=1, ge=0, le=10)
+
+    @field_validator("on_failure")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        return _known(GROUP_POLICIES, value)
 
 
 class ServerConfig(_Section):

@@ -278,16 +278,6 @@ class Rollout:
 
 
 @dataclass(frozen=True)
-class Group:
-    """The ``group_size`` rollouts of one task started at one policy version."""
-
-    id: str
-    task_id: str
-    policy_version: int
-    rollouts: tuple[Rollout, ...]
-
-
-@dataclass(frozen=True)
 class Sample:
     """One training sequence: a rollout, or one segment of a rollout that broke its prefix.
 
@@ -682,7 +672,6 @@ __all__ = [
     "ExecutorEnded",
     "Generation",
     "GenerationRequest",
-    "Group",
     "GroupRescorer",
     "MixesBaseRows",
     "ModelCall",

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import typing
-
 import pytest
 
 from mtrl_runtime.algorithms import ADVANTAGES, LOSSES
@@ -41,10 +39,26 @@ def test_an_unknown_name_set_on_a_loaded_config_fails_too():
 
 
 def test_the_group_policies_the_config_accepts_are_the_registered_ones():
-    accepted = typing.get_args(GroupPolicyConfig.model_fields["on_failure"].annotation)
-    assert sorted(accepted) == GROUP_POLICIES.names()
+    for name in GROUP_POLICIES.names():  # the registry is the list: a registered policy is accepted by name
+        assert GroupPolicyConfig(on_failure=name).on_failure == name
+        loaded = MtrlConfig.from_dict({"advanced": {"group_policy": {"on_failure": name}}})
+        assert loaded.advanced.group_policy.on_failure == name
     with pytest.raises(ConfigError, match="advanced.group_policy.on_failure.*'retry_forever'"):
         MtrlConfig.from_dict({"advanced": {"group_policy": {"on_failure": "retry_forever"}}})
+
+
+def test_the_group_policy_is_checked_against_the_registry_at_load_and_on_assignment(monkeypatch):
+    with pytest.raises(ConfigError) as info:
+        MtrlConfig.from_dict({"advanced": {"group_policy": {"on_failure": "retry_forever"}}})
+    assert all(name in str(info.value) for name in GROUP_POLICIES.names())
+    config = MtrlConfig()
+    with pytest.raises(ValueError, match="unknown group policy 'drop_all'"):
+        config.advanced.group_policy.on_failure = "drop_all"
+    assert config.advanced.group_policy.on_failure == "keep_survivors"
+    # a policy registered later is accepted by name: the config reads the registry, not a list of its own
+    monkeypatch.setitem(GROUP_POLICIES._items, "keep_all", GROUP_POLICIES.get("keep_survivors"))
+    loaded = MtrlConfig.from_dict({"advanced": {"group_policy": {"on_failure": "keep_all"}}})
+    assert loaded.advanced.group_policy.on_failure == "keep_all"
 
 
 def test_coerce_takes_a_config_a_mapping_or_a_yaml_path_and_refuses_anything_else(tmp_path):

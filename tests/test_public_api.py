@@ -8,7 +8,7 @@ import sys
 import mtrl_runtime
 
 EXPECTED = {
-    "Task", "Turn", "ToolCall", "Rollout", "RolloutStatus", "Group", "Sample", "SamplingParams",
+    "Task", "Turn", "ToolCall", "Rollout", "RolloutStatus", "Sample", "SamplingParams",
     "GenerationRequest", "Generation", "RolloutSpec", "RolloutOutcome", "RolloutHandle",
     "PolicyEngine", "SharedModelEngine", "RolloutExecutor", "RolloutCoordinator", "TrajectoryStore",
     "MtrlConfig", "ConfigError",

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..registry import Registry
-from ..types import Group, Rollout
+from ..types import Rollout
 
 Advantages = list[list[list[float]]]  # [group][rollout][turn]
 
@@ -75,10 +75,6 @@ class GroupRewards:
             turn_rewards_G=tuple(per_turn) if any(x is not None for x in per_turn) else None,
             group_id=group_id,
         )
-
-    @classmethod
-    def from_group(cls, group: Group) -> "GroupRewards":
-        return cls.from_rollouts(group.rollouts, group.id)
 
     def rewards_per_turn(self, i: int) -> list[float]:
         """Rollout i's reward at each turn: its turn rewards, or its scalar reward at the last turn."""

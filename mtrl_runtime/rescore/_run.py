@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Mapping
 
 from ..config import RUN_CONFIG_META, ConfigError, MtrlConfig
-from ..rollouts import GROUP_POLICIES, GroupResult, GroupRound
+from ..group_policies import GROUP_POLICIES, GroupRound
+from ..rollouts import GroupResult
 from ..run_folder import STORE_FILE, RunFolder
 from ..store import open_store
 from ..types import Rollout, RolloutStatus, Task, TrajectoryStore

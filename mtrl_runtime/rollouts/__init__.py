@@ -6,7 +6,7 @@
 - ``executor_for``: which executor runs the agent, from what the user passed;
 - ``Dispatcher``: ``group_size`` rollouts per task under one concurrency
   limit and one deadline per rollout, groups formed by a group policy
-  (``GROUP_POLICIES``);
+  (``GROUP_POLICIES``, re-exported from ``mtrl_runtime.group_policies``);
 - ``collect_rollouts``: an agent over N tasks without training (``mtrl collect``);
 - ``load_tasks`` / ``TaskSchedule``: tasks from a dataset (``task_sources``:
   JSONL, JSON, CSV, parquet, Arrow, ``datasets``), and the seeded order
@@ -15,10 +15,10 @@
 Training and evaluation both sit above this floor; it imports neither.
 """
 
+from ..group_policies import GROUP_POLICIES, GroupDecision, GroupPolicy, GroupRound
 from ._collect import COLLECT_RUNS_KEY, Collected, collect_rollouts, rollout_line
 from ._dispatcher import ENVIRONMENT_PROBLEM_RATE, Dispatcher, GroupResult, StepBatch, group_id_for, refill_group_id
 from ._executors import EXECUTOR_KINDS, ExecutorKind, executor_for, executor_kind
-from ._groups import GROUP_POLICIES, GroupDecision, GroupPolicy, GroupRound
 from ._heartbeat import HEARTBEAT_S, Heartbeat, RolloutTally
 from ._stack import RolloutStack, open_stack, store_for
 from ._tasks import TaskSchedule, load_tasks, task_from_row

@@ -8,7 +8,7 @@ flight), and owns each rollout's one deadline, ``advanced.rollout_timeout_s``
 and the coordinator told ``DeadlinePassed``. Whatever the executor returned
 is told as ``ExecutorEnded``; the coordinator's state machine alone decides
 the final status (the agent's own report, when it came first, stands). The
-store's record is what counts; the group policy (``_groups``) then keeps,
+store's record is what counts; the group policy (``group_policies``) then keeps,
 drops or retries the group. With a ``group_scorer`` (a group judge,
 ``types.GroupRescorer``) a training step's kept group is then rewarded anew,
 once complete and before advantages; groups outside a step keep their reward.
@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any, Callable, Coroutine, Mapping, Sequence
 
 from ..config import MtrlConfig
+from ..group_policies import GROUP_POLICIES, GroupRound
 from ..seeds import rollout_seed
 from ..types import (
     DeadlinePassed,
@@ -42,7 +43,6 @@ from ..types import (
     RunStopped,
     Task,
 )
-from ._groups import GROUP_POLICIES, GroupRound
 from ._heartbeat import RolloutTally
 
 log = logging.getLogger("mtrl.train")

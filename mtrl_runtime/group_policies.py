@@ -11,16 +11,19 @@ more rollouts in place of the failed ones:
 - ``retry``: run one new rollout per failure, up to ``max_retries`` rounds;
   then decide as ``keep_survivors``.
 
-A policy is a pure function of the round's counts, registered by name.
+A policy is a pure function of the round's counts and the group policy
+settings (``config.GroupPolicyConfig``), registered by name; the config
+accepts exactly the registered names. This module sits below the config
+(it imports only the registry), so the config can check the name at load
+and the dispatcher and ``mtrl rescore`` apply the policy it names.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
-from ..config import GroupPolicyConfig
-from ..registry import Registry
+from .registry import Registry
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,14 @@ class GroupDecision:
     retry: int = 0
 
 
-GroupPolicy = Callable[[GroupRound, GroupPolicyConfig], GroupDecision]
+class GroupPolicySettings(Protocol):
+    """What a policy reads of ``advanced.group_policy`` (``config.GroupPolicyConfig``)."""
+
+    min_survivors: int
+    max_retries: int
+
+
+GroupPolicy = Callable[[GroupRound, GroupPolicySettings], GroupDecision]
 GROUP_POLICIES: Registry[GroupPolicy] = Registry("group policy")
 
 KEEP = GroupDecision("keep")
@@ -49,21 +59,21 @@ DROP = GroupDecision("drop")
 
 
 @GROUP_POLICIES.register("drop_group")
-def drop_group(state: GroupRound, cfg: GroupPolicyConfig) -> GroupDecision:
+def drop_group(state: GroupRound, cfg: GroupPolicySettings) -> GroupDecision:
     return KEEP if state.failed == 0 and state.completed > 0 else DROP
 
 
 @GROUP_POLICIES.register("keep_survivors")
-def keep_survivors(state: GroupRound, cfg: GroupPolicyConfig) -> GroupDecision:
+def keep_survivors(state: GroupRound, cfg: GroupPolicySettings) -> GroupDecision:
     needed = min(cfg.min_survivors, state.group_size)
     return KEEP if state.completed >= needed else DROP
 
 
 @GROUP_POLICIES.register("retry")
-def retry(state: GroupRound, cfg: GroupPolicyConfig) -> GroupDecision:
+def retry(state: GroupRound, cfg: GroupPolicySettings) -> GroupDecision:
     if state.failed > 0 and state.retries_used < cfg.max_retries:
         return GroupDecision("retry", state.failed)
     return keep_survivors(state, cfg)
 
 
-__all__ = ["GROUP_POLICIES", "GroupDecision", "GroupPolicy", "GroupRound"]
+__all__ = ["GROUP_POLICIES", "GroupDecision", "GroupPolicy", "GroupPolicySettings", "GroupRound"]
