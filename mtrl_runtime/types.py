@@ -387,7 +387,18 @@ class Abandoned:
     ttl_s: float
 
 
-RolloutEvent = Union[RewardReported, TurnLimitHit, AgentEnded, ExecutorEnded, DeadlinePassed, RunStopped, Abandoned]
+@dataclass(frozen=True)
+class AttributionBroken:
+    """A model call proved that a reply recorded on this rollout reached an agent naming another rollout: its turns
+    cannot be vouched for, so it ends failed with ``reason``, flagged ``flag`` in its metrics."""
+
+    reason: str
+    flag: str
+
+
+RolloutEvent = Union[
+    RewardReported, TurnLimitHit, AgentEnded, ExecutorEnded, DeadlinePassed, RunStopped, Abandoned, AttributionBroken
+]
 
 
 @runtime_checkable
@@ -665,6 +676,7 @@ __all__ = [
     "ROLLOUT_FLAGS",
     "Abandoned",
     "AgentEnded",
+    "AttributionBroken",
     "AgentFn",
     "BreakReason",
     "ChatOptions",

@@ -12,6 +12,9 @@
 - ``sagemaker-shared ENDPOINT header|rollout``: the same with one ``wrap_model``-wrapped
   model shared at module level (SageMaker's docstring pattern), reading ``instance["answer"]``.
 
+With ``MTRL_TEST_SEEN`` set, the two SageMaker agents append what each rollout's agent
+was answered to that file (``_note_seen``): the tests' ground truth of attribution.
+
 Every ``app.run()`` listens on port 0 (a free port) and logs at info, so uvicorn's
 ``Uvicorn running on http://127.0.0.1:PORT`` line names the port it took.
 """
@@ -131,7 +134,10 @@ def sagemaker(endpoint: str) -> None:
             model_id="policy",
         ))
         agent = Agent(model=model, tools=tools, callback_handler=None)
-        await agent.invoke_async(payload["instance"]["prompt"])
+        try:
+            await agent.invoke_async(payload["instance"]["prompt"])
+        finally:
+            _note_seen(payload["metadata"]["trajectory_id"], agent.messages)
         turns = sum(1 for m in agent.messages if m["role"] == "assistant")
         return {"reward": per_turn_rewards(turns)}
 
@@ -166,12 +172,34 @@ def sagemaker_shared(endpoint: str, url_mode: str) -> None:
             model.client_args["base_url"] = payload["model_endpoint"]  # the first rollout's URL, from now on
         instance = payload["instance"]
         agent = Agent(model=model, tools=tools, callback_handler=None)
-        result = await agent.invoke_async(instance["prompt"])
+        try:
+            result = await agent.invoke_async(instance["prompt"])
+        finally:
+            _note_seen(payload["metadata"]["trajectory_id"], agent.messages)
         if key_of(instance["prompt"]) == CRASH_KEY:
             raise RuntimeError("agent crashed on purpose")
         return {"reward": 1.0 if f"is {instance['answer']}" in str(result) else 0.0}
 
     app.run(port=0, host="127.0.0.1", log_level="info")
+
+
+def _note_seen(trajectory: str, messages: list) -> None:
+    """What this rollout's agent was answered (its tool-call ids, its replies' text), one JSON line in the file
+    ``MTRL_TEST_SEEN`` names: the tests' ground truth of which replies reached which agent. Unset: nothing."""
+    import json
+    import os
+
+    path = os.environ.get("MTRL_TEST_SEEN")
+    if not path:
+        return
+    replies = [m for m in messages if m["role"] == "assistant"]
+    seen = {
+        "rollout_id": trajectory.split(".")[0],
+        "tool_use_ids": [b["toolUse"]["toolUseId"] for m in replies for b in m["content"] if "toolUse" in b],
+        "texts": [b["text"] for m in replies for b in m["content"] if "text" in b],
+    }
+    with open(path, "a") as f:
+        f.write(json.dumps(seen) + "\n")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from ..config import MtrlConfig, ServerConfig
 from ..store import hash_token
 from ..types import (
     Abandoned,
+    AttributionBroken,
     ChatOptions,
     ExecutorEnded,
     MixesBaseRows,
@@ -59,6 +60,7 @@ from ._drift import DriftMeter
 from ._ends import RolloutEnds
 from ._lifecycle import Ending, RolloutLife, deadline_error
 from ._live import LiveRollouts, VerifiedToken
+from ._owner import FIX, STALE_HEADER_FLAG, StaleTrajectoryHeader
 from ._reference import ReferenceClient, ReferenceModel, check_reference
 from ._reports import ReportIntake
 from ._stream import ChatStream, StreamClosed
@@ -192,8 +194,17 @@ class Coordinator:
         """Serve one chat completion; attributed calls are recorded before this returns.
 
         ``stream`` receives the completion's text as it is decoded (``_stream``: what a hang-up stops).
+        A call under a run-wide credential refused for its stale trajectory header (``_owner``) first ends
+        the rollouts whose replies it proves reached another agent.
         """
-        return await self._capture.chat(rollout_id, token, messages, tools, sampling, options, stream)
+        try:
+            return await self._capture.chat(rollout_id, token, messages, tools, sampling, options, stream)
+        except StaleTrajectoryHeader as refused:
+            for implicated in refused.implicated:
+                reason = (f"a reply of this rollout reached an agent that names rollout {rollout_id!r} "
+                          f"(a call carried its tool-call ids under that rollout's trajectory header); {FIX}")
+                await self.end(implicated, AttributionBroken(reason, STALE_HEADER_FLAG))
+            raise
 
     # ------------------------------------------------------------------ reports
     async def record_tool_call(self, rollout_id: str, token: str | None, report: ToolCallReport) -> None:

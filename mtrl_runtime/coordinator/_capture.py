@@ -25,7 +25,7 @@ from ..types import (
 )
 from ._counters import CoordinatorCounters
 from ._live import LiveRollout, LiveRollouts, VerifiedToken
-from ._owner import call_owner
+from ._owner import call_owner, check_owner
 from ._stream import ChatStream, StreamClosed
 
 
@@ -96,13 +96,15 @@ class CallCapture:
             if sampling.seed is None:
                 sampling = replace(sampling, seed=self.default_seed)
             return await self._inference(normalized, tools, sampling, options, stream)
-        if isinstance(token, VerifiedToken):  # a run-wide credential (SageMaker SigV4): the messages say whose call
-            rollout_id = call_owner(self.live, self.store, rollout_id, normalized, self.counters)
+        if isinstance(token, VerifiedToken):  # a run-wide credential (SageMaker SigV4): the prompt may name the rollout
+            rollout_id = call_owner(self.live, rollout_id, normalized, self.counters)
             token = VerifiedToken(rollout_id)
         live = self.live.running(rollout_id, token)
         async with live.lock:
             if self.live.get(rollout_id) is None:
                 raise Conflict(f"rollout {rollout_id!r} ended while this call waited", param="rollout_id")
+            if isinstance(token, VerifiedToken):  # checked under the lock: the rollout's turns are settled
+                check_owner(self.live, rollout_id, normalized, self.counters)
             if live.turns >= live.max_turns:
                 self.live.decide(rollout_id, TurnLimitHit())
                 self.counters.turn_limit_hits += 1

@@ -65,6 +65,7 @@ class CoordinatorCounters(Mapping[str, int]):
     attribution_header_over_path: int = 0  # a rollout header named another rollout than the URL path
     compat_sigv4_accepted: int = 0  # SageMaker-compat SigV4 bearer tokens verified
     compat_reattributed: int = 0  # a SageMaker-compat call moved to the rollout that owns its conversation
+    compat_stale_header_refused: int = 0  # a SageMaker-compat call refused: its messages prove its header stale
     compat_failures_without_text: int = 0  # a SageMaker-compat rollout failed with no error text
     # per reason
     prefix_breaks: Counter[BreakReason] = field(default_factory=Counter)

@@ -22,6 +22,9 @@ only :class:`RolloutLife` turns events into the end:
   ``interrupted`` (neither the agent's failure nor a timeout).
 - ``Abandoned``: in ``mtrl serve`` nothing came for the rollout within
   ``advanced.server.rollout_ttl_s``: it ends ``abandoned`` (kept in the store).
+- ``AttributionBroken``: a model call proved that one of the rollout's
+  replies reached an agent that names another rollout (``_owner``): it ends
+  ``failed`` with the reason, flagged, whatever its agent reports later.
 
 The first event that ends the rollout wins; later ones change nothing
 (``decide`` returns None). The :class:`Ending` says the status, the error,
@@ -38,6 +41,7 @@ from typing import Mapping
 from ..types import (
     Abandoned,
     AgentEnded,
+    AttributionBroken,
     DeadlinePassed,
     ExecutorEnded,
     RewardReported,
@@ -107,6 +111,8 @@ class RolloutLife:
             return self._end(RolloutStatus.INTERRUPTED, event.reason)
         if isinstance(event, Abandoned):
             return self._end(RolloutStatus.ABANDONED, abandoned_error(event.ttl_s))
+        if isinstance(event, AttributionBroken):
+            return self._end(RolloutStatus.FAILED, event.reason, {event.flag: 1.0})
         raise TypeError(f"event: expected a rollout event, got {event!r}")
 
     @property
@@ -121,10 +127,10 @@ class RolloutLife:
         """The status an agent asked to end with while its reward is still to come (SageMaker compat)."""
         return self.pending.status if self.pending is not None and self.ended is None else None
 
-    def _end(self, status: RolloutStatus, error: str | None) -> Ending:
+    def _end(self, status: RolloutStatus, error: str | None, flags: Mapping[str, float] | None = None) -> Ending:
         if not status.is_final:
             raise ValueError(f"status: a rollout cannot end as {status.value!r}")
-        flags = {"hit_turn_limit": 1.0} if self.hit_turn_limit else {}
+        flags = {**(flags or {}), **({"hit_turn_limit": 1.0} if self.hit_turn_limit else {})}
         self.ended = Ending(status, error, default_reward=not self.rewarded, flags=flags)
         return self.ended
 

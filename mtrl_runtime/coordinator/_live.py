@@ -60,6 +60,7 @@ class LiveRollout:
     reference: ReferenceClient | None = None  # set: a reference model answers its calls, not the policy
     base_model: bool = False  # its calls are answered with the engine's adapter switched off (``MixesBaseRows``)
     seed: int | None = None  # what its calls sample with when they name no seed (``CallCapture._seed``)
+    prompt: str | None = None  # its task's prompt (or first user message): what its first call carries (``_owner``)
 
     def note_answers(self, messages: list[dict]) -> None:
         """Remember which of the model's tool calls the agent answered (a ``tool`` message naming its id), and
@@ -169,6 +170,7 @@ class LiveRollouts:
             reference=reference,
             base_model=base_model,
             seed=seed,
+            prompt=_first_prompt(task),
         )
         with self._lock:
             self._live[rollout_id] = live
@@ -243,6 +245,13 @@ class LiveRollouts:
         rollout = self.store.get_rollout(rollout_id, with_turns=False)
         assert rollout is not None
         return rollout
+
+
+def _first_prompt(task: Task) -> str | None:
+    """The text a rollout's first call carries as its first user message, when the agent sends the task as given."""
+    if task.prompt is not None:
+        return task.prompt
+    return next((str(m.get("content")) for m in task.messages or () if m.get("role") == "user"), None)
 
 
 def _task_content(task: Task) -> str:

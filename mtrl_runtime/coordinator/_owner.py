@@ -1,29 +1,43 @@
-"""Whose model call is it: for a run-wide credential, the call's own messages decide between live rollouts.
+"""Whose model call is it, under a run-wide credential: the prompt when it names one rollout, else the header.
 
-A SageMaker SigV4 token stands for the whole run (``server._compat_routes``);
-the rollout such a call names comes from the trajectory header, and
+A SageMaker SigV4 token stands for the whole run (``server._compat_routes``),
+so a call made with one names its rollout by its trajectory header alone.
 SageMaker's ``wrap_model`` writes that header into the model's shared
-``client_args`` when a rollout calls ``stream()``, while the OpenAI client
-reads it later, after an await: with one wrapped model shared by concurrent
-rollouts (the SDK's docstring pattern), a call often carries another
-rollout's header. So for such calls (and only those: a rollout's own token
-binds its calls to it) the messages say whose call it is:
+``client_args`` when a rollout calls ``stream()``, and the OpenAI client reads
+it later, after an await: with one wrapped model shared by concurrent
+rollouts, a call may carry another live rollout's header. mtrl decides by
+what proves the sender, and refuses (409, nothing recorded) what nothing
+does; it never picks one of several rollouts a call could belong to.
 
-1. a call that continues the named rollout's conversation (its last request
-   and the reply the endpoint sent) is that rollout's;
-2. else one that continues exactly one other live rollout's conversation is
-   that rollout's;
-3. else it is a first turn (or a rewritten history). The named rollout
-   keeps it when its task's prompt is the call's first user message and it
-   has no turn yet, or the call carries a history (an assistant message:
-   the rollout trimmed or edited its own). Otherwise it goes to a live
-   rollout with no turn yet whose task's prompt is the call's first user
-   message; with none, the named rollout keeps it.
+The owner (:func:`call_owner`): when the call's first user message is the
+task prompt of exactly one live rollout, that rollout (only its agent was
+given that prompt; a call moved this way is counted ``compat_reattributed``);
+otherwise the rollout the header names. Then the owner is checked
+(:func:`check_owner`, under its lock) and the call refused when:
 
-Moved calls are counted (``compat_reattributed``). Rollouts of one group
-share their first prompt, so a first call carrying a sibling's header is
-indistinguishable from the sibling's own; those first turns may be swapped
-between siblings (docs/reliability.md says so).
+1. it echoes a tool-call id the endpoint minted for another live rollout's
+   reply (a 96-bit random id: holding it proves holding that reply). That
+   rollout's reply reached an agent whose call names another rollout, so
+   its turns cannot be vouched for: it ends failed, flagged
+   ``STALE_HEADER_FLAG`` (when the sender was its own agent, that agent
+   fails on the refusal anyway);
+2. it neither carries an id of the owner's replies nor continues the owner's
+   conversation, and continues another live rollout's;
+3. its first user message is the task prompt of several live rollouts (a
+   group's siblings share it) and the header names none of them;
+4. it starts a conversation with the owner's prompt after the owner was
+   answered, while a sibling with that prompt has not been: either may be
+   the sender.
+
+Refusals are counted (``compat_stale_header_refused``) and the first one
+logs the cause and the fix. What no check can catch: a stale header naming a
+sibling in exactly the sender's state (both unanswered, same prompt) is
+taken as the header says. The next call of either agent that carries a
+minted id then ends both (rule 1, or rule 4 for the sibling's own first
+call), so a multi-turn episode ends failed rather than trained on another
+agent's turns; a one-call episode cannot be checked. One wrapped model per
+rollout (built inside the entrypoint) sends its own header on every call and
+meets none of these refusals.
 """
 
 from __future__ import annotations
@@ -32,53 +46,107 @@ import logging
 from typing import Any
 
 from ..chat import ConversationState, message_key
-from ..types import Task, TrajectoryStore
+from ..errors import Conflict
 from ._counters import CoordinatorCounters
-from ._live import LiveRollouts
+from ._live import LiveRollout, LiveRollouts
 
 log = logging.getLogger("mtrl.coordinator")
 
+STALE_HEADER_FLAG = "trajectory_header_stale"
+"""The metric flag of a rollout ended because its reply reached an agent that named another rollout."""
 
-def call_owner(
-    live: LiveRollouts, store: TrajectoryStore, named: str, messages: list[dict[str, Any]],
-    counters: CoordinatorCounters,
-) -> str:
-    """The live rollout ``messages`` belong to (see the module docstring); ``named`` when nothing says otherwise."""
-    current = live.get(named)  # None: ended (a stale header may name a rollout that has ended since)
-    if current is not None and _continues(current.conversation, messages):
-        return named
-    others = [r for r in _live_rollouts(live) if r.rollout_id != named and _continues(r.conversation, messages)]
-    if len(others) == 1:
-        return _moved(named, others[0].rollout_id, counters)
-    if others:
-        return named
+FIX = ("SageMaker's wrap_model writes the trajectory header into the model's shared client_args, so a model shared "
+       "by concurrent rollouts sends other rollouts' headers: build one wrapped model per rollout, inside the "
+       "entrypoint (wrap_model(OpenAIModel(...)) per call), or send the rollout's own token instead of a SigV4 token")
+
+
+class StaleTrajectoryHeader(Conflict):
+    """A call under a run-wide credential whose messages prove its trajectory header names another rollout.
+
+    ``implicated``: live rollouts whose replies reached the sender; the coordinator ends them failed.
+    """
+
+    def __init__(self, message: str, implicated: tuple[str, ...] = ()) -> None:
+        super().__init__(message, param="X-Amzn-SageMaker-Trajectory-Id")
+        self.implicated = implicated
+
+
+def call_owner(live: LiveRollouts, named: str, messages: list[dict[str, Any]], counters: CoordinatorCounters) -> str:
+    """The rollout a call belongs to (see the module docstring): the one live rollout whose prompt it starts with,
+    else ``named``."""
     first = _first_user_text(messages)
-    if first is None:
+    holders = [r.rollout_id for r in _live(live) if first is not None and r.prompt == first]
+    if len(holders) != 1 or holders[0] == named:
         return named
-    tasks: dict[str, Task | None] = {}
-    if current is not None and _task_text(store, current.task_id, tasks) == first and (
-        current.turns == 0 or any(m.get("role") == "assistant" for m in messages)
-    ):
-        return named  # its own first turn, or its own history rewritten (trimmed, edited)
-    fresh = [r for r in _live_rollouts(live) if r.turns == 0 and _task_text(store, r.task_id, tasks) == first]
-    return _moved(named, fresh[0].rollout_id, counters) if fresh else named
-
-
-def _moved(named: str, owner: str, counters: CoordinatorCounters) -> str:
     counters.compat_reattributed += 1
-    if counters.compat_reattributed == 1:  # once per coordinator: the cause and its limit
-        log.warning(
-            "mtrl: a SageMaker call named rollout %s but its messages are rollout %s's; recorded there "
-            "(counter compat_reattributed). A wrap_model-wrapped model shared by concurrent rollouts sends "
-            "stale trajectory headers; rollouts of one group share a first prompt and cannot be told apart "
-            "that way: build one wrapped model per rollout (inside the entrypoint) to be exact",
-            named, owner,
-        )
-    return owner
+    if counters.compat_reattributed == 1:  # once per coordinator: the cause and its fix
+        log.warning("mtrl: a SageMaker call named rollout %s but starts with rollout %s's task prompt, which no other "
+                    "live rollout has; recorded there (counter compat_reattributed). %s", named, holders[0], FIX)
+    return holders[0]
 
 
-def _live_rollouts(live: LiveRollouts) -> list[Any]:
+def check_owner(live: LiveRollouts, owner: str, messages: list[dict[str, Any]], counters: CoordinatorCounters) -> None:
+    """Raise :class:`StaleTrajectoryHeader` when ``messages`` prove the call is not ``owner``'s (module docstring)."""
+    current = live.get(owner)
+    if current is None:  # ended: ``LiveRollouts.running`` answers that
+        return
+    problem, implicated = _problem(live, current, messages)
+    if problem is None:
+        return
+    counters.compat_stale_header_refused += 1
+    message = (f"a call under a run-wide SigV4 token was taken for rollout {owner!r} (by its trajectory header, or as "
+               f"the one live rollout whose task prompt it starts with), but {problem}; refused, nothing recorded. {FIX}")
+    if counters.compat_stale_header_refused == 1:  # once per coordinator; every refusal is counted
+        log.warning("mtrl: %s (counter compat_stale_header_refused)", message)
+    raise StaleTrajectoryHeader(message, implicated)
+
+
+def _problem(live: LiveRollouts, owner: LiveRollout, messages: list[dict[str, Any]]) -> tuple[str | None, tuple[str, ...]]:
+    """Why the call is not ``owner``'s and the rollouts it implicates; (None, ()) when nothing says so."""
+    others = [r for r in _live(live) if r.rollout_id != owner.rollout_id]
+    echoed = _echoed_ids(messages)
+    minted_elsewhere = sorted({r.rollout_id for r in others if echoed & r.call_turns.keys()})
+    if minted_elsewhere:  # rule 1
+        return f"it carries tool-call ids the endpoint minted for rollout(s) {minted_elsewhere}'s replies", tuple(
+            minted_elsewhere)
+    if echoed & owner.call_turns.keys() or _continues(owner.conversation, messages):
+        return None, ()  # its own conversation, continued or rewritten
+    if any(m.get("role") == "assistant" for m in messages):
+        continued = sorted(r.rollout_id for r in others if _continues(r.conversation, messages))
+        if continued:  # rule 2
+            return f"it continues rollout(s) {continued}'s conversation, not this one's", ()
+        return None, ()  # the owner's own history, rewritten
+    first = _first_user_text(messages)
+    siblings = [r for r in others if first is not None and r.prompt == first]
+    if first != owner.prompt:
+        if siblings:  # rule 3 (one holder would have owned the call: ``call_owner``)
+            return f"it starts with the task prompt of rollouts {sorted(r.rollout_id for r in siblings)}, not this one's", ()
+        return None, ()  # the agent words its first message itself: the header decides
+    unanswered = sorted(r.rollout_id for r in siblings if r.turns == 0)
+    if owner.turns > 0 and unanswered:  # rule 4
+        return (f"it starts this rollout's conversation again after it was answered, while rollout(s) {unanswered} "
+                "with the same prompt have not been: the call may be theirs"), ()
+    return None, ()
+
+
+def _live(live: LiveRollouts) -> list[LiveRollout]:
     return [r for r in (live.get(rollout_id) for rollout_id in live.ids()) if r is not None]
+
+
+def _first_user_text(messages: list[dict[str, Any]]) -> str | None:
+    return next((m.get("content") for m in messages if m.get("role") == "user"), None)
+
+
+def _echoed_ids(messages: list[dict[str, Any]]) -> set[str]:
+    """The tool-call ids a request carries: on its assistant messages' calls and its tool results."""
+    ids = set()
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            if call.get("id"):
+                ids.add(str(call["id"]))
+        if message.get("role") == "tool" and message.get("tool_call_id"):
+            ids.add(str(message["tool_call_id"]))
+    return ids
 
 
 def _continues(state: ConversationState | None, messages: list[dict[str, Any]]) -> bool:
@@ -89,19 +157,4 @@ def _continues(state: ConversationState | None, messages: list[dict[str, Any]]) 
     return [message_key(m) for m in messages[: len(expected)]] == expected
 
 
-def _first_user_text(messages: list[dict[str, Any]]) -> str | None:
-    return next((m.get("content") for m in messages if m.get("role") == "user"), None)
-
-
-def _task_text(store: TrajectoryStore, task_id: str, cache: dict[str, Task | None]) -> str | None:
-    if task_id not in cache:
-        cache[task_id] = store.get_task(task_id)
-    task = cache[task_id]
-    if task is None:
-        return None
-    if task.prompt is not None:
-        return task.prompt
-    return next((str(m.get("content")) for m in task.messages or () if m.get("role") == "user"), None)
-
-
-__all__ = ["call_owner"]
+__all__ = ["FIX", "STALE_HEADER_FLAG", "StaleTrajectoryHeader", "call_owner", "check_owner"]
