@@ -21,7 +21,7 @@ from ._decorator import RolloutTimeout, instrument, is_decorated, rollout
 from ._litellm import UncapturedLiteLLMCall, instrument_litellm
 from ._openai import instrument_openai
 from ._reward import aupdate_reward, record_tool_call, update_reward
-from ._selective import UnresolvedModelCall
+from ._policy_rule import AmbiguousModelCalls, UnresolvedModelCall
 from ._server import (
     AgentServer,
     ahandle_rollout_request,
@@ -35,6 +35,7 @@ from ._server import (
 __all__ = [
     "AgentServer",
     "AgentTask",
+    "AmbiguousModelCalls",
     "RolloutContext",
     "RolloutError",
     "RolloutTimeout",

@@ -53,7 +53,7 @@ def instrument_aiobotocore() -> bool:
                 return await original(self, operation_name, api_params)
             model = api_params.get("modelId") if isinstance(api_params, dict) else None
             if operation_name not in _BEDROCK_MODEL_OPERATIONS or is_policy_call(
-                    ctx, "bedrock", model if isinstance(model, str) else None):
+                    ctx, "bedrock", model if isinstance(model, str) else None, self.meta.endpoint_url):
                 attach(self)
                 return await original(self, operation_name, api_params)
             with passing_by(ctx, "bedrock", model) as call:

@@ -24,6 +24,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
+from ._policy_rule import UnnamedPolicy
 from ._values import MAX_RESULT_CHARS, jsonable, policy_model_ids, reward_report, sampling_fields
 from .wire import CompletionReport, ModelCallReport, RolloutState, ToolCallReport, rollout_base_url
 
@@ -105,6 +106,8 @@ class RolloutContext:
     _textless: set[str] = field(default_factory=set, init=False, repr=False)  # failed calls buffered with no result
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)  # the async owner's loop
     _pending: list[asyncio.Task] = field(default_factory=list, init=False, repr=False)
+    # what the rule for unnamed policy models has seen of this rollout's calls (``_policy_rule``)
+    unnamed_policy: UnnamedPolicy = field(default_factory=UnnamedPolicy, init=False, repr=False)
     outcome: RolloutState | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -305,15 +308,24 @@ class RolloutContext:
         """:meth:`update_reward` without blocking the event loop."""
         await self.client().areport_reward(reward_report(reward, metrics))
 
+    @property
+    def refusal(self) -> str | None:
+        """Why a model call of this rollout was refused as ambiguous (``_policy_rule``): the rollout must end
+        failed with it, whatever the agent did with the error. None: no call was."""
+        return self.unnamed_policy.refusal
+
+    def _completion(self, status: str, error: str | None) -> CompletionReport:
+        return CompletionReport(status=status, error=error, flags=self.unnamed_policy.flags())
+
     def complete(self, status: str = "completed", error: str | None = None) -> RolloutState:
         """Send the buffered tool calls, then end the rollout; returns the coordinator's record."""
-        self.outcome = self.client().close(self.take_tool_calls(), CompletionReport(status=status, error=error),
+        self.outcome = self.client().close(self.take_tool_calls(), self._completion(status, error),
                                            self.take_model_calls())
         return self.outcome
 
     async def acomplete(self, status: str = "completed", error: str | None = None) -> RolloutState:
         """:meth:`complete` without blocking the event loop."""
-        report = CompletionReport(status=status, error=error)
+        report = self._completion(status, error)
         self.outcome = await self.client().aclose(self.take_tool_calls(), report, self.take_model_calls())
         return self.outcome
 

@@ -101,6 +101,8 @@ class _Opened:
             return "timed_out", f"the agent ran {elapsed:.1f}s, past timeout_s={self.timeout_s}"
         if exc is not None:
             return "failed", describe_error(exc)
+        if self.ctx.refusal is not None:  # a refused model call the agent caught: its calls cannot be trained
+            return "failed", self.ctx.refusal
         return "completed", None
 
     def close(self, exc: BaseException | None) -> None:

@@ -6,17 +6,11 @@ models: an LLM-as-judge inside the reward computation, a GPT planner beside a
 policy worker. Such calls must reach their real endpoint with the user's own
 key, and must not be trained on.
 
-The rule (:func:`is_policy_call`), per call, by the model id the call names:
-
-* no policy model named (``RolloutContext.policy_models`` is None): every
-  call is the policy's (what mtrl has always done; nothing is sent past the
-  trainer unrecorded);
-* policy models named: a call naming one of them, or the served model name
-  the coordinator handed the rollout (``RolloutSpec.model_name``), is the
-  policy's; a call naming another model passes through to its own endpoint,
-  untouched, and is recorded as a non-policy call;
-* a call whose model cannot be read while policy models are named raises
-  :class:`UnresolvedModelCall`: mtrl never guesses which side it is on.
+Which calls are the policy's is :func:`is_policy_call`, by the rule
+``_policy_rule`` states: with ``policy_models`` named, by the model id the
+call names; with none named, a rollout's calls are the policy's while they
+are alike, and a call unlike them passes through only when the policy's
+client was aimed at the coordinator, else is refused (never guessed).
 
 A passing call runs with no rollout current, so the redirects leave it alone
 (the user's key, base URL, AWS signature and sampling fields stay as they
@@ -42,6 +36,7 @@ from typing import Any, Callable, Iterator
 
 from ._bedrock import is_bedrock_runtime
 from ._context import RolloutContext, activate, current_rollout, deactivate
+from ._policy_rule import UnresolvedModelCall, call_kind
 from .wire import ModelCallReport
 
 _INSTALL_LOCK = threading.Lock()
@@ -51,15 +46,13 @@ _BEDROCK_MODEL_OPERATIONS = ("Converse", "ConverseStream", "InvokeModel", "Invok
 _ERROR_CHARS = 2000
 
 
-class UnresolvedModelCall(RuntimeError):
-    """A model call inside a rollout that names no model id while policy models are named."""
-
-
-def is_policy_call(ctx: RolloutContext, protocol: str, model: str | None) -> bool:
-    """Whether a call of ``model`` inside ``ctx`` is the policy's (see the module's rule)."""
+def is_policy_call(ctx: RolloutContext, protocol: str, model: str | None, base_url: Any = None) -> bool:
+    """Whether a call of ``model`` from a client built for ``base_url`` inside ``ctx`` is the policy's
+    (``_policy_rule`` states the rule); raises :class:`UnresolvedModelCall` where it cannot tell."""
     names = ctx.policy_models
     if names is None:
-        return True
+        return not model or ctx.unnamed_policy.is_policy(call_kind(protocol, model, base_url, ctx.endpoint),
+                                                         ctx.rollout_id)
     if not model:
         raise UnresolvedModelCall(
             f"a {protocol} call inside rollout {ctx.rollout_id!r} names no model id, and this rollout captures only "
@@ -123,7 +116,7 @@ def _sync_request(original: Callable[..., Any], protocol: str) -> Callable[..., 
     def request(self: Any, cast_to: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
         ctx = current_rollout()
         model = _body_model(options)
-        if ctx is None or is_policy_call(ctx, protocol, model):
+        if ctx is None or is_policy_call(ctx, protocol, model, self.base_url):
             return original(self, cast_to, options, *args, **kwargs)
         with passing_by(ctx, protocol, model) as call:
             result = original(self, cast_to, options, *args, **kwargs)
@@ -137,7 +130,7 @@ def _async_request(original: Callable[..., Any], protocol: str) -> Callable[...,
     async def request(self: Any, cast_to: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
         ctx = current_rollout()
         model = _body_model(options)
-        if ctx is None or is_policy_call(ctx, protocol, model):
+        if ctx is None or is_policy_call(ctx, protocol, model, self.base_url):
             return await original(self, cast_to, options, *args, **kwargs)
         with passing_by(ctx, protocol, model) as call:
             result = await original(self, cast_to, options, *args, **kwargs)
@@ -160,7 +153,7 @@ def _wrap_botocore() -> bool:
         if ctx is None or operation_name not in _BEDROCK_MODEL_OPERATIONS or not is_bedrock_runtime(self):
             return original(self, operation_name, api_params)
         model = api_params.get("modelId") if isinstance(api_params, dict) else None
-        if is_policy_call(ctx, "bedrock", model if isinstance(model, str) else None):
+        if is_policy_call(ctx, "bedrock", model if isinstance(model, str) else None, self.meta.endpoint_url):
             return original(self, operation_name, api_params)
         with passing_by(ctx, "bedrock", model) as call:
             result = original(self, operation_name, api_params)

@@ -166,11 +166,24 @@ class ModelCallBatch(_Strict):
     calls: list[ModelCallReport] = Field(max_length=10000)
 
 
+AgentFlag = Literal["policy_calls_ambiguous", "policy_calls_inferred"]
+"""Flags the agent's side sets on its rollout (``mtrl_adapters._policy_rule``); stored in the rollout's metrics."""
+
+
 class CompletionReport(_Strict):
-    """The agent finished (or failed); the coordinator closes the rollout."""
+    """The agent finished (or failed); the coordinator closes the rollout. ``flags``: what the agent's side noted."""
 
     status: Literal["completed", "failed", "timed_out"] = "completed"
     error: str | None = Field(default=None, max_length=65536)
+    flags: dict[AgentFlag, float] = Field(default_factory=dict)
+
+    @field_validator("flags")
+    @classmethod
+    def _flags_counts(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, value in v.items():
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"flags[{name!r}] must be a finite count >= 0, got {value!r}")
+        return v
 
 
 class CreateRolloutRequest(_Strict):
@@ -255,6 +268,7 @@ class SageMakerUpdateReward(BaseModel):
 
 
 __all__ = [
+    "AgentFlag",
     "HEADER_ROLLOUT_ID",
     "HEADER_SM_JOB_ARN",
     "HEADER_SM_TRAJECTORY_ID",

@@ -231,14 +231,18 @@ class Turn:
     model: str | None = None
 
 
-# The metrics the coordinator itself adds to a rollout as it ends (a count, or 1.0 for yes): what the run did
-# not see or could not do, shown wherever a rollout is summarised. Every other metric is the reward's.
+# The metrics the coordinator itself adds to a rollout as it ends (a count, or 1.0 for yes; the policy_calls_* ones
+# as the agent's adapter reports them): what the run did not see or could not do, shown wherever a rollout is
+# summarised (``mtrl collect`` lines, the trainer's ``rollout/flagged/<flag>``). Every other metric is the reward's.
 ROLLOUT_FLAGS = (
     "reward_defaulted",  # the agent reported no reward: it got the configured default
     "hit_turn_limit",  # the rollout reached its max_turns
     "tool_calls_unrecorded",  # tool calls the model's results show ran, beyond those the adapter reported
     "tool_calls_undeclared",  # calls to a tool name the request did not declare (refused, no tool ran)
     "tool_results_failed",  # tool results the wire marked failed (Anthropic is_error, Bedrock status error)
+    "policy_calls_ambiguous",  # a model call unlike the policy's, policy_models unset: refused (mtrl_adapters._policy_rule)
+    "policy_calls_inferred",  # model calls passed through beside a policy client aimed at the coordinator (the same)
+    "trajectory_header_stale",  # a reply reached an agent naming another rollout (SageMaker compat, coordinator._owner)
 )
 
 
@@ -275,6 +279,12 @@ class Rollout:
         if self.turn_rewards is not None:
             return float(sum(self.turn_rewards))
         return float(self.reward if self.reward is not None else 0.0)
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The :data:`ROLLOUT_FLAGS` this rollout carries, in that order."""
+        return tuple(f for f in ROLLOUT_FLAGS if (self.reward_defaulted if f == "reward_defaulted" else self.metrics.get(f)))
+
 
 
 @dataclass(frozen=True)
@@ -673,11 +683,10 @@ AgentFn = Callable[..., Any | Awaitable[Any]]
 
 
 __all__ = [
-    "ROLLOUT_FLAGS",
     "Abandoned",
     "AgentEnded",
-    "AttributionBroken",
     "AgentFn",
+    "AttributionBroken",
     "BreakReason",
     "ChatOptions",
     "DeadlinePassed",
@@ -689,6 +698,7 @@ __all__ = [
     "ModelCall",
     "NamesServedModel",
     "PolicyEngine",
+    "ROLLOUT_FLAGS",
     "RewardReported",
     "Rollout",
     "RolloutCoordinator",

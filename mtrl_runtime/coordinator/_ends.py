@@ -44,7 +44,9 @@ class RolloutEnds:
         live, ending = decided
         async with live.lock:  # let a call in flight finish recording its turn first
             pass
-        metrics = dict(ending.flags)
+        metrics = {**live.agent_flags, **ending.flags}
+        for name, value in live.agent_flags.items():  # the agent's side's flags (``mtrl_adapters._policy_rule``)
+            self.counters[name] += int(value)
         unrecorded = live.unrecorded_tool_calls
         if unrecorded:  # never silent: flagged on the rollout, counted, and said once where the user looks
             metrics["tool_calls_unrecorded"] = float(unrecorded)

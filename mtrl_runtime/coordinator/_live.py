@@ -61,6 +61,7 @@ class LiveRollout:
     base_model: bool = False  # its calls are answered with the engine's adapter switched off (``MixesBaseRows``)
     seed: int | None = None  # what its calls sample with when they name no seed (``CallCapture._seed``)
     prompt: str | None = None  # its task's prompt (or first user message): what its first call carries (``_owner``)
+    agent_flags: dict[str, float] = field(default_factory=dict)  # what the agent's side noted (``CompletionReport``)
 
     def note_answers(self, messages: list[dict]) -> None:
         """Remember which of the model's tool calls the agent answered (a ``tool`` message naming its id), and

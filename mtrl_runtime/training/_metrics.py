@@ -6,7 +6,10 @@ completed rollouts whose agent reported a reward; ``zero_frac`` is the
 share of rollouts whose reward is 0. ``rollout/tokens/response_max`` is the
 most tokens the policy generated in one rollout (all its turns). The reward
 function's own metrics are averaged over the rollouts that report them, as
-``rollout/metrics/<name>``. ``rollout/tokens/reasoning_mean`` is the
+``rollout/metrics/<name>``. ``rollout/flagged/<flag>`` counts the step's
+rollouts carrying each of ``types.ROLLOUT_FLAGS`` (what mtrl could not
+capture or decide: unrecorded tool calls, refused or inferred model calls,
+defaulted rewards). ``rollout/tokens/reasoning_mean`` is the
 reasoning tokens a rollout wrote (each turn's ``reasoning_tokens``, what its
 chat format parsed as ``reasoning_content``), and ``reasoning_frac`` their
 share of all generated tokens.
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..types import Rollout, RolloutStatus
+from ..types import ROLLOUT_FLAGS, Rollout, RolloutStatus
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -49,6 +52,8 @@ def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
         "rollout/malformed_tool_calls": float(sum(t.malformed_tool_call for t in turns)),
         "rollout/prefix_breaks": float(sum(t.break_reason is not None for t in turns)),
     }
+    for flag in ROLLOUT_FLAGS:
+        metrics[f"rollout/flagged/{flag}"] = float(sum(flag in r.flags for r in rollouts))
     for name, value in reward_function_metrics(rollouts).items():
         metrics[f"rollout/metrics/{name}"] = value
     return metrics
