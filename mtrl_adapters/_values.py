@@ -13,7 +13,7 @@ MAX_RESULT_CHARS = 65536  # a tool result longer than this is cut (the store kee
 
 
 def policy_model_ids(value: Any) -> frozenset[str] | None:
-    """``policy_models`` as a set of model ids (None stays None: every call is the policy's); bad values raise."""
+    """``policy_models`` as a set of model ids (None stays None: ``_policy_rule``'s unnamed rule); bad values raise."""
     if value is None:
         return None
     if isinstance(value, str):

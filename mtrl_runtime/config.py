@@ -214,7 +214,8 @@ class AdvancedConfig(_Section):
     # rewards before advantages, the agent's own kept as the metric agent_reward (docs/group_judge.md)
     group_judge: JudgeSpec | None = None
     # the model ids whose calls inside a rollout are the policy's; other models' calls pass through to their own
-    # endpoints, recorded but never trained on (docs/protocols.md, "Selective capture"). None: every call is captured
+    # endpoints, recorded but never trained on (docs/protocols.md, "Selective capture"). None: a rollout's calls are
+    # the policy's while alike; one unlike them is refused (or passed through beside a client aimed at the coordinator)
     policy_models: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1)
     # rewards (scalar and per turn) outside [low, high] are refused with a 400; bounds within +-REWARD_LIMIT
     reward_range: tuple[float, float] = (-1.0, 1.0)

@@ -283,7 +283,8 @@ class Rollout:
     @property
     def flags(self) -> tuple[str, ...]:
         """The :data:`ROLLOUT_FLAGS` this rollout carries, in that order."""
-        return tuple(f for f in ROLLOUT_FLAGS if (self.reward_defaulted if f == "reward_defaulted" else self.metrics.get(f)))
+        carried = {f for f in ROLLOUT_FLAGS if self.metrics.get(f)} | ({"reward_defaulted"} if self.reward_defaulted else set())
+        return tuple(f for f in ROLLOUT_FLAGS if f in carried)
 
 
 
@@ -321,7 +322,7 @@ class RolloutSpec:
     sampling: SamplingParams
     max_turns: int
     timeout_s: float
-    policy_models: tuple[str, ...] | None = None  # advanced.policy_models; None: every model call is the policy's
+    policy_models: tuple[str, ...] | None = None  # advanced.policy_models; None: mtrl_adapters._policy_rule's
 
 
 @dataclass(frozen=True)
