@@ -287,7 +287,6 @@ class Rollout:
         return tuple(f for f in ROLLOUT_FLAGS if f in carried)
 
 
-
 @dataclass(frozen=True)
 class Sample:
     """One training sequence: a rollout, or one segment of a rollout that broke its prefix.

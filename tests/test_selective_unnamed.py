@@ -137,7 +137,7 @@ async def test_a_judge_with_policy_models_unset_is_refused_and_flagged_never_tra
         assert all("Grade this answer" not in json.dumps(list(t.messages)) for t in stored.turns)  # never a turn
         assert len(stored.turns) == 3  # the policy's own turns, recorded (on a failed rollout: never trained)
         line = rollout_line(Task(id=stored.task_id, prompt=""), stored)
-        assert f"flags: {AMBIGUOUS_FLAG}" in line and "policy_models" in line
+        assert f"{AMBIGUOUS_FLAG}=1" in line.partition("flags: ")[2] and "policy_models" in line
     metrics = rollout_metrics(rollouts)
     assert metrics[f"rollout/flagged/{AMBIGUOUS_FLAG}"] == 20.0
     assert metrics[f"rollout/flagged/{INFERRED_FLAG}"] == 0.0
@@ -174,7 +174,7 @@ async def test_a_judge_beside_a_policy_aimed_at_the_coordinator_passes_through_f
         assert (passed.model, passed.protocol, (passed.input_tokens, passed.output_tokens)) == (
             JUDGE_MODEL, "openai", USAGE)
         assert stored.metrics[INFERRED_FLAG] == 1.0 and stored.flags == (INFERRED_FLAG,)
-        assert f"flags: {INFERRED_FLAG}" in rollout_line(Task(id=stored.task_id, prompt=""), stored)
+        assert f"flags: {INFERRED_FLAG}=1" in rollout_line(Task(id=stored.task_id, prompt=""), stored)
     assert rollout_metrics(collected.rollouts)[f"rollout/flagged/{INFERRED_FLAG}"] == 20.0
 
 
