@@ -146,6 +146,11 @@ def test_sigv4_calls_among_siblings_follow_the_header_and_are_refused_when_their
     with pytest.raises(openai.ConflictError, match="task prompt of rollouts") as refused:  # rule 3: b names no sibling
         call(b, first_a)
     assert "one wrapped model per rollout" in str(refused.value)
+    rewritten = first_a + [{"role": "assistant", "content": "", "tool_calls": [{"id": "call_elsewhere", "type": "function",
+                           "function": {"name": "lookup", "arguments": "{}"}}]},
+                           {"role": "tool", "tool_call_id": "call_elsewhere", "content": "0"}]
+    with pytest.raises(openai.ConflictError, match="task prompt of rollouts"):  # a history, no id known: the same
+        call(b, rewritten)
     reply = call(a2, first_a).choices[0].message  # the header names a sibling in the sender's state: taken as named
     assert (turns(a2), turns(a)) == (1, 0)
     with pytest.raises(openai.ConflictError, match="may be theirs"):  # rule 4: a2 answered, a not: either sent it
@@ -161,7 +166,7 @@ def test_sigv4_calls_among_siblings_follow_the_header_and_are_refused_when_their
     call(b2, first_b)  # each sibling's own first call, then its continuation, as named
     call(b, first_b)
     assert (turns(b), turns(b2)) == (1, 1)
-    assert counters["compat_stale_header_refused"] == 3 and counters["compat_reattributed"] == 0
+    assert counters["compat_stale_header_refused"] == 4 and counters["compat_reattributed"] == 0
 
 
 def test_attribution_broken_ends_a_rollout_failed_whatever_its_agent_reports_later():

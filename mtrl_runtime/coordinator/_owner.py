@@ -24,7 +24,9 @@ otherwise the rollout the header names. Then the owner is checked
 2. it neither carries an id of the owner's replies nor continues the owner's
    conversation, and continues another live rollout's;
 3. its first user message is the task prompt of several live rollouts (a
-   group's siblings share it) and the header names none of them;
+   group's siblings share it) and the header names none of them (a call
+   that neither carries the header rollout's ids nor continues its
+   conversation);
 4. it starts a conversation with the owner's prompt after the owner was
    answered, while a sibling with that prompt has not been: either may be
    the sender.
@@ -111,16 +113,16 @@ def _problem(live: LiveRollouts, owner: LiveRollout, messages: list[dict[str, An
             minted_elsewhere)
     if echoed & owner.call_turns.keys() or _continues(owner.conversation, messages):
         return None, ()  # its own conversation, continued or rewritten
+    first = _first_user_text(messages)
+    siblings = [r for r in others if first is not None and r.prompt == first]
+    if first != owner.prompt and siblings:  # rule 3 (one holder would have owned the call: ``call_owner``)
+        return f"it starts with the task prompt of rollouts {sorted(r.rollout_id for r in siblings)}, not this one's", ()
     if any(m.get("role") == "assistant" for m in messages):
         continued = sorted(r.rollout_id for r in others if _continues(r.conversation, messages))
         if continued:  # rule 2
             return f"it continues rollout(s) {continued}'s conversation, not this one's", ()
         return None, ()  # the owner's own history, rewritten
-    first = _first_user_text(messages)
-    siblings = [r for r in others if first is not None and r.prompt == first]
     if first != owner.prompt:
-        if siblings:  # rule 3 (one holder would have owned the call: ``call_owner``)
-            return f"it starts with the task prompt of rollouts {sorted(r.rollout_id for r in siblings)}, not this one's", ()
         return None, ()  # the agent words its first message itself: the header decides
     unanswered = sorted(r.rollout_id for r in siblings if r.turns == 0)
     if owner.turns > 0 and unanswered:  # rule 4
