@@ -11,8 +11,9 @@ the judge's call is refused before it is sent and the rollout fails, flagged,
 naming ``advanced.policy_models`` (even when the agent catches the error).
 When the policy's client is aimed at the coordinator (``OPENAI_BASE_URL``),
 the judge's call passes through to the judge with its own key, recorded, the
-rollout flagged. Before this rule, the judge's prompt became a policy turn,
-the judge endpoint got no call, and every reward was 0, with no flag.
+rollout flagged. Before this rule every judge call went to the policy (the
+judge endpoint got none of the 20) and nothing was flagged: the agent that
+scores a failed judge 0 completed all 20 rollouts that way.
 """
 
 from __future__ import annotations
