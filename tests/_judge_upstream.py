@@ -46,10 +46,15 @@ class _Judge(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # 20 rollouts ask at once; the default backlog (5) can refuse some under load
+    daemon_threads = True
+
+
 @contextmanager
 def judge_upstream() -> Iterator[Any]:
     """The judge's endpoint; ``.url`` is its OpenAI base URL (``.../v1``), ``.calls`` what it received."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
+    server = _Server(("127.0.0.1", 0), _Judge)
     server.calls = []  # type: ignore[attr-defined]
     server.url = f"http://127.0.0.1:{server.server_address[1]}/v1"  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
