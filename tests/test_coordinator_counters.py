@@ -22,6 +22,8 @@ NAMES = [
     "rollouts_with_no_policy_call", "reward_out_of_range", "task_conflicts", "rollouts_created", "auth_rejected",
     "tool_calls_unrecorded", "tool_calls_undeclared", "tool_results_failed", "rewards_defaulted",
     "compat_sigv4_accepted", "compat_failures_without_text", "attribution_header_over_path", "stream_divergences",
+    # added with the attribution fixes (issue 47): a stale SageMaker header refused, the agent side's two flags
+    "compat_stale_header_refused", "policy_calls_ambiguous", "policy_calls_inferred",
 ]
 
 
@@ -76,3 +78,14 @@ def test_the_heartbeat_reads_the_counters_as_a_mapping():
     counters.turns += 4
     counters.tool_calls += 2
     assert "turns 4, tool calls 2" in beat.line()
+
+
+def test_every_flag_the_agent_side_reports_has_its_own_counter():
+    """The coordinator counts an agent's flags (``CompletionReport.flags``) under their own names."""
+    import typing
+
+    from mtrl_adapters.wire import AgentFlag
+
+    counters = CoordinatorCounters()
+    for flag in typing.get_args(AgentFlag):
+        assert counters[flag] == 0

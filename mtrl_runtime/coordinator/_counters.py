@@ -60,6 +60,9 @@ class CoordinatorCounters(Mapping[str, int]):
     tool_calls_undeclared: int = 0  # a call of a tool the request did not declare
     tool_results_failed: int = 0
     model_calls_passed_through: int = 0
+    # flags the agent's side reports at its end (mtrl_adapters.wire.AgentFlag), counted under their own names
+    policy_calls_ambiguous: int = 0  # a model call unlike the policy's was refused (policy_models unset)
+    policy_calls_inferred: int = 0  # model calls passed through beside a policy client aimed at the coordinator
     # the door: authentication and attribution
     auth_rejected: int = 0
     attribution_header_over_path: int = 0  # a rollout header named another rollout than the URL path

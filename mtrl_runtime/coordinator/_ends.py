@@ -46,7 +46,7 @@ class RolloutEnds:
             pass
         metrics = {**live.agent_flags, **ending.flags}
         for name, value in live.agent_flags.items():  # the agent's side's flags (``mtrl_adapters._policy_rule``)
-            self.counters[name] += int(value)
+            setattr(self.counters, name, getattr(self.counters, name) + int(value))
         unrecorded = live.unrecorded_tool_calls
         if unrecorded:  # never silent: flagged on the rollout, counted, and said once where the user looks
             metrics["tool_calls_unrecorded"] = float(unrecorded)
