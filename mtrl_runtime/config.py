@@ -22,6 +22,7 @@ from .group_policies import GROUP_POLICIES
 from .registry import Registry
 from .rewards import JudgeSpec
 from .run_folder import RunFolder
+from .sandboxes import SandboxSettings
 from .store import DEFAULT_STORE, STORES
 from .task_sources import parse_source
 from .types import SamplingParams
@@ -228,6 +229,8 @@ class AdvancedConfig(_Section):
     # reasoning): "extend" (one sequence of the generated ids) or "deployed" (a new segment there, as deployed)
     history_training: Literal["extend", "deployed"] = "extend"
     server: ServerConfig = Field(default_factory=ServerConfig)
+    # where rollouts' code runs: kind bubblewrap | docker | podman | tempdir, and its limits (docs/sandboxes.md)
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
 
     @field_validator("group_judge", mode="before")

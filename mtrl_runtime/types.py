@@ -26,6 +26,7 @@ Example of a custom engine (the seam the hf, vllm and scripted engines fill)::
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -510,6 +511,125 @@ class RolloutExecutor(Protocol):
     async def close(self) -> None: ...
 
 
+# ---------------------------------------------------------------- sandboxes: where a rollout's code runs
+# One per rollout, from the ``mtrl_runtime.sandboxes`` registry (bubblewrap,
+# docker, podman, tempdir); agents' tools, harness CLIs and verifiers run
+# their commands through it. docs/sandboxes.md says what each kind enforces.
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one command in a sandbox did: its exit, its output (capped), and why it stopped.
+
+    ``exit_code`` is None when the command was killed at its timeout or the
+    sandbox's deadline (``timed_out``); a negative code is the signal that
+    ended it otherwise (a CPU or file-size limit). Output past the sandbox's
+    cap was read and thrown away: ``stdout_dropped`` / ``stderr_dropped``
+    bytes, so flooding costs the caller nothing and is still reported.
+    """
+
+    argv: tuple[str, ...]
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def truncated(self) -> bool:
+        return bool(self.stdout_dropped or self.stderr_dropped)
+
+    def describe(self) -> str:
+        """One line for a log or a tool result: how it ended, and what output was dropped."""
+        if self.timed_out:
+            ended = f"killed at its deadline after {self.duration_s:.1f} s"
+        elif self.exit_code is not None and self.exit_code < 0:
+            ended = f"killed by signal {-self.exit_code}"
+        else:
+            ended = f"exit {self.exit_code}"
+        if self.truncated:
+            ended += f"; output over the cap dropped ({self.stdout_dropped} bytes of stdout, " \
+                     f"{self.stderr_dropped} of stderr)"
+        return ended
+
+
+@runtime_checkable
+class SandboxProcess(Protocol):
+    """A long-lived process inside a sandbox (a harness CLI, an MCP server), with pipes to it.
+
+    ``stdin`` / ``stdout`` / ``stderr`` are asyncio streams (None where not
+    piped). ``output`` reads both outputs up to the sandbox's cap until the
+    process exits or ``timeout_s`` passes (then kills it). ``kill`` ends the
+    whole process tree; the sandbox kills whatever is left at its deadline
+    and when it closes.
+    """
+
+    argv: tuple[str, ...]
+    stdin: asyncio.StreamWriter | None
+    stdout: asyncio.StreamReader | None
+    stderr: asyncio.StreamReader | None
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self, timeout_s: float | None = None) -> int | None: ...
+
+    async def output(self, timeout_s: float | None = None) -> CommandResult: ...
+
+    async def kill(self) -> None: ...
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One rollout's isolated place to run code, removed with everything in it by ``close``.
+
+    ``workdir`` is the workspace as commands inside see it (``/workspace``
+    in the namespace and container kinds); ``host_workspace`` is where it
+    lives on this machine (write there only before anything ran inside:
+    afterwards a sandboxed process may have planted links; the file methods
+    go through the sandbox and are safe). ``coordinator_url`` is how code
+    inside reaches the coordinator, the one address it may reach (None: no
+    network at all). A string command runs with ``sh -c``; a sequence runs
+    as is. Paths are relative to ``workdir`` unless absolute.
+
+    Example::
+
+        async with Sandboxes({"kind": "bubblewrap"}).sandbox("r1") as box:
+            await box.write_file("a.py", "print(6 * 7)")
+            result = await box.run(["python3", "a.py"], timeout_s=10)
+            assert result.stdout == "42\n"
+    """
+
+    kind: str
+    name: str
+    workdir: str
+    host_workspace: Path
+    coordinator_url: str | None
+
+    async def run(
+        self, command: str | Sequence[str], *, timeout_s: float | None = None, stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None, cwd: str | None = None,
+    ) -> CommandResult: ...
+
+    async def start(
+        self, command: str | Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
+    ) -> SandboxProcess: ...
+
+    async def read_file(self, path: str) -> bytes: ...
+
+    async def write_file(self, path: str, data: bytes | str) -> None: ...
+
+    async def list_files(self, path: str = ".") -> list[str]: ...
+
+    async def close(self) -> None: ...
+
+
 @runtime_checkable
 class GroupRescorer(Protocol):
     """Rewards a training step's finished group anew (a group judge) before advantages are computed.
@@ -689,6 +809,7 @@ __all__ = [
     "AttributionBroken",
     "BreakReason",
     "ChatOptions",
+    "CommandResult",
     "DeadlinePassed",
     "ExecutorEnded",
     "Generation",
@@ -712,6 +833,8 @@ __all__ = [
     "RunTracker",
     "Sample",
     "SamplingParams",
+    "Sandbox",
+    "SandboxProcess",
     "SharedModelEngine",
     "StreamingEngine",
     "Task",

@@ -22,6 +22,12 @@ if [ "${1:-}" = "dev" ] && ! command -v chromium >/dev/null && command -v apt-ge
   (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
     || echo "setup: chromium could not be installed; tests/test_mlflow_view.py will be skipped" >&2
 fi
+if [ "${1:-}" = "dev" ] && ! command -v bwrap >/dev/null && command -v apt-get >/dev/null \
+    && [ "$(id -u)" = "0" ]; then
+  # bubblewrap, the namespace sandbox (mtrl_runtime/sandboxes): tests/test_sandboxes.py proves its isolation
+  (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) \
+    || echo "setup: bubblewrap could not be installed; the sandbox isolation tests will be skipped" >&2
+fi
 stamp=".venv/.mtrl-installed"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then

@@ -5,7 +5,9 @@ decorator finds it, instruments the agent's model clients and reports the
 end. An async agent runs as a task on the loop; a sync agent runs in a thread
 of the executor's own pool (``max_threads``, so sync agents are not capped
 by asyncio's small default pool), with the rollout context copied in.
-A function that is not decorated is decorated here.
+A function that is not decorated is decorated here. With ``sandboxes`` (the
+run's provider, built from ``advanced.sandbox``), each rollout runs inside
+``sandboxes_scope``, where ``rollout_sandbox()`` finds it.
 
 The executor keeps no deadline of its own: the dispatcher owns the rollout's
 one deadline and cancels ``run`` when it passes, and the decorator cancels an
@@ -24,6 +26,7 @@ from typing import Any
 
 from mtrl_adapters import is_decorated, rollout, rollout_scope
 
+from ..sandboxes import Sandboxes, sandboxes_scope
 from ..types import AgentFn, RolloutOutcome, RolloutSpec, RolloutStatus
 
 _STATUSES = {s.value: s for s in RolloutStatus}
@@ -32,7 +35,7 @@ _STATUSES = {s.value: s for s in RolloutStatus}
 class InProcessExecutor:
     """Runs ``agent_fn(task)`` for each RolloutSpec, in this process (see the module docstring)."""
 
-    def __init__(self, agent_fn: AgentFn, max_threads: int = 64) -> None:
+    def __init__(self, agent_fn: AgentFn, max_threads: int = 64, sandboxes: Sandboxes | None = None) -> None:
         if not callable(agent_fn):
             raise TypeError(f"agent_fn: expected a function taking a task, got {agent_fn!r}")
         if max_threads < 1:
@@ -40,10 +43,11 @@ class InProcessExecutor:
         self.agent_fn = agent_fn if is_decorated(agent_fn) else rollout(agent_fn)
         self._async = inspect.iscoroutinefunction(self.agent_fn)
         self.max_threads = max_threads
+        self.sandboxes = sandboxes
         self._pool: ThreadPoolExecutor | None = None
 
     async def run(self, spec: RolloutSpec) -> RolloutOutcome:
-        with rollout_scope(spec) as ctx:
+        with rollout_scope(spec) as ctx, sandboxes_scope(self.sandboxes):
             try:
                 await self._call(spec)
             except Exception as exc:  # the agent failed: the rollout is data, the run goes on

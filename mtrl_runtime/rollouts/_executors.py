@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..executors import HttpExecutor, InProcessExecutor
+from ..sandboxes import Sandboxes
 from ..types import RolloutExecutor
 
 
@@ -21,7 +22,7 @@ class ExecutorKind:
 
     name: str
     accepts: Callable[[Any], bool]
-    build: Callable[[Any, int], RolloutExecutor]  # (agent_env, max_concurrency) -> executor
+    build: Callable[[Any, int, Sandboxes | None], RolloutExecutor]  # (agent_env, max_concurrency, sandboxes)
 
 
 def _is_executor(agent_env: Any) -> bool:
@@ -29,9 +30,10 @@ def _is_executor(agent_env: Any) -> bool:
 
 
 EXECUTOR_KINDS: tuple[ExecutorKind, ...] = (
-    ExecutorKind("executor", _is_executor, lambda agent_env, _: agent_env),
-    ExecutorKind("url", lambda agent_env: isinstance(agent_env, str), lambda url, _: HttpExecutor(url)),
-    ExecutorKind("function", callable, lambda fn, threads: InProcessExecutor(fn, max_threads=threads)),
+    ExecutorKind("executor", _is_executor, lambda agent_env, _, __: agent_env),
+    ExecutorKind("url", lambda agent_env: isinstance(agent_env, str), lambda url, _, __: HttpExecutor(url)),
+    ExecutorKind("function", callable,
+                 lambda fn, threads, sandboxes: InProcessExecutor(fn, max_threads=threads, sandboxes=sandboxes)),
 )
 
 
@@ -48,9 +50,12 @@ def executor_kind(agent_env: Any) -> ExecutorKind:
     raise TypeError(f"agent_env: expected a function, a RolloutExecutor or a URL ({names}), got {agent_env!r}")
 
 
-def executor_for(agent_env: Any, max_concurrency: int) -> RolloutExecutor:
-    """A RolloutExecutor from a ``@rollout`` function, an agent server URL, or an executor."""
-    return executor_kind(agent_env).build(agent_env, max_concurrency)
+def executor_for(agent_env: Any, max_concurrency: int, sandboxes: Sandboxes | None = None) -> RolloutExecutor:
+    """A RolloutExecutor from a ``@rollout`` function, an agent server URL, or an executor.
+
+    ``sandboxes``: the run's provider, put in scope for an in-process agent (``rollout_sandbox``).
+    """
+    return executor_kind(agent_env).build(agent_env, max_concurrency, sandboxes)
 
 
 __all__ = ["EXECUTOR_KINDS", "ExecutorKind", "executor_for", "executor_kind"]

@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Callable
 from ..config import MtrlConfig
 from ..coordinator import Coordinator
 from ..engines import create_engine
+from ..sandboxes import Sandboxes
 from ..server import ServerHandle, create_app, start_server
 from ..store import open_store
 from ..torch_support import on_own_thread
@@ -80,7 +81,9 @@ class RolloutStack:
                 closers.append(server.stop)
             executor = None
             if agent_env is not None:
-                executor = executor_for(agent_env, config.advanced.max_concurrency)
+                sandboxes = Sandboxes(config.advanced.sandbox)  # prepared at the first rollout that opens one
+                closers.append(sandboxes.close)
+                executor = executor_for(agent_env, config.advanced.max_concurrency, sandboxes)
                 closers.append(executor.close)
         except BaseException:
             _close_now(closers)
