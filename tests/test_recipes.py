@@ -33,6 +33,7 @@ MODELS = {
     "cpu-small.yaml": ("smollm2-135m", "hermes"),
     "gpt-oss-20b.yaml": ("openai/gpt-oss-20b", "harmony"),
     "llama-3.1-8b.yaml": ("meta-llama/Llama-3.1-8B-Instruct", "llama3_json"),
+    "qwen2.5-coder-7b.yaml": ("Qwen/Qwen2.5-Coder-7B-Instruct", "hermes"),
     "qwen3-0.6b.yaml": ("Qwen/Qwen3-0.6B", "hermes"),
     "qwen3-1.7b.yaml": ("Qwen/Qwen3-1.7B", "hermes"),
     "qwen3-4b.yaml": ("Qwen/Qwen3-4B", "hermes"),
@@ -42,10 +43,10 @@ AIRCRAFT_CONFIG = REPO / "examples" / "aircraft_inspection" / "config.yaml"
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-def test_the_recipes_folder_holds_the_cpu_recipe_four_qwen3_sizes_gpt_oss_and_llama():
+def test_the_recipes_folder_holds_the_cpu_recipe_four_qwen3_sizes_gpt_oss_llama_and_a_coder():
     assert [p.name for p in RECIPES] == [
-        "cpu-small.yaml", "gpt-oss-20b.yaml", "llama-3.1-8b.yaml", "qwen3-0.6b.yaml", "qwen3-1.7b.yaml",
-        "qwen3-4b.yaml", "qwen3-8b.yaml",
+        "cpu-small.yaml", "gpt-oss-20b.yaml", "llama-3.1-8b.yaml", "qwen2.5-coder-7b.yaml", "qwen3-0.6b.yaml",
+        "qwen3-1.7b.yaml", "qwen3-4b.yaml", "qwen3-8b.yaml",
     ]
 
 

@@ -2,15 +2,41 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..evaluation import StrictScorer
 
 
 def load_agent(spec: str, flag: str = "--agent") -> Any:
     """The function named by ``module:function`` or ``file.py:function`` (``flag`` names it in errors)."""
+    target, name, found = _load_attribute(spec, flag)
+    if not callable(found):
+        raise ValueError(f"{flag}: {target!r} has no function {name!r}")
+    return found
+
+
+def load_strict_scorer(spec: str, threshold: float | None = None) -> "StrictScorer":
+    """``--strict``: a function ``fn(final_text, ground_truth)``, or a ``StrictScorer`` (one that reads the whole
+    rollout: ``StrictScorer(fn, input="rollout")``); ``threshold`` replaces the scorer's where given."""
+    from ..evaluation import StrictScorer  # the evaluator's web stack loads only for commands that score
+
+    target, name, found = _load_attribute(spec, "--strict")
+    if isinstance(found, StrictScorer):
+        scorer = found
+    elif callable(found):
+        scorer = StrictScorer(found)
+    else:
+        raise ValueError(f"--strict: {target!r} has no function or StrictScorer {name!r}")
+    return scorer if threshold is None else dataclasses.replace(scorer, threshold=threshold)
+
+
+def _load_attribute(spec: str, flag: str) -> tuple[str, str, Any]:
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name:
         raise ValueError(f"{flag}: expected module:function or file.py:function, got {spec!r}")
@@ -27,10 +53,7 @@ def load_agent(spec: str, flag: str = "--agent") -> Any:
     else:
         sys.path.insert(0, str(Path.cwd()))
         module = importlib.import_module(target)
-    agent = getattr(module, name, None)
-    if not callable(agent):
-        raise ValueError(f"{flag}: {target!r} has no function {name!r}")
-    return agent
+    return target, name, getattr(module, name, None)
 
 
-__all__ = ["load_agent"]
+__all__ = ["load_agent", "load_strict_scorer"]

@@ -17,7 +17,7 @@ from typing import Any
 from . import check_template
 from ..run_folder import RunFolder
 from ..task_sources import SOURCE_HELP
-from ._agents import load_agent
+from ._agents import load_agent, load_strict_scorer
 from ._command import Command
 from ._stopping import stop_on_sigterm
 
@@ -42,7 +42,7 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _scorer(spec: str | None) -> Any:
-    return load_agent(spec, "--strict") if spec else None
+    return load_strict_scorer(spec) if spec else None
 
 
 # -- mtrl eval ----------------------------------------------------------------------------------

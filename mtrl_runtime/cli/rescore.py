@@ -15,7 +15,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from ._agents import load_agent
+from ._agents import load_agent, load_strict_scorer
 from ._command import Command
 
 
@@ -32,12 +32,11 @@ def _rescore_args(p: argparse.ArgumentParser) -> None:
 
 def _rescore(args: argparse.Namespace) -> int:
     from ..config import MtrlConfig
-    from ..evaluation import StrictScorer
     from ..rescore import RescoreError, load_run, report_data, rescore_run, write_report
 
     try:
         reward = load_agent(args.reward, "--reward")
-        strict = StrictScorer(load_agent(args.strict, "--strict")) if args.strict else None
+        strict = load_strict_scorer(args.strict) if args.strict else None
         run = load_run(args.run, MtrlConfig.from_yaml(args.config) if args.config else None)
         name = args.reward.rpartition(":")[2]
         result = rescore_run(run, reward, reward_name=name, method=args.advantage, strict=strict)

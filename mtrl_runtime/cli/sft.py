@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._agents import load_agent
+from ._agents import load_agent, load_strict_scorer
 from ._command import Command
 
 
@@ -49,7 +49,6 @@ def _sft_args(p: argparse.ArgumentParser) -> None:
 def _sft(args: argparse.Namespace) -> int:
     from ..config import MtrlConfig
     from ..engines import load_tokenizer, resolve_model
-    from ..evaluation import StrictScorer
     from ..warmstart import (SftSettings, conversation_demonstrations, conversation_renderer, importer,
                              select_by_reward, sft, store_demonstrations)
     from ._precision import resolve_precision
@@ -66,7 +65,7 @@ def _sft(args: argparse.Namespace) -> int:
         if args.from_run:
             strict = None
             if args.strict:
-                strict = StrictScorer(load_agent(args.strict, "--strict"), threshold=config.core.success_threshold)
+                strict = load_strict_scorer(args.strict, threshold=config.core.success_threshold)
             demos, selection = store_demonstrations(args.from_run, renderer, min_reward=args.min_reward, strict=strict,
                                                     success_threshold=config.core.success_threshold, split=args.split)
             print(f"mtrl sft: {args.from_run}: {selection.summary()}", flush=True)
