@@ -350,6 +350,8 @@ class MtrlConfig(_Section):
         for key in _SERVER_SECRETS:
             if server.get(key) is not None:
                 server[key] = MASKED
+        sandbox_env = data["advanced"]["sandbox"]["env"]  # what a sandbox's commands get may hold credentials
+        data["advanced"]["sandbox"]["env"] = {key: MASKED for key in sandbox_env}
         return data
 
     @property

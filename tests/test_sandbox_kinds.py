@@ -71,6 +71,13 @@ def test_the_config_selects_the_kind_and_its_options():
         Sandboxes({"memroy_mb": 1})
 
 
+def test_the_recorded_config_masks_what_the_sandbox_environment_holds():
+    config = MtrlConfig.from_dict({"advanced": {"sandbox": {"env": {"GITHUB_TOKEN": "ghp_secret", "LANG": "C"}}}})
+    recorded = config.recorded()["advanced"]["sandbox"]
+    assert recorded["env"] == {"GITHUB_TOKEN": "**********", "LANG": "**********"} and "ghp_secret" not in str(recorded)
+    assert config.advanced.sandbox.env["GITHUB_TOKEN"] == "ghp_secret"  # the running config keeps it
+
+
 # --------------------------------------------------------------------------- bubblewrap's command line
 
 
