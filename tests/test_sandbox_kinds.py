@@ -62,6 +62,15 @@ def test_bad_sandbox_settings_are_errors_at_load_naming_the_field_and_value(sand
         assert needle in str(caught.value)
 
 
+def test_each_kind_says_what_it_enforces():
+    bubblewrap = Sandboxes({"kind": "bubblewrap", "memory_mb": 300}).describe()["enforced"]
+    assert "RLIMIT_DATA" in bubblewrap["memory"] and "300 MB" in bubblewrap["memory"]
+    docker = Sandboxes({"kind": "docker", "image": "x", "memory_mb": 300}).describe()["enforced"]
+    assert "--memory" in docker["memory"] and "--pids-limit" in docker["processes"]
+    tempdir = Sandboxes({"kind": "tempdir"}).describe()["enforced"]
+    assert tempdir["isolation"].startswith("none") and "survives" in tempdir["time"]
+
+
 def test_the_config_selects_the_kind_and_its_options():
     config = MtrlConfig.from_dict({"advanced": {"sandbox": {"kind": "docker", "image": "python:3.12-slim",
                                                             "memory_mb": 512, "cpus": 1.5}}})

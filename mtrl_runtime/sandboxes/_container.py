@@ -171,6 +171,22 @@ class PodmanSandbox(ContainerSandbox):
     runtime = "podman"
 
 
+def enforced(settings: SandboxSettings) -> dict[str, str]:
+    """What each limit is for a container, in words (reported by ``Sandboxes.describe``)."""
+    def given(value: object, text: str) -> str:
+        return text if value is not None else "not limited"
+
+    return {
+        "time": "each command under timeout -s KILL in its own process group; the container killed at the deadline",
+        "output": f"{settings.output_bytes} bytes kept per stream per command, the rest counted and dropped",
+        "memory": given(settings.memory_mb, f"{settings.memory_mb} MB for the whole container (--memory)"),
+        "cpu": given(settings.cpu_s, f"{settings.cpu_s} CPU seconds per process (--ulimit cpu)")
+        + (f", {settings.cpus:g} CPUs (--cpus)" if settings.cpus is not None else ""),
+        "processes": given(settings.max_processes, f"{settings.max_processes} for the container (--pids-limit)"),
+        "file size": given(settings.max_file_mb, f"{settings.max_file_mb} MB per file written (--ulimit fsize)"),
+    }
+
+
 def remove_container(runtime: str, name: str) -> None:
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         subprocess.run([runtime, "rm", "-f", name], stdin=subprocess.DEVNULL, capture_output=True, timeout=CLI_S)
@@ -209,5 +225,5 @@ def sweep_containers(runtime: str) -> list[str]:
     return removed
 
 
-__all__ = ["ContainerSandbox", "EXEC_WRAPPER", "PodmanSandbox", "container_name", "exec_argv",
+__all__ = ["ContainerSandbox", "EXEC_WRAPPER", "PodmanSandbox", "container_name", "enforced", "exec_argv",
            "remove_container", "run_argv", "sweep_containers", "unavailable_reason"]

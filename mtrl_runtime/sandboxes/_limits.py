@@ -49,10 +49,15 @@ def prlimit_path() -> str:
     return found
 
 
-def enforced(settings: SandboxSettings, *, own_uid: bool) -> dict[str, str]:
-    """What each limit is on this kind and machine, in words (reported by ``Sandboxes.describe``)."""
+def enforced(settings: SandboxSettings, *, own_uid: bool, detached_escape: bool = False) -> dict[str, str]:
+    """What each limit is for the kinds that use ``prlimit``, in words (reported by ``Sandboxes.describe``).
+
+    ``detached_escape``: a process that leaves its process group survives the kill (tempdir: no pid namespace).
+    """
+    tree = ("its process group (a process that detaches into a session of its own survives)" if detached_escape
+            else "its whole process tree (the namespace's init)")
     return {
-        "time": "each command killed at its timeout and at the sandbox's deadline (its whole process tree)",
+        "time": f"each command killed at its timeout and at the sandbox's deadline: {tree}",
         "output": f"{settings.output_bytes} bytes kept per stream per command, the rest counted and dropped",
         "memory": (f"{settings.memory_mb} MB writable memory per process (RLIMIT_DATA)"
                    if settings.memory_mb is not None else "not limited"),

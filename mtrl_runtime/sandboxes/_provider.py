@@ -22,7 +22,6 @@ from typing import Any, AsyncIterator, Mapping
 from ._base import BaseSandbox, SandboxUnavailable
 from ._container import remove_container
 from ._dirs import SandboxDirs, check_reachable, dead_owner, default_root, pick_uid, remove_tree, running_as_root
-from ._limits import enforced
 from ._reaper import Reaper
 from ._registry import SANDBOXES, SandboxKind
 from ._settings import SandboxSettings
@@ -140,7 +139,7 @@ class Sandboxes:
     def describe(self) -> dict[str, Any]:
         """The kind, the root folder and what each limit is here, in words (docs/sandboxes.md has the table)."""
         return {"kind": self.settings.kind, "root": str(self.root),
-                "enforced": enforced(self.settings, own_uid=self.own_uid)}
+                "enforced": self.kind.enforced(self.settings, self.own_uid)}
 
     async def close(self) -> None:
         """Close every sandbox still open, then stop the reaper."""
