@@ -45,7 +45,7 @@ def sandboxes():
         require("bubblewrap", root=str(root))
         provider = Sandboxes({"kind": "bubblewrap", "root": str(root), "timeout_s": 60})
         yield provider
-        asyncio.run(provider.close()) if provider.open_count else None
+        asyncio.run(provider.close())
 
 
 def task_of(row: dict) -> Task:
@@ -210,13 +210,13 @@ def reference_policy(rows: list[dict]) -> Any:
     return policy
 
 
-def _specs(handle: Any, rows: list[dict], max_turns: int = 10) -> list[RolloutSpec]:
+def _specs(handle: Any, rows: list[dict], max_turns: int = 10, max_tokens: int = 4096) -> list[RolloutSpec]:
     out = []
     for row in rows:
         task = task_of(row)
         made = handle.coordinator.create_rollout(task)
         out.append(RolloutSpec(made.rollout_id, made.group_id, task, made.token, handle.url, "policy",
-                               SamplingParams(max_tokens=4096), max_turns, 120.0))
+                               SamplingParams(max_tokens=max_tokens), max_turns, 120.0))
     return out
 
 
@@ -285,6 +285,15 @@ async def test_mistakes_are_error_results_and_a_silent_agent_ends_at_max_turns(s
     assert "no such file" in errors[0] and "unknown argument 'file'" in errors[1]
     assert "unknown tool 'delete_everything'" in errors[2] and "killed after" in errors[3]
     assert text == "" and record.metrics["completion"] == 0.0 and record.reward == 0.0
+
+
+async def test_a_reply_cut_at_max_tokens_ends_the_episode_but_is_no_answer(served, tiny_tok, sandboxes):
+    handle = served(ScriptedEngine(tiny_tok, lambda request, prompt: "The bug is somewhere in the loop, " * 20))
+    [spec] = _specs(handle, [_row("chunk")], max_tokens=8)
+    await _run_all(make_agent(sandboxes=sandboxes), [spec])
+    record = handle.store.get_rollout(spec.rollout_id)
+    assert record.turns[0].finish_reason == "length" and record.metrics["completion"] == 0.0
+    assert record.reward == 0.0
 
 
 # --------------------------------------------------------------------------- config, the strict scorer, training

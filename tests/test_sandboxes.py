@@ -46,7 +46,7 @@ def provider(root):
     require("bubblewrap", root=str(root))
     made = Sandboxes({"kind": "bubblewrap", "root": str(root), "timeout_s": 30})
     yield made
-    asyncio.run(made.close()) if made.open_count else None
+    asyncio.run(made.close())
 
 
 def marker() -> str:

@@ -73,14 +73,15 @@ async def _run_tool(box: Sandbox, call: Any) -> str:
 
 
 async def fix_repository(client: openai.AsyncOpenAI, box: Sandbox, task: Task, max_turns: int) -> tuple[str, bool]:
-    """The tool loop: the final reply's text and True, or ("", False) when ``max_turns`` calls end without one."""
+    """The tool loop: the final reply's text and whether it is a whole answer (not cut at ``max_tokens``), or
+    ("", False) when ``max_turns`` calls end without one."""
     messages = build_messages(task)
     for _ in range(max_turns):
         response = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
         message = response.choices[0].message
         messages.append(_assistant_message(message))
-        if not message.tool_calls:
-            return message.content or "", True
+        if not message.tool_calls:  # the answer; one cut at max_tokens does not count as one (completion 0)
+            return message.content or "", response.choices[0].finish_reason != "length"
         for call in message.tool_calls:
             messages.append({"role": "tool", "tool_call_id": call.id, "content": await _run_tool(box, call)})
     return "", False
