@@ -69,6 +69,9 @@ class _Strict(BaseModel):
 METRIC_LIMIT = 1e12
 """The bound on a reward metric's magnitude: averaged over a step's rollouts it stays a finite number."""
 
+INT64_MAX = 2**63 - 1
+"""The largest integer a report may carry: the store (SQLite) keeps integers as signed 64 bits."""
+
 
 def _finite(name: str, value: float) -> float:
     if not math.isfinite(value):
@@ -86,7 +89,7 @@ class ToolCallReport(_Strict):
     error: str | None = Field(default=None, max_length=65536)
     status: Literal["success", "error"] = "success"
     latency_s: float = Field(default=0.0, ge=0.0)
-    turn_index: int | None = Field(default=None, ge=0)
+    turn_index: int | None = Field(default=None, ge=0, le=INT64_MAX)
     started_at: float = 0.0
 
     @field_validator("latency_s", "started_at")
@@ -111,6 +114,9 @@ class RewardReport(_Strict):
     @classmethod
     def _turns_finite(cls, v: list[float] | None) -> list[float] | None:
         if v is not None:
+            if not v:  # no value at all: the rollout would end with no reward, and not flagged as defaulted
+                raise ValueError("turn_rewards is empty; give one float per turn, or reward (one float) for the "
+                                 "whole rollout")
             for i, r in enumerate(v):
                 _finite(f"turn_rewards[{i}]", r)
         return v
@@ -148,8 +154,8 @@ class ModelCallReport(_Strict):
     model: str | None = Field(default=None, max_length=512)
     latency_s: float = Field(default=0.0, ge=0.0)
     started_at: float = 0.0
-    input_tokens: int | None = Field(default=None, ge=0)
-    output_tokens: int | None = Field(default=None, ge=0)
+    input_tokens: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    output_tokens: int | None = Field(default=None, ge=0, le=INT64_MAX)
     stream: bool = False
     status: Literal["success", "error"] = "success"
     error: str | None = Field(default=None, max_length=65536)
@@ -197,7 +203,7 @@ class CreateRolloutRequest(_Strict):
     max_turns: int | None = Field(default=None, ge=1, le=1000)
     # what the rollout's calls sample with when they name no seed (turn t > 0: a seed derived from it); without
     # one, the run's sampling_params.seed and the rollout id give it one. 63 bits: what engines and clients take
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(default=None, ge=0, le=INT64_MAX)
 
 
 class CreatedRollout(BaseModel):
@@ -273,6 +279,7 @@ __all__ = [
     "HEADER_SM_JOB_ARN",
     "HEADER_SM_TRAJECTORY_ID",
     "HEADER_TURN_HINT",
+    "INT64_MAX",
     "METRIC_LIMIT",
     "ROLLOUT_PREFIX",
     "TRAJECTORY_MAC_HEX",

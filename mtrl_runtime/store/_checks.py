@@ -11,6 +11,8 @@ from ..types import RolloutStatus
 
 # ---- scalars -------------------------------------------------------------
 
+INT_MAX = 2**63 - 1  # SQLite keeps integers as signed 64 bits: a larger one fails in the writer, after the caller moved on
+
 
 def check_str(field: str, value: Any, *, optional: bool = False, empty: bool = False) -> str | None:
     if value is None and optional:
@@ -26,6 +28,8 @@ def check_int(field: str, value: Any, *, optional: bool = False, minimum: int = 
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
+    if value > INT_MAX:
+        raise ValueError(f"{field} must be at most 2**63-1 (the store's integers are 64-bit), got {value!r}")
     return value
 
 
@@ -79,4 +83,4 @@ def check_rollout_ids(field: str, rollout_ids: Any) -> list[str]:
     return ids
 
 
-__all__ = ["check_float", "check_int", "check_metrics", "check_rollout_ids", "check_str", "final_status", "status_of"]
+__all__ = ["INT_MAX", "check_float", "check_int", "check_metrics", "check_rollout_ids", "check_str", "final_status", "status_of"]
