@@ -162,7 +162,11 @@ class ServerConfig(_Section):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_messages: int = Field(default=512, ge=1)
     max_tools: int = Field(default=128, ge=0)
+    max_tool_calls: int = Field(default=128, ge=1)  # tool calls in one assistant message of a request
     max_string_chars: int = Field(default=1_000_000, ge=1)
+    # levels of JSON nesting in any request body (the body is level 1); at most 200, so every answer that echoes
+    # a request's values stays within what the JSON writer takes (254 levels)
+    max_json_depth: int = Field(default=64, ge=2, le=200)
     body_timeout_s: float = Field(default=30.0, gt=0.0)  # a request body not fully read by then: 408
     header_timeout_s: float = Field(default=10.0, gt=0.0)  # a connection's request line + headers not in by then: closed
     max_pending_bodies: int = Field(default=512, ge=1)  # requests still sending their body at once; more: 503

@@ -64,7 +64,15 @@ class EngineFailure(MtrlError):
     code = "engine_failure"
 
 
+class AnswerFailure(MtrlError):
+    """The call was served but its answer could not be written; nothing was recorded for it."""
+
+    status = 500
+    code = "answer_failure"
+
+
 __all__ = [
+    "AnswerFailure",
     "BadRequest",
     "Conflict",
     "EngineFailure",

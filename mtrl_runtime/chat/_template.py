@@ -9,6 +9,7 @@ endpoint renders twice per turn and must stay well under a millisecond.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import OrderedDict
 from typing import Any, Mapping, Sequence
@@ -258,15 +259,19 @@ class _SegmentEncoder:
         return ids
 
     def _piece(self, piece: str) -> tuple[int, ...]:
+        # shared by the event loop and the worker thread that prepares a large call: each cache step is one
+        # atomic OrderedDict call, and an entry another thread evicted in between is simply gone
         cached = self._cache.get(piece)
         if cached is not None:
-            self._cache.move_to_end(piece)
+            with contextlib.suppress(KeyError):
+                self._cache.move_to_end(piece)
             return cached
         ids = tuple(self._encode_piece(piece))
         if len(piece) <= SEGMENT_CACHE_MAX_CHARS:
             self._cache[piece] = ids
             if len(self._cache) > SEGMENT_CACHE_SIZE:
-                self._cache.popitem(last=False)
+                with contextlib.suppress(KeyError):
+                    self._cache.popitem(last=False)
         return ids
 
 

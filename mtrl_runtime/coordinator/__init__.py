@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence, TypeVar, overload
 
 import httpx
 
@@ -54,7 +54,7 @@ from ..types import (
     Task,
     TrajectoryStore,
 )
-from ._capture import CallCapture, ChatResult
+from ._capture import CallCapture, ChatResult, Respond
 from ._counters import CoordinatorCounters
 from ._drift import DriftMeter
 from ._ends import RolloutEnds
@@ -64,6 +64,9 @@ from ._owner import FIX, STALE_HEADER_FLAG, StaleTrajectoryHeader
 from ._reference import ReferenceClient, ReferenceModel, check_reference
 from ._reports import ReportIntake
 from ._stream import ChatStream, StreamClosed
+
+
+T = TypeVar("T")
 
 
 class Coordinator:
@@ -181,6 +184,20 @@ class Coordinator:
         return self.store.get_rollout(rollout_id, with_turns=with_turns)
 
     # ------------------------------------------------------------------ model calls
+    @overload
+    async def chat(
+        self, rollout_id: str | None, token: str | None, messages: list[Mapping[str, Any]],
+        tools: list[Mapping[str, Any]] | None, sampling: SamplingParams, options: ChatOptions | None = None,
+        stream: ChatStream | None = None, *, off_loop: bool = False,
+    ) -> ChatResult: ...
+
+    @overload
+    async def chat(
+        self, rollout_id: str | None, token: str | None, messages: list[Mapping[str, Any]],
+        tools: list[Mapping[str, Any]] | None, sampling: SamplingParams, options: ChatOptions | None = None,
+        stream: ChatStream | None = None, *, respond: Callable[[ChatResult], Awaitable[T]], off_loop: bool = False,
+    ) -> T: ...
+
     async def chat(
         self,
         rollout_id: str | None,
@@ -190,15 +207,25 @@ class Coordinator:
         sampling: SamplingParams,
         options: ChatOptions | None = None,
         stream: ChatStream | None = None,
-    ) -> ChatResult:
-        """Serve one chat completion; attributed calls are recorded before this returns.
+        *,
+        respond: Respond | None = None,
+        off_loop: bool = False,
+    ) -> Any:
+        """Serve one chat completion; an attributed call is recorded before this returns.
 
-        ``stream`` receives the completion's text as it is decoded (``_stream``: what a hang-up stops).
-        A call under a run-wide credential refused for its stale trajectory header (``_owner``) first ends
-        the rollouts whose replies it proves reached another agent.
+        ``respond`` builds the caller's answer from the ``ChatResult`` (returned as it is without one) before
+        the turn is committed, so a call whose answer cannot be written records nothing; ``stream`` receives
+        the completion's text as it is decoded (``_stream``: what a hang-up stops); ``off_loop``: a large
+        request, its messages and prompt prepared on a worker thread (``_capture``). A call under a run-wide
+        credential refused for its stale trajectory header (``_owner``) first ends the rollouts whose replies it
+        proves reached another agent.
         """
         try:
-            return await self._capture.chat(rollout_id, token, messages, tools, sampling, options, stream)
+            if respond is None:
+                return await self._capture.chat(rollout_id, token, messages, tools, sampling, options, stream,
+                                                off_loop=off_loop)
+            return await self._capture.chat(rollout_id, token, messages, tools, sampling, options, stream,
+                                            respond=respond, off_loop=off_loop)
         except StaleTrajectoryHeader as refused:
             for implicated in refused.implicated:
                 reason = (f"a reply of this rollout reached an agent that names rollout {rollout_id!r} "

@@ -1,11 +1,23 @@
-"""Serving and capturing model calls: prompt, generation, reply, and the turn committed before the answer."""
+"""Serving and capturing model calls: prompt, generation, reply, the answer built, and the turn committed last.
+
+A caller passes ``respond``, which turns the ``ChatResult`` into the bytes it
+will send (a protocol's response body, or a stream's closing events). It runs
+before the turn is committed: an answer that cannot be built (a value the
+JSON writer refuses, a tool call the protocol cannot express) fails the call
+with nothing recorded, so an agent's retry never leaves a stored turn it did
+not see. The commit is the last step that can fail.
+
+``off_loop``: a large request's messages are normalized and its prompt built
+on a worker thread, so the event loop keeps serving other calls meanwhile.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from ..chat import (
     CHAT_TEMPLATE_META,
@@ -17,7 +29,7 @@ from ..chat import (
     normalize_tools,
 )
 from ..chat.formats import ChatFormat, resolve_format
-from ..errors import BadRequest, Conflict, EngineFailure
+from ..errors import AnswerFailure, BadRequest, Conflict, EngineFailure, MtrlError
 from ..seeds import derived_seed, turn_seed
 from ..types import (
     ChatOptions, Generation, GenerationRequest, PolicyEngine, SamplingParams, StreamingEngine, TrajectoryStore, Turn,
@@ -27,6 +39,8 @@ from ._counters import CoordinatorCounters
 from ._live import LiveRollout, LiveRollouts, VerifiedToken
 from ._owner import call_owner, check_owner
 from ._stream import ChatStream, StreamClosed
+
+_log = logging.getLogger("mtrl.coordinator")
 
 
 @dataclass(frozen=True)
@@ -38,6 +52,14 @@ class ChatResult:
     prompt_ids: tuple[int, ...]
     generation: Generation
     completion_text: str
+
+
+Respond = Callable[[ChatResult], Awaitable[Any]]
+"""Builds a call's answer (the bytes its route sends) from its result, before the turn is committed."""
+
+
+async def _as_is(result: ChatResult) -> ChatResult:
+    return result
 
 
 class CallCapture:
@@ -75,27 +97,21 @@ class CallCapture:
         sampling: SamplingParams,
         options: ChatOptions | None = None,
         stream: ChatStream | None = None,
-    ) -> ChatResult:
-        """Serve one chat completion; attributed calls are recorded before this returns.
+        respond: Respond = _as_is,
+        off_loop: bool = False,
+    ) -> Any:
+        """Serve one chat completion and return ``respond``'s answer (by default the ``ChatResult`` itself).
 
-        With ``stream``, the completion's text goes to it as it is decoded
-        (``_stream``); the turn recorded is the same as without.
+        An attributed call is recorded after its answer is built and before this returns (the module
+        docstring). With ``stream``, the completion's text goes to it as it is decoded (``_stream``); the
+        turn recorded is the same as without.
         """
-        try:
-            normalized = normalize_messages(messages)
-        except ValueError as exc:
-            raise BadRequest(str(exc), param="messages") from None
-        tools = list(tools or [])
-        try:
-            normalize_tools(tools)  # checked before anything is recorded (the turn keeps the tools as sent)
-        except ValueError as exc:
-            raise BadRequest(str(exc), param="tools") from None
         options = options or _AUTO
-        _check_tool_choice(options, tools)
+        normalized, tools = await _work(off_loop, _checked, messages, tools, options)
         if rollout_id is None:
             if sampling.seed is None:
                 sampling = replace(sampling, seed=self.default_seed)
-            return await self._inference(normalized, tools, sampling, options, stream)
+            return await self._inference(normalized, tools, sampling, options, stream, respond, off_loop)
         if isinstance(token, VerifiedToken):  # a run-wide credential (SageMaker SigV4): the prompt may name the rollout
             rollout_id = call_owner(self.live, rollout_id, normalized, self.counters)
             token = VerifiedToken(rollout_id)
@@ -116,8 +132,8 @@ class CallCapture:
             if seed is not None:  # each turn its own noise (``seeds.turn_seed``)
                 sampling = replace(sampling, seed=turn_seed(seed, live.turns))
             if live.reference is not None:  # an evaluation's reference side: passed through, recorded without ids
-                return await self._reference_turn(live, normalized, tools, sampling, options)
-            return await self._attributed_turn(live, normalized, tools, sampling, options, stream)
+                return await self._reference_turn(live, normalized, tools, sampling, options, respond)
+            return await self._attributed_turn(live, normalized, tools, sampling, options, stream, respond, off_loop)
 
     def _seed(self, live: LiveRollout, asked: int | None) -> int | None:
         """The seed a rollout's call samples with: the one the call names (the adapters put the rollout's
@@ -140,14 +156,38 @@ class CallCapture:
         if options.tool_choice == "auto" or not tools:
             return plan, ""
         prefix = self.format.forced_prefix(options.tool_name if options.tool_choice == "function" else None)
-        self.counters.forced_tool_calls += 1
         return replace(plan, prompt_ids=plan.prompt_ids + tuple(self.renderer.encode(prefix))), prefix
+
+    async def _planned(
+        self, state: Any, messages: list[dict], tools: list, options: ChatOptions, off_loop: bool
+    ) -> tuple[PromptPlan, str]:
+        """``_plan``, on a worker thread for a large request (the renderer's cache is safe to share)."""
+        plan, prefix = await _work(off_loop, self._plan, state, messages, tools, options)
+        if prefix:
+            self.counters.forced_tool_calls += 1
+        return plan, prefix
+
+    async def _answer(self, respond: Respond, result: ChatResult) -> Any:
+        """The caller's answer to ``result``, built before anything is recorded (see the module docstring).
+
+        A refusal of the caller's own (``MtrlError``) passes as it is; any other failure is an
+        ``AnswerFailure`` (500) saying that nothing was recorded, and is logged with its traceback.
+        """
+        try:
+            return await respond(result)
+        except (MtrlError, StreamClosed, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            self.counters.answers_unwritable += 1
+            _log.exception("mtrl: the answer to a model call could not be written; nothing was recorded")
+            raise AnswerFailure(f"the answer could not be written ({type(exc).__name__}: {exc}); "
+                                "nothing was recorded for this call") from exc
 
     async def _inference(
         self, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions,
-        stream: ChatStream | None = None,
-    ) -> ChatResult:
-        plan, prefix = self._plan(None, messages, tools, options)
+        stream: ChatStream | None, respond: Respond, off_loop: bool,
+    ) -> Any:
+        plan, prefix = await self._planned(None, messages, tools, options, off_loop)
         sampling = self._fit_context(len(plan.prompt_ids), sampling)
         # no rollout: the turn is the replies since the last user message (what a scripted engine's file reads;
         # replies before it belong to worked examples or earlier exchanges)
@@ -162,16 +202,17 @@ class CallCapture:
             self._streaming(stream, prefix, tools, sampling, len(plan.prompt_ids)),
         )
         text, message, finish, _, _ = self._reply(gen, tools, sampling, prefix)
+        answer = await self._answer(respond, ChatResult(message, finish, plan.prompt_ids, gen, text))
         self.counters.inference_calls += 1
-        return ChatResult(message, finish, plan.prompt_ids, gen, text)
+        return answer
 
     async def _attributed_turn(
         self, live: LiveRollout, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions,
-        stream: ChatStream | None = None,
-    ) -> ChatResult:
+        stream: ChatStream | None, respond: Respond, off_loop: bool,
+    ) -> Any:
         started = time.time()
         live.note_answers(messages)
-        plan, prefix = self._plan(live.conversation, messages, tools, options)
+        plan, prefix = await self._planned(live.conversation, messages, tools, options, off_loop)
         sampling = self._fit_context(len(plan.prompt_ids), sampling)
         request = GenerationRequest(
             prompt_ids=plan.prompt_ids,
@@ -206,18 +247,20 @@ class CallCapture:
             reasoning=message.get("reasoning_content"),
             reasoning_tokens=reasoning_tokens,
         )
-        await self.store.aadd_turn(turn)  # durable before the response is sent
-        live.conversation = self.builder.advance(
-            live.conversation, plan, messages, tools, gen.completion_ids, gen.finish_reason, message
-        )
+        conversation = await _work(off_loop, self.builder.advance, live.conversation, plan, messages, tools,
+                                   gen.completion_ids, gen.finish_reason, message)  # pure: nothing changes yet
+        answer = await self._answer(respond, ChatResult(message, finish, plan.prompt_ids, gen, text))
+        await self.store.aadd_turn(turn)  # the last step that can fail; durable before the answer is sent
+        live.conversation = conversation
         live.note_calls(message.get("tool_calls") or (), tools, turn.index)
         live.turns += 1
         self.counters.turns += 1
-        return ChatResult(message, finish, plan.prompt_ids, gen, text)
+        return answer
 
     async def _reference_turn(
-        self, live: LiveRollout, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions
-    ) -> ChatResult:
+        self, live: LiveRollout, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions,
+        respond: Respond,
+    ) -> Any:
         """Answer with the rollout's reference model (``_reference``) and commit the turn, named by its model and
         without token ids (none come from a closed endpoint), before the answer leaves. A streamed call gets the
         whole reply at once."""
@@ -240,12 +283,14 @@ class CallCapture:
             tools=tuple(tools), policy_version=live.policy_version, started_at=started,
             latency_s=time.time() - started, reasoning=reply.reasoning, model=live.reference.model,
         )
-        await self.store.aadd_turn(turn)  # durable before the response is sent
+        generation = Generation((), (), reply.finish_reason, live.policy_version)
+        answer = await self._answer(respond, ChatResult(reply.message, reply.finish_reason, (), generation,
+                                                        reply.completion_text))
+        await self.store.aadd_turn(turn)  # the last step that can fail; durable before the answer is sent
         live.note_calls(calls, tools, turn.index)
         live.turns += 1
         self.counters.reference_turns += 1
-        generation = Generation((), (), reply.finish_reason, live.policy_version)
-        return ChatResult(reply.message, reply.finish_reason, (), generation, reply.completion_text)
+        return answer
 
     def _fit_context(self, prompt_tokens: int, sampling: SamplingParams) -> SamplingParams:
         """``sampling`` within the engine's context: a 400 (the caller's error, not retried) naming both numbers
@@ -319,6 +364,29 @@ class CallCapture:
 
 
 _AUTO = ChatOptions()
+T = TypeVar("T")
+
+
+async def _work(off_loop: bool, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``: on a worker thread for a large request (``off_loop``), else right here."""
+    return await asyncio.to_thread(fn, *args) if off_loop else fn(*args)
+
+
+def _checked(
+    messages: list[Mapping[str, Any]], tools: list[Mapping[str, Any]] | None, options: ChatOptions
+) -> tuple[list[dict[str, Any]], list[Mapping[str, Any]]]:
+    """The call's messages normalized and its tools checked (kept as sent), or a 400 before anything is recorded."""
+    try:
+        normalized = normalize_messages(messages)
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="messages") from None
+    tools = list(tools or [])
+    try:
+        normalize_tools(tools)  # checked before anything is recorded (the turn keeps the tools as sent)
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="tools") from None
+    _check_tool_choice(options, tools)
+    return normalized, tools
 
 
 def _check_tool_choice(options: ChatOptions, tools: list) -> None:
@@ -337,4 +405,4 @@ def _check_tool_choice(options: ChatOptions, tools: list) -> None:
             )
 
 
-__all__ = ["CallCapture", "ChatResult"]
+__all__ = ["CallCapture", "ChatResult", "Respond"]

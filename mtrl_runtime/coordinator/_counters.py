@@ -39,6 +39,7 @@ class CoordinatorCounters(Mapping[str, int]):
     turn_limit_hits: int = 0  # a call past max_turns ended its rollout
     rewards_defaulted: int = 0  # a rollout ended with no reward: advanced.default_reward stored
     reward_out_of_range: int = 0  # a reported reward outside advanced.reward_range (refused)
+    rewards_refused: int = 0  # every reward report refused (out of range, more values than turns, after the end)
     rollouts_with_no_policy_call: int = 0  # every model call passed through: none was the policy's
     # policy calls
     turns: int = 0
@@ -48,6 +49,7 @@ class CoordinatorCounters(Mapping[str, int]):
     engine_failures: int = 0
     streams_closed: int = 0  # the client hung up mid-stream: generation stopped, no turn recorded
     stream_divergences: int = 0  # streamed text that differs from the final reply's
+    answers_unwritable: int = 0  # an answer that could not be built: the call failed, nothing recorded
     reasoning_replies: int = 0
     reasoning_tokens: int = 0
     malformed_tool_calls: int = 0  # every format's; per format in ``malformed_by_format``

@@ -11,11 +11,14 @@ describes both paths (``openapi_paths``), as FastAPI would.
 
 A call is attributed to a rollout by the path prefix ``/rollouts/{id}/v1``
 or the ``x-mtrl-rollout-id`` header; unattributed calls are served only in
-inference mode.
+inference mode. The answer is built before the turn is committed
+(``Coordinator.chat``'s ``respond``). A body over ``OFF_LOOP_BYTES`` is
+decoded, checked and turned into its prompt on a worker thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import secrets
 from typing import Any
@@ -28,7 +31,7 @@ from ._asgi import ClientGone, Receive, Send, read_body, request_headers, send_b
 from ._chat_payloads import completion_json
 from ._chat_stream import ChunkEvents
 from ._attribution import attribute_call, scope_peer
-from ._http import decode_json, error_body, openapi_body, validate
+from ._http import OFF_LOOP_BYTES, BodyLimits, decode_json, error_body, openapi_body, validate
 from ._schemas import ChatCompletionRequest
 from ._streaming import stream_answer
 
@@ -60,6 +63,7 @@ class ChatCompletionsRoute(BaseRoute):
     def __init__(self, coordinator: Coordinator) -> None:
         self.coordinator = coordinator
         self.cfg = coordinator.server_config
+        self.limits = BodyLimits.of(self.cfg)
         # completion ids: unique, not secret (no system entropy per call)
         self._id_prefix = "chatcmpl-" + secrets.token_hex(6)
         self._ids = itertools.count()
@@ -102,9 +106,8 @@ class ChatCompletionsRoute(BaseRoute):
         if rollout_id is not None:
             coordinator.check_access(rollout_id, token)
         raw = await read_body(receive, headers.get(b"content-length"), cfg.max_body_bytes)
-        data = decode_json(raw, cfg.max_string_chars)
-        body = validate(data, ChatCompletionRequest)
-        _check_limits(body, cfg)
+        off_loop = len(raw) > OFF_LOOP_BYTES
+        data, body = await asyncio.to_thread(self._parse, raw) if off_loop else self._parse(raw)
         sampling = body.sampling(coordinator.default_sampling, coordinator.max_tokens_cap)
         # the request's own message dicts (validated): the coordinator normalizes them, and stores them so
         messages = data["messages"]
@@ -118,11 +121,24 @@ class ChatCompletionsRoute(BaseRoute):
         options = body.options()
         if body.stream:
             events = ChunkEvents(cid, model, tokenizer, body)
-            run = lambda stream: coordinator.chat(rollout_id, token, messages, tools, sampling, options, stream=stream)  # noqa: E731
+            run = lambda stream, respond: coordinator.chat(  # noqa: E731
+                rollout_id, token, messages, tools, sampling, options, stream, respond=respond, off_loop=off_loop)
             await stream_answer(run, events, coordinator.counters, receive, send)
             return None
-        result = await coordinator.chat(rollout_id, token, messages, tools, sampling, options)
-        return completion_json(cid, model, tokenizer, body, result), _JSON
+
+        async def respond(result: Any) -> bytes:  # built before the turn is committed
+            return completion_json(cid, model, tokenizer, body, result)
+
+        answer = await coordinator.chat(rollout_id, token, messages, tools, sampling, options, respond=respond,
+                                        off_loop=off_loop)
+        return answer, _JSON
+
+    def _parse(self, raw: bytes) -> tuple[dict[str, Any], ChatCompletionRequest]:
+        """The body's JSON and its validated request, within the server's limits (a 400 naming the field)."""
+        data = decode_json(raw, self.limits)
+        body = validate(data, ChatCompletionRequest)
+        _check_limits(body, self.cfg)
+        return data, body
 
 
 def _check_limits(body: ChatCompletionRequest, cfg: Any) -> None:
@@ -131,6 +147,11 @@ def _check_limits(body: ChatCompletionRequest, cfg: Any) -> None:
     if body.tools and len(body.tools) > cfg.max_tools:
         raise BadRequest(f"tools: {len(body.tools)} tools; the limit is {cfg.max_tools}", param="tools")
     for i, message in enumerate(body.messages):
+        if message.tool_calls and len(message.tool_calls) > cfg.max_tool_calls:
+            raise BadRequest(
+                f"messages[{i}].tool_calls: {len(message.tool_calls)} tool calls in one message; the limit is "
+                f"{cfg.max_tool_calls} (advanced.server.max_tool_calls)", param=f"messages.{i}.tool_calls",
+            )
         content = message.content
         size = len(content) if isinstance(content, str) else sum(len(str(p.get("text", ""))) for p in content or [])
         if size > cfg.max_string_chars:

@@ -46,7 +46,7 @@ from mtrl_adapters.wire import CompletionReport, RewardReport, SageMakerComplete
 from ..coordinator import Coordinator, VerifiedToken
 from ..errors import BadRequest, Unauthorized
 from ..types import AgentEnded, RolloutStatus
-from ._http import bearer_token, describe_validation, json_response, openapi_body, parse_body
+from ._http import BodyLimits, bearer_token, describe_validation, json_response, openapi_body, parse_body
 from ._sigv4 import signature_problem
 from ._trajectory import resolve_trajectory
 
@@ -193,8 +193,7 @@ class FailureGrace:
 
 def build_compat_router(coordinator: Coordinator) -> APIRouter:
     router = APIRouter()
-    max_bytes = coordinator.server_config.max_body_bytes
-    max_chars = coordinator.server_config.max_string_chars
+    limits = BodyLimits.of(coordinator.server_config)
     grace = FailureGrace(coordinator)
 
     @router.post(
@@ -205,7 +204,7 @@ def build_compat_router(coordinator: Coordinator) -> APIRouter:
     async def complete_rollout(request: Request) -> Response:
         bearer = bearer_token(request)
         verified = sigv4_verified(_peer(request), coordinator, bearer)  # before the body: a stranger learns no schema
-        body = await parse_body(request, SageMakerCompleteRollout, max_bytes, max_chars)
+        body = await parse_body(request, SageMakerCompleteRollout, limits)
         rollout_id, token = feedback_credential(coordinator, body.TrajectoryId, bearer, verified)
         status = _status(body.Status)
         if rollout_id in coordinator.live_rollout_ids() and await coordinator.request_end(rollout_id, token, status):
@@ -221,7 +220,7 @@ def build_compat_router(coordinator: Coordinator) -> APIRouter:
     async def update_reward(request: Request) -> Response:
         bearer = bearer_token(request)
         verified = sigv4_verified(_peer(request), coordinator, bearer)  # before the body
-        body = await parse_body(request, SageMakerUpdateReward, max_bytes, max_chars)
+        body = await parse_body(request, SageMakerUpdateReward, limits)
         rollout_id, token = feedback_credential(coordinator, body.TrajectoryId, bearer, verified)
         await coordinator.report_reward(rollout_id, token, _reward_report(body.Rewards))  # ends one that waited
         if coordinator.requested_end(rollout_id) is RolloutStatus.FAILED:  # rewarded, still waiting for a text

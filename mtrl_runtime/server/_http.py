@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from dataclasses import dataclass
 from typing import Any, Mapping, TypeVar
 
 import orjson
@@ -67,18 +68,36 @@ def describe_validation(exc: ValidationError) -> tuple[str, str | None]:
     return "; ".join(parts), first_param
 
 
-async def parse_body(request: Request, model: type[M], max_bytes: int, max_string_chars: int | None = None) -> M:
-    """Read, size-check, decode and validate a JSON body into ``model``; no string may exceed ``max_string_chars``."""
-    return decode_body(await read_limited(request, max_bytes), model, max_string_chars)
+OFF_LOOP_BYTES = 64 * 1024
+"""A body larger than this is decoded and checked on a worker thread (and its call's prompt built there): parsing
+thousands of items took seconds, during which the event loop served no one else."""
 
 
-def decode_body(body: bytes, model: type[M], max_string_chars: int | None = None) -> M:
+@dataclass(frozen=True)
+class BodyLimits:
+    """What every request body must stay within (``advanced.server``): its size, its strings, its nesting."""
+
+    max_bytes: int
+    max_string_chars: int | None = None
+    max_depth: int | None = None
+
+    @classmethod
+    def of(cls, server_config: Any) -> "BodyLimits":
+        return cls(server_config.max_body_bytes, server_config.max_string_chars, server_config.max_json_depth)
+
+
+async def parse_body(request: Request, model: type[M], limits: BodyLimits) -> M:
+    """Read, size-check, decode and validate a JSON body into ``model`` within ``limits``."""
+    return decode_body(await read_limited(request, limits.max_bytes), model, limits)
+
+
+def decode_body(body: bytes, model: type[M], limits: BodyLimits) -> M:
     """Decode and validate a JSON body into ``model``; errors name the field and the value."""
-    return validate(decode_json(body, max_string_chars), model)
+    return validate(decode_json(body, limits), model)
 
 
-def decode_json(body: bytes, max_string_chars: int | None = None) -> dict[str, Any]:
-    """The JSON object of a request body; no string in it may exceed ``max_string_chars``."""
+def decode_json(body: bytes, limits: BodyLimits) -> dict[str, Any]:
+    """The JSON object of a request body, its strings and nesting within ``limits``."""
     if not body:
         raise BadRequest("the request body is empty; send a JSON object", param="body")
     try:
@@ -87,8 +106,12 @@ def decode_json(body: bytes, max_string_chars: int | None = None) -> dict[str, A
         raise BadRequest(f"the request body is not valid JSON: {exc}", param="body") from None
     if not isinstance(data, dict):
         raise BadRequest(f"the request body must be a JSON object, got {type(data).__name__}", param="body")
-    if max_string_chars is not None and len(body) > max_string_chars:  # a shorter body holds no longer string
-        check_string_lengths(data, max_string_chars)
+    limit = limits.max_depth
+    # each level opens with a '{' or '[': a body with no more of them than the limit cannot nest deeper (C-speed)
+    if limit is not None and body.count(b"{") + body.count(b"[") > limit:
+        check_depth(data, limit)
+    if limits.max_string_chars is not None and len(body) > limits.max_string_chars:  # a shorter body holds no longer string
+        check_string_lengths(data, limits.max_string_chars)
     return data
 
 
@@ -124,6 +147,42 @@ def check_read_size(size: int, max_bytes: int) -> None:
     """Refuse a body (sent without ``content-length``) once what was read passes the limit."""
     if size > max_bytes:
         raise PayloadTooLarge(f"the request body exceeds the limit of {max_bytes} bytes", param="body")
+
+
+def check_depth(data: Any, limit: int) -> None:
+    """Refuse JSON nested more than ``limit`` levels deep (the body object is level 1), naming where.
+
+    One iterative walk over the containers (nothing recurses, however deep the
+    body); the path is spelled out only for a refusal. Deeper values cannot be
+    written back: the JSON writer stops at 254 levels and Python's recursion at
+    about 1,000, which once failed a call after its turn was stored.
+    """
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node, depth = pop()
+        for child in node.values() if type(node) is dict else node:
+            if type(child) is dict or type(child) is list:
+                if depth >= limit:
+                    where = _path_deeper_than(data, limit)
+                    raise BadRequest(
+                        f"{where}: nested more than {limit} levels deep; the limit is {limit} "
+                        "(advanced.server.max_json_depth)", param=where.split("...")[0].rstrip("."),
+                    )
+                push((child, depth + 1))
+
+
+def _path_deeper_than(data: Any, limit: int, shown: int = 6) -> str:
+    """The path to the first container below level ``limit``, its first ``shown`` steps spelled out."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
+    while stack:
+        node, path = stack.pop()
+        if len(path) >= limit:
+            steps = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path[:shown]).lstrip(".")
+            return steps + ("..." if len(path) > shown else "")
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        stack.extend((child, (*path, key)) for key, child in items if isinstance(child, (dict, list)))
+    return "body"
 
 
 def check_string_lengths(data: Any, limit: int) -> None:
@@ -192,9 +251,12 @@ def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
 
 
 __all__ = [
+    "OFF_LOOP_BYTES",
+    "BodyLimits",
     "api_key_matches",
     "bearer_token",
     "check_declared_size",
+    "check_depth",
     "check_read_size",
     "check_string_lengths",
     "decode_body",

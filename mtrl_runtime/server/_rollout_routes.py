@@ -26,16 +26,16 @@ from mtrl_adapters.wire import (
 from ..coordinator import Coordinator
 from ..errors import Forbidden, Unauthorized
 from ..types import Task
-from ._http import api_key_matches, bearer_token, decode_body, json_response, openapi_body, parse_body, read_limited
-
-OFF_LOOP_BYTES = 64 * 1024  # a tool-call batch body larger than this is validated on a worker thread
+from ._http import (
+    OFF_LOOP_BYTES, BodyLimits, api_key_matches, bearer_token, decode_body, json_response, openapi_body, parse_body,
+    read_limited,
+)
 
 
 def build_rollout_router(coordinator: Coordinator) -> APIRouter:
     router = APIRouter()
     server_cfg = coordinator.server_config
-    max_bytes = server_cfg.max_body_bytes
-    max_chars = server_cfg.max_string_chars
+    limits = BodyLimits.of(server_cfg)
 
     @router.post(
         "/v1/rollouts",
@@ -50,7 +50,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
                 "this coordinator serves a training run: its rollouts are opened by the trainer; set "
                 "advanced.server.allow_external_rollouts to open rollouts over HTTP", param="authorization",
             )
-        body = await parse_body(request, CreateRolloutRequest, max_bytes, max_chars)
+        body = await parse_body(request, CreateRolloutRequest, limits)
         task = Task(id=body.task_id, prompt=body.prompt, ground_truth=body.ground_truth, data=body.data)
         handle = coordinator.create_rollout(task, body.group_id, max_turns=body.max_turns, seed=body.seed)
         base = str(request.base_url).rstrip("/")
@@ -68,7 +68,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
     )
     async def tool_call(rollout_id: str, request: Request) -> Response:
         coordinator.check_access(rollout_id, bearer_token(request))  # the token before the body
-        report = await parse_body(request, ToolCallReport, max_bytes, max_chars)
+        report = await parse_body(request, ToolCallReport, limits)
         await coordinator.record_tool_call(rollout_id, bearer_token(request), report)
         return json_response({"ok": True})
 
@@ -79,11 +79,11 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
     )
     async def tool_call_batch(rollout_id: str, request: Request) -> Response:
         coordinator.check_access(rollout_id, bearer_token(request))
-        raw = await read_limited(request, max_bytes)
+        raw = await read_limited(request, limits.max_bytes)
         if len(raw) > OFF_LOOP_BYTES:  # validating thousands of calls takes ~0.1 s: off the event loop
-            batch = await asyncio.to_thread(decode_body, raw, ToolCallBatch, max_chars)
+            batch = await asyncio.to_thread(decode_body, raw, ToolCallBatch, limits)
         else:
-            batch = decode_body(raw, ToolCallBatch, max_chars)
+            batch = decode_body(raw, ToolCallBatch, limits)
         await coordinator.record_tool_calls(rollout_id, bearer_token(request), batch.calls)
         return json_response({"ok": True, "recorded": len(batch.calls)})
 
@@ -94,7 +94,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
     )
     async def model_call_batch(rollout_id: str, request: Request) -> Response:
         coordinator.check_access(rollout_id, bearer_token(request))
-        batch = await parse_body(request, ModelCallBatch, max_bytes, max_chars)
+        batch = await parse_body(request, ModelCallBatch, limits)
         await coordinator.record_model_calls(rollout_id, bearer_token(request), batch.calls)
         return json_response({"ok": True, "recorded": len(batch.calls)})
 
@@ -105,7 +105,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
     )
     async def reward(rollout_id: str, request: Request) -> Response:
         coordinator.check_access(rollout_id, bearer_token(request))
-        report = await parse_body(request, RewardReport, max_bytes, max_chars)
+        report = await parse_body(request, RewardReport, limits)
         await coordinator.report_reward(rollout_id, bearer_token(request), report)
         return json_response({"ok": True})
 
@@ -116,7 +116,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
     )
     async def complete(rollout_id: str, request: Request) -> Response:
         coordinator.check_access(rollout_id, bearer_token(request))
-        report = await parse_body(request, CompletionReport, max_bytes, max_chars)
+        report = await parse_body(request, CompletionReport, limits)
         state = await coordinator.complete(rollout_id, bearer_token(request), report)
         return json_response(state.model_dump())
 

@@ -5,8 +5,13 @@ and writes each text delta as soon as it is decoded, with ASGI
 ``more_body=True`` sends (no content-length: the body ends when the call
 does). The protocol's ``EventWriter`` turns the deltas and the final
 ``ChatResult`` into its own events (chat completions: ``_chat_stream``;
-the other protocols: ``protocols/``). The turn is committed before the
-closing events are written.
+the other protocols: ``protocols/``).
+
+The closing events are the call's answer (``Coordinator.chat``'s
+``respond``): built once every delta decoded so far is written, and before
+the turn is committed, so a closing the protocol cannot write (a refusal,
+a value the JSON writer refuses) is the protocol's error event with nothing
+recorded; then the turn is committed and the closing events leave.
 
 Nothing is sent until the engine produced the first token (or, for an
 engine that does not stream, the whole completion), so a refusal (token,
@@ -31,7 +36,8 @@ from ._asgi import Receive, Send
 
 log = logging.getLogger("mtrl.server")
 
-Run = Callable[[ChatStream], Awaitable[ChatResult]]
+Run = Callable[[ChatStream, Callable[[ChatResult], Awaitable[bytes]]], Awaitable[bytes]]
+"""The call: ``(stream, respond) -> Coordinator.chat(..., stream=stream, respond=respond)``."""
 
 
 class EventWriter(Protocol):
@@ -56,59 +62,62 @@ async def stream_answer(
     Raises ``MtrlError`` when the call is refused before anything was sent.
     """
     stream = ChatStream()
-    task = asyncio.ensure_future(run(stream))
-    task.add_done_callback(stream.end)
-    watcher = asyncio.ensure_future(_hang_up(receive, stream))
-    started = False
+    written = asyncio.Event()  # every delta decoded before the closing is written: the events' state is final
+    opened = started = False
 
-    async def write(events_after_opening: Callable[[], bytes]) -> None:
-        """Send events (built after the opening ones, which number events in some protocols)."""
+    def head() -> bytes:
+        """The opening events, once, ahead of whatever is written first (some protocols number their events)."""
+        nonlocal opened
+        if opened:
+            return b""
+        opened = True
+        return events.opening(stream.prompt_tokens)
+
+    async def closing(result: ChatResult) -> bytes:
+        """The text not streamed yet and the closing events: the call's answer, built before its turn is committed."""
+        stream.end()  # the generation is over: no delta comes after the ones queued
+        await written.wait()
+        # nothing streamed yet when no decoder began (a reference model's reply arrives whole): send it all
+        rest = TextDelta(result.message.get("content") or "", result.message.get("reasoning_content") or "")
+        if stream.text is not None:
+            rest, exact = stream.text.remainder(result.message)
+            if not exact:
+                counters.stream_divergences += 1
+                log.warning("mtrl: a streamed reply's text diverged from its final parse (%s); "
+                            "the client holds the streamed text, the turn its ids", stream.text.content[:40])
+        return head() + events.text(rest) + events.closing(result)
+
+    async def write(data: bytes) -> None:
         nonlocal started
-        head = b""
         if not started:
             started = True
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", events.content_type), (b"cache-control", b"no-cache")]})
-            head = events.opening(stream.prompt_tokens)
-        await send({"type": "http.response.body", "body": head + events_after_opening(), "more_body": True})
+        await send({"type": "http.response.body", "body": data, "more_body": True})
 
+    task = asyncio.ensure_future(run(stream, closing))
+    task.add_done_callback(stream.end)
+    watcher = asyncio.ensure_future(_hang_up(receive, stream))
     try:
         while (delta := await stream.get()) is not None:
-            if delta or not started:
-                await write(lambda: events.text(delta))
+            if delta or not opened:
+                await write(head() + events.text(delta))
+        written.set()
         try:
-            result = task.result()
+            last = await task
         except StreamClosed:
             return  # the client is gone; the counter and the docstring say what was kept
         except MtrlError as exc:
             if not started:
                 raise
-            await write(lambda: events.error(exc))
+            await write(head() + events.error(exc))
         else:
-            # nothing streamed yet when no decoder began (a reference model's reply arrives whole): send it all
-            rest = TextDelta(result.message.get("content") or "", result.message.get("reasoning_content") or "")
-            if stream.text is not None:
-                rest, exact = stream.text.remainder(result.message)
-                if not exact:
-                    counters.stream_divergences += 1
-                    log.warning("mtrl: a streamed reply's text diverged from its final parse (%s); "
-                                "the client holds the streamed text, the turn its ids", stream.text.content[:40])
-            await write(lambda: _closing(events, rest, result))
+            await write(last)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     finally:
         watcher.cancel()
         if not task.done():  # this handler itself was cancelled (the server stops)
             task.cancel()
-
-
-def _closing(events: EventWriter, rest: TextDelta, result: ChatResult) -> bytes:
-    """What is left of the text, then the protocol's closing events (or its error event, when the final
-    message cannot be written in it: the turn is recorded all the same)."""
-    text = events.text(rest)
-    try:
-        return text + events.closing(result)
-    except MtrlError as exc:
-        return text + events.error(exc)
 
 
 async def _hang_up(receive: Receive, stream: ChatStream) -> None:

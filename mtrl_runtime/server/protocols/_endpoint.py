@@ -5,8 +5,11 @@ A protocol's endpoint is a Starlette ``Route`` whose app is a ``ProtocolEndpoint
 makes, as for chat completions). One call: ``attribute_call`` names the
 rollout and the credential before the body is read (a stranger learns no
 schema), the rollout's token is checked, the body is read within the
-server's limits and decoded, and the protocol's ``answer`` translates it to
-``Coordinator.chat`` and back, or returns a ``Streamed`` answer that
+server's limits and decoded (on a worker thread past ``OFF_LOOP_BYTES``,
+where ``Call.off_loop`` then tells the coordinator to build the prompt too),
+and the protocol's ``answer`` translates it to ``Coordinator.chat`` and back,
+its response body built by ``chat``'s ``respond`` before the turn is
+committed, or returns a ``Streamed`` answer that
 ``server._streaming.stream_answer`` writes as its tokens are generated. A
 refusal (``MtrlError``) is written in the protocol's own error shape
 (``error_body``).
@@ -14,16 +17,18 @@ refusal (``MtrlError``) is written in the protocol's own error shape
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import asyncio
+from typing import Any, Callable, TypeVar
 
 from ...coordinator import Coordinator
 from ...errors import BadRequest, MtrlError
 from ...types import SamplingParams
 from .._asgi import ClientGone, Receive, Send, read_body, request_headers, send_body
 from .._attribution import attribute_call, header, scope_peer
-from .._http import decode_json
+from .._http import OFF_LOOP_BYTES, BodyLimits, decode_json
 from .._streaming import EventWriter, Run, stream_answer
 
+T = TypeVar("T")
 JSON = b"application/json"
 EVENTS = b"text/event-stream"
 
@@ -32,15 +37,18 @@ ErrorBody = Callable[[MtrlError], tuple[bytes, dict[str, str]]]
 
 
 class Call:
-    """One request, attributed and decoded: the rollout (None: inference mode), its token, the JSON body."""
+    """One request, attributed and decoded: the rollout (None: inference mode), its token, the JSON body;
+    ``off_loop``: a large body, whose prompt the coordinator builds on a worker thread."""
 
-    __slots__ = ("rollout_id", "token", "data", "headers")
+    __slots__ = ("rollout_id", "token", "data", "headers", "off_loop")
 
-    def __init__(self, rollout_id: str | None, token: str | None, data: dict[str, Any], headers: dict[bytes, bytes]) -> None:
+    def __init__(self, rollout_id: str | None, token: str | None, data: dict[str, Any], headers: dict[bytes, bytes],
+                 off_loop: bool = False) -> None:
         self.rollout_id = rollout_id
         self.token = token
         self.data = data
         self.headers = headers
+        self.off_loop = off_loop
 
 
 class Streamed:
@@ -64,6 +72,7 @@ class ProtocolEndpoint:
     def __init__(self, coordinator: Coordinator, answer: Answer, error_body: ErrorBody, token_header: bytes | None = None) -> None:
         self.coordinator = coordinator
         self.cfg = coordinator.server_config
+        self.limits = BodyLimits.of(self.cfg)
         self.answer = answer
         self.error_body = error_body
         self.token_header = token_header
@@ -91,12 +100,18 @@ class ProtocolEndpoint:
         if rollout_id is not None:
             coordinator.check_access(rollout_id, token)
         raw = await read_body(receive, headers.get(b"content-length"), cfg.max_body_bytes)
-        data = decode_json(raw, cfg.max_string_chars)
-        return await self.answer(Call(rollout_id, token, data, headers))
+        off_loop = len(raw) > OFF_LOOP_BYTES
+        data = await asyncio.to_thread(decode_json, raw, self.limits) if off_loop else decode_json(raw, self.limits)
+        return await self.answer(Call(rollout_id, token, data, headers, off_loop))
+
+
+async def off_loop(call: Call, prepare: Callable[..., T], *args: Any) -> T:
+    """``prepare(*args)`` (a protocol's validation and translation): on a worker thread for a large body."""
+    return await asyncio.to_thread(prepare, *args) if call.off_loop else prepare(*args)
 
 
 def check_counts(coordinator: Coordinator, messages: list, tools: list | None, messages_field: str, tools_field: str) -> None:
-    """The server's limits on messages and tools per request, named by the protocol's own fields."""
+    """The server's limits on messages, tools and tool calls per request, named by the protocol's own fields."""
     cfg = coordinator.server_config
     if len(messages) > cfg.max_messages:
         raise BadRequest(
@@ -105,6 +120,20 @@ def check_counts(coordinator: Coordinator, messages: list, tools: list | None, m
         )
     if tools and len(tools) > cfg.max_tools:
         raise BadRequest(f"{tools_field}: {len(tools)} tools; the limit is {cfg.max_tools}", param=tools_field)
+    check_tool_calls(coordinator, messages, messages_field)
+
+
+def check_tool_calls(coordinator: Coordinator, messages: list, messages_field: str) -> None:
+    """At most ``max_tool_calls`` tool calls in one assistant message: a 400 naming the message (after translation)
+    and the limit. Thousands of calls in one message held the event loop for seconds."""
+    limit = coordinator.server_config.max_tool_calls
+    for i, message in enumerate(messages):
+        calls = message.get("tool_calls")
+        if calls and len(calls) > limit:
+            raise BadRequest(
+                f"{messages_field}: message {i} after translation holds {len(calls)} tool calls; the limit is {limit} "
+                "per message (advanced.server.max_tool_calls)", param=messages_field,
+            )
 
 
 def sampling(
@@ -137,4 +166,5 @@ def sse(event: str, payload: bytes) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n"
 
 
-__all__ = ["Call", "EVENTS", "JSON", "ProtocolEndpoint", "Streamed", "check_counts", "sampling", "sse"]
+__all__ = ["Call", "EVENTS", "JSON", "ProtocolEndpoint", "Streamed", "check_counts", "check_tool_calls", "off_loop",
+           "sampling", "sse"]

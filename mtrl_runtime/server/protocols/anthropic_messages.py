@@ -20,8 +20,9 @@ from fastapi import APIRouter
 from starlette.routing import Route
 
 from ...coordinator import ChatResult, Coordinator
+from ...types import SamplingParams
 from .._http import validate
-from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, sampling
+from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop, sampling
 from ._messages_input import MessagesRequest, chat_messages
 from ._messages_output import anthropic_error_body, message_object
 from ._messages_stream import MessagesEvents
@@ -41,14 +42,7 @@ class MessagesProtocol:
 
     async def answer(self, call: Call) -> tuple[bytes, bytes] | Streamed:
         coordinator = self.coordinator
-        body = validate(call.data, MessagesRequest)
-        messages = chat_messages(body)
-        tools = [t.chat_tool() for t in body.tools] if body.tools else None
-        check_counts(coordinator, messages, tools, "messages", "tools")
-        params = sampling(coordinator, temperature=body.temperature, top_p=body.top_p, max_tokens=body.max_tokens,
-                          stop=body.stop_sequences, seed=body.seed, max_tokens_field="max_tokens")
-        if body.tool_choice is not None and body.tool_choice.type == "none":
-            tools = None
+        body, messages, tools, params = await off_loop(call, self._translate, call)
         message_id, model = f"{self._prefix}{next(self._ids):012x}", body.model or coordinator.model_name
 
         def finish(result: ChatResult) -> dict:
@@ -56,11 +50,29 @@ class MessagesProtocol:
             return message_object(message_id, model, result, stop)
 
         if body.stream:  # written as the tokens are generated (server._streaming)
-            return Streamed(lambda stream: coordinator.chat(call.rollout_id, call.token, messages, tools, params,
-                                                            body.options(), stream=stream),
+            return Streamed(lambda stream, respond: coordinator.chat(call.rollout_id, call.token, messages, tools,
+                                                                     params, body.options(), stream, respond=respond,
+                                                                     off_loop=call.off_loop),
                             MessagesEvents(message_id, model, finish))
-        result = await coordinator.chat(call.rollout_id, call.token, messages, tools, params, body.options())
-        return orjson.dumps(finish(result)), JSON
+
+        async def respond(result: ChatResult) -> bytes:  # built before the turn is committed
+            return orjson.dumps(finish(result))
+
+        answer = await coordinator.chat(call.rollout_id, call.token, messages, tools, params, body.options(),
+                                        respond=respond, off_loop=call.off_loop)
+        return answer, JSON
+
+    def _translate(self, call: Call) -> tuple[MessagesRequest, list[dict], list[dict] | None, SamplingParams]:
+        """The request validated and as chat: (body, messages, tools, sampling)."""
+        body = validate(call.data, MessagesRequest)
+        messages = chat_messages(body)
+        tools = [t.chat_tool() for t in body.tools] if body.tools else None
+        check_counts(self.coordinator, messages, tools, "messages", "tools")
+        params = sampling(self.coordinator, temperature=body.temperature, top_p=body.top_p, max_tokens=body.max_tokens,
+                          stop=body.stop_sequences, seed=body.seed, max_tokens_field="max_tokens")
+        if body.tool_choice is not None and body.tool_choice.type == "none":
+            tools = None
+        return body, messages, tools, params
 
 
 def _stop_sequence(coordinator: Coordinator, result: ChatResult, stops: list[str]) -> str | None:

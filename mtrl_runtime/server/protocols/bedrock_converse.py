@@ -25,7 +25,7 @@ value), ``AccessDeniedException`` (401/403), ``ResourceNotFoundException``,
 from __future__ import annotations
 
 import time
-from typing import Awaitable
+from typing import Awaitable, Callable
 
 import orjson
 from fastapi import APIRouter
@@ -33,11 +33,12 @@ from starlette.routing import Route
 
 from ...coordinator import ChatResult, ChatStream, Coordinator
 from ...errors import MtrlError
+from ...types import ChatOptions, SamplingParams
 from .._http import validate
 from . import _bedrock_translate as translate
 from ._bedrock_schemas import ConverseRequest
 from ._converse_stream import ConverseEvents
-from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, sampling
+from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop, sampling
 
 PATHS = (
     "/model/{model_id}/converse",
@@ -66,8 +67,14 @@ def error_type(status: int) -> str:
 
 
 def error_body(exc: MtrlError) -> tuple[bytes, dict[str, str]]:
-    """Bedrock's error shape: the type in ``x-amzn-ErrorType``, the sentence in ``message``."""
-    return orjson.dumps({"message": exc.message}), {"x-amzn-errortype": error_type(exc.status)}
+    """Bedrock's error shape: the type in ``x-amzn-ErrorType``, the sentence in ``message``.
+
+    A 4xx is final and says so with ``x-should-retry: false``, as every protocol's refusal does; a 5xx may pass.
+    """
+    headers = {"x-amzn-errortype": error_type(exc.status)}
+    if exc.status < 500:
+        headers["x-should-retry"] = "false"
+    return orjson.dumps({"message": exc.message}), headers
 
 
 class ConverseProtocol:
@@ -80,13 +87,34 @@ class ConverseProtocol:
     async def answer(self, call: Call) -> tuple[bytes, bytes] | Streamed:
         started = time.perf_counter()
         coordinator = self.coordinator
+        body, messages, tools, options, params = await off_loop(call, self._translate, call)
+        if self.stream:  # written as the tokens are generated (server._streaming)
+            def run(stream: ChatStream, respond: Callable[[ChatResult], Awaitable[bytes]]) -> Awaitable[bytes]:
+                return coordinator.chat(call.rollout_id, call.token, messages, tools, params, options, stream,
+                                        respond=respond, off_loop=call.off_loop)
+
+            def stop_reason(result: ChatResult) -> str:
+                return translate.stop_reason(result, body, coordinator.tokenizer)
+
+            return Streamed(run, ConverseEvents(stop_reason, started))
+
+        async def respond(result: ChatResult) -> bytes:  # built before the turn is committed
+            stop = translate.stop_reason(result, body, coordinator.tokenizer)
+            return translate.converse_json(result, stop, int((time.perf_counter() - started) * 1000))
+
+        answer = await coordinator.chat(call.rollout_id, call.token, messages, tools, params, options,
+                                        respond=respond, off_loop=call.off_loop)
+        return answer, JSON
+
+    def _translate(self, call: Call) -> tuple[ConverseRequest, list[dict], list[dict] | None, ChatOptions, SamplingParams]:
+        """The request validated and as chat: (body, messages, tools, options, sampling)."""
         body = validate(call.data, ConverseRequest)
         messages = translate.chat_messages(body)
         tools, options = translate.chat_tools(body)
-        check_counts(coordinator, messages, tools, "messages", "toolConfig.tools")
+        check_counts(self.coordinator, messages, tools, "messages", "toolConfig.tools")
         inference, fields = body.inferenceConfig, body.additionalModelRequestFields
         params = sampling(
-            coordinator,
+            self.coordinator,
             temperature=inference.temperature if inference else None,
             top_p=inference.topP if inference else None,
             max_tokens=inference.maxTokens if inference else None,
@@ -94,18 +122,7 @@ class ConverseProtocol:
             seed=fields.seed if fields else None,
             max_tokens_field="inferenceConfig.maxTokens",
         )
-        if self.stream:  # written as the tokens are generated (server._streaming)
-            def run(stream: ChatStream) -> Awaitable[ChatResult]:
-                return coordinator.chat(call.rollout_id, call.token, messages, tools, params, options, stream=stream)
-
-            def stop_reason(result: ChatResult) -> str:
-                return translate.stop_reason(result, body, coordinator.tokenizer)
-
-            return Streamed(run, ConverseEvents(stop_reason, started))
-        result = await coordinator.chat(call.rollout_id, call.token, messages, tools, params, options)
-        stop = translate.stop_reason(result, body, coordinator.tokenizer)
-        latency_ms = int((time.perf_counter() - started) * 1000)
-        return translate.converse_json(result, stop, latency_ms), JSON
+        return body, messages, tools, options, params
 
 
 def build_router(coordinator: Coordinator) -> APIRouter:

@@ -28,8 +28,8 @@ from starlette.routing import Route
 from ...coordinator import ChatResult, Coordinator
 from ...errors import BadRequest
 from .._http import error_body, validate
-from ...types import Generation
-from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, sampling
+from ...types import Generation, SamplingParams
+from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop, sampling
 from ._response_history import ResponseHistory
 from ._responses_input import ResponsesRequest, input_messages
 from ._responses_output import response_object
@@ -48,6 +48,49 @@ class ResponsesProtocol:
         self.history = ResponseHistory(coordinator.live_rollout_ids, per_rollout=coordinator.config.core.max_turns + 1)
 
     async def answer(self, call: Call) -> tuple[bytes, bytes] | Streamed:
+        coordinator = self.coordinator
+        body, conversation, messages, chat_tools, params = await off_loop(call, self._translate, call)
+        options = body.options()
+        # unguessable: in inference mode, callers sharing the API key must not continue each other's conversations
+        response_id = f"resp_{secrets.token_hex(16)}"
+        store = body.store is not False
+        given_tools = call.data.get("tools") or []  # echoed as sent (validated above)
+        model = body.model or coordinator.model_name
+
+        def built(result: ChatResult) -> dict[str, Any]:
+            reasoning = result.message.get("reasoning_content")
+            reasoning_tokens = len(coordinator.renderer.encode(reasoning)) if reasoning else 0
+            return response_object(response_id, model, body, params, result, store, given_tools, reasoning_tokens)
+
+        def remember(result: ChatResult) -> None:
+            if store:
+                self.history.put(call.rollout_id, response_id, (*conversation, result.message))
+
+        if body.stream:  # written as the tokens are generated (server._streaming)
+            def finish(result: ChatResult) -> dict[str, Any]:
+                response = built(result)
+                remember(result)
+                return response
+
+            none = ChatResult({"role": "assistant", "content": None}, "stop", (), Generation((), (), "stop"), "")
+            pending = {**response_object(response_id, model, body, params, none, store, given_tools, 0),
+                       "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
+            return Streamed(lambda stream, respond: coordinator.chat(call.rollout_id, call.token, messages, chat_tools,
+                                                                     params, options, stream, respond=respond,
+                                                                     off_loop=call.off_loop),
+                            ResponsesEvents(pending, finish))
+
+        async def respond(result: ChatResult) -> tuple[bytes, ChatResult]:  # built before the turn is committed
+            return orjson.dumps(built(result)), result
+
+        answer, result = await coordinator.chat(call.rollout_id, call.token, messages, chat_tools, params, options,
+                                                respond=respond, off_loop=call.off_loop)
+        remember(result)  # once committed: a response whose turn was not recorded cannot be continued from
+        return answer, JSON
+
+    def _translate(self, call: Call) -> tuple[ResponsesRequest, list[dict[str, Any]], list[dict[str, Any]],
+                                              list[dict[str, Any]] | None, SamplingParams]:
+        """The request validated and as chat: (body, conversation to keep, messages, tools, sampling)."""
         coordinator = self.coordinator
         body = validate(call.data, ResponsesRequest)
         prior: tuple[dict[str, Any], ...] = ()
@@ -69,30 +112,7 @@ class ResponsesProtocol:
         check_counts(coordinator, messages, tools, "input", "tools")
         params = sampling(coordinator, temperature=body.temperature, top_p=body.top_p,
                           max_tokens=body.max_output_tokens, stop=None, seed=body.seed, max_tokens_field="max_output_tokens")
-        options = body.options()
-        chat_tools = None if body.tool_choice == "none" else tools
-        # unguessable: in inference mode, callers sharing the API key must not continue each other's conversations
-        response_id = f"resp_{secrets.token_hex(16)}"
-        store = body.store is not False
-        given_tools = call.data.get("tools") or []  # echoed as sent (validated above)
-        model = body.model or coordinator.model_name
-
-        def finish(result: ChatResult) -> dict[str, Any]:
-            if store:
-                self.history.put(call.rollout_id, response_id, (*conversation, result.message))
-            reasoning = result.message.get("reasoning_content")
-            reasoning_tokens = len(coordinator.renderer.encode(reasoning)) if reasoning else 0
-            return response_object(response_id, model, body, params, result, store, given_tools, reasoning_tokens)
-
-        if body.stream:  # written as the tokens are generated (server._streaming)
-            none = ChatResult({"role": "assistant", "content": None}, "stop", (), Generation((), (), "stop"), "")
-            pending = {**response_object(response_id, model, body, params, none, store, given_tools, 0),
-                       "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
-            return Streamed(lambda stream: coordinator.chat(call.rollout_id, call.token, messages, chat_tools, params,
-                                                            options, stream=stream),
-                            ResponsesEvents(pending, finish))
-        result = await coordinator.chat(call.rollout_id, call.token, messages, chat_tools, params, options)
-        return orjson.dumps(finish(result)), JSON
+        return body, conversation, messages, None if body.tool_choice == "none" else tools, params
 
 
 def build_router(coordinator: Coordinator) -> APIRouter:
