@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -81,30 +82,44 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def _run_server(config: MtrlConfig, adapter: Path | None, port: int) -> int:
-    """Build the rollout stack (engine with ``adapter`` loaded, store, coordinator) and serve it until stopped."""
+    """Build the rollout stack (engine with ``adapter`` loaded, store, coordinator) and serve it until stopped.
+
+    Served with the setup every entry point shares (``server.server_config``: the header deadline, keep-alive,
+    lifespan). Ctrl-C or SIGTERM stops it: requests in flight get two seconds, the stack is closed, one line says
+    so, and the status is 130 (no traceback).
+    """
     import asyncio
 
     import uvicorn
 
     from ..rollouts import RolloutStack
-    from ..server import KEEP_ALIVE_S, create_app
+    from ..server import create_app, server_config
+    from ._stopping import stop_on_sigterm
 
     server_cfg = config.advanced.server
     sock = _listen(server_cfg.host, port)  # before the model loads: a port in use fails at once
-    stack = RolloutStack.build(config, store_path=config.run_folder.store, serve=False)
+    stack, stopped = None, False
     try:
+        stack = RolloutStack.build(config, store_path=config.run_folder.store, serve=False)
         if adapter is not None:
             asyncio.run(stack.engine.load_adapter(str(adapter), 1))
         app = create_app(stack.coordinator)
         bound = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(app, host=server_cfg.host, port=bound, log_level="warning",
-                                               access_log=False, timeout_keep_alive=KEEP_ALIVE_S))
+        server = uvicorn.Server(server_config(app, server_cfg.host, bound))
         print(f"mtrl: serving {stack.coordinator.served_model} ({config.core.engine}) on "
               f"http://{server_cfg.host}:{bound}/v1", flush=True)
-        server.run(sockets=[sock])
+        with stop_on_sigterm():
+            server.run(sockets=[sock])  # uvicorn stops on the signal, then raises it again: KeyboardInterrupt
+    except KeyboardInterrupt:
+        stopped = True
     finally:
         sock.close()
-        asyncio.run(stack.close())
+        if stack is not None:
+            asyncio.run(stack.close())
+    if stopped:
+        print(f"mtrl: stopped; the trajectories are in {config.run_folder.store}", file=sys.stderr,
+              flush=True)
+        return 130
     return 0
 
 

@@ -74,10 +74,7 @@ class RolloutStack:
             server = None
             if serve:
                 server_cfg = config.advanced.server
-                server = start_server(
-                    create_app(coordinator), server_cfg.host, server_cfg.port, server_cfg.api_key,
-                    header_timeout_s=server_cfg.header_timeout_s,
-                )
+                server = start_server(create_app(coordinator), server_cfg.host, server_cfg.port, server_cfg.api_key)
                 closers.append(server.stop)
             executor = None
             if agent_env is not None:

@@ -9,7 +9,7 @@ import ipaddress
 import threading
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -17,11 +17,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..config import ServerConfig
 from ..coordinator import Coordinator
 from ..errors import BadRequest, MtrlError
 from ._chat_route import ChatCompletionsRoute, openapi_paths
 from ._compat_routes import build_compat_router
-from ._headers import HEADER_TIMEOUT_S, header_deadline_protocol
+from ._docs import add_docs_routes
+from ._headers import header_deadline_protocol
 from ._guard import BodyGuard
 from ._sweeper import sweep_abandoned
 from ._http import error_response, route_error_response
@@ -42,6 +44,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         # no OpenTelemetry spans per request: the coordinator records every call itself, and FastAPI's
         # check of the global providers (env lookups) ran on every request, span or not
         telemetry={"tracing": False, "metrics": False, "logs": False},
+        openapi_url=None, docs_url=None, redoc_url=None,  # served by _docs, behind the API key when one is set
     )
     app.state.coordinator = coordinator
     app.router.routes.append(ChatCompletionsRoute(coordinator))
@@ -55,6 +58,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         app.include_router(build_compat_router(coordinator))
     install_openapi(app, {**openapi_paths(), **protocol_openapi_paths()})
     server_cfg = coordinator.server_config
+    add_docs_routes(app, server_cfg.api_key)
     app.add_middleware(BodyGuard, body_timeout_s=server_cfg.body_timeout_s,
                        max_pending_bodies=server_cfg.max_pending_bodies)
 
@@ -163,31 +167,46 @@ class _Server(uvicorn.Server):
         await super().serve(sockets)
 
 
-def start_server(
-    app: FastAPI,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    api_key: str | None = None,
-    header_timeout_s: float = HEADER_TIMEOUT_S,
-) -> ServerHandle:
-    """Serve ``app`` on a background thread and return once it accepts connections.
+def server_config(app: Any, host: str, port: int, header_timeout_s: float | None = None) -> uvicorn.Config:
+    """The one uvicorn setup every entry point serves the coordinator with (``start_server``, ``mtrl serve``).
 
-    ``header_timeout_s`` bounds each request's line and headers (``_headers``; uvicorn has no such bound).
+    Each request's line and headers within ``advanced.server.header_timeout_s`` (``_headers``; uvicorn has no
+    such bound), idle connections kept ``KEEP_ALIVE_S``, the lifespan on (the frozen heap, the TTL sweeper),
+    two seconds for requests in flight at shutdown, no access log. The deadline is the config's of the app
+    ``create_app`` built (the default for any other ASGI app, such as a test's wrapper); ``header_timeout_s``
+    overrides it. The event loop is uvicorn's choice: uvloop where it is installed.
     """
-    check_bind(host, api_key)
-    config = uvicorn.Config(
+    return uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level="warning",
         access_log=False,
         lifespan="on",
-        loop="asyncio",
-        http=header_deadline_protocol(header_timeout_s),
+        loop="auto",
+        http=header_deadline_protocol(header_timeout_s or served_config(app).header_timeout_s),
         timeout_graceful_shutdown=2,
         timeout_keep_alive=KEEP_ALIVE_S,
     )
-    server = _Server(config)
+
+
+def served_config(app: Any) -> ServerConfig:
+    """The ``advanced.server`` section of an app ``create_app`` built; the defaults for any other ASGI app."""
+    coordinator = getattr(app.state, "coordinator", None) if isinstance(app, FastAPI) else None
+    return coordinator.server_config if isinstance(coordinator, Coordinator) else ServerConfig()
+
+
+def start_server(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    api_key: str | None = None,
+    header_timeout_s: float | None = None,
+) -> ServerHandle:
+    """Serve ``app`` (``create_app``) on a background thread, set up by ``server_config``, and return once it
+    accepts connections."""
+    check_bind(host, api_key)
+    server = _Server(server_config(app, host, port, header_timeout_s))
     thread = threading.Thread(target=server.run, name="mtrl-server", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -201,4 +220,4 @@ def start_server(
     return ServerHandle(server=server, thread=thread, host=host, port=bound_port)
 
 
-__all__ = ["KEEP_ALIVE_S", "ServerHandle", "check_bind", "create_app", "is_loopback", "start_server"]
+__all__ = ["KEEP_ALIVE_S", "ServerHandle", "check_bind", "create_app", "is_loopback", "server_config", "start_server"]
