@@ -89,7 +89,22 @@ class ReportIntake:
         return live.life.awaiting_reward if live is not None else None
 
     async def report_reward(self, rollout_id: str, token: str | None, report: RewardReport) -> None:
-        """Record ``update_reward``. Repeating a report is fine; changing it after the end is not."""
+        """Record ``update_reward``. Repeating a report is fine; changing it after the end is not.
+
+        A refusal (out of range, more values than turns, a change after the end) reaches the agent as an error
+        (``RolloutError``), and is counted (``rewards_refused``); the run's first is logged with its reason, so
+        that a training run's output says so even when the agent swallows the error.
+        """
+        try:
+            await self._report_reward(rollout_id, token, report)
+        except (BadRequest, Conflict) as exc:
+            self.counters["rewards_refused"] += 1
+            if self.counters["rewards_refused"] == 1:
+                _log.warning("mtrl: rollout %s: its reward report was refused: %s (later refusals are counted as "
+                             "rewards_refused)", rollout_id, exc.message)
+            raise
+
+    async def _report_reward(self, rollout_id: str, token: str | None, report: RewardReport) -> None:
         live = self.live.get(rollout_id)
         if live is None:
             stored = self.live.ended(rollout_id, token)

@@ -1,4 +1,5 @@
-"""What a person watching a run sees between step lines: rollouts done/total, turns, tool calls, errors.
+"""What a person watching a run sees between step lines: rollouts done/total, turns, tool calls, errors, and the
+reward reports the coordinator refused (when there were some).
 
 The ``Dispatcher`` keeps a ``RolloutTally`` per step (rollouts planned,
 ended, ended other than completed); turns and tool calls come from the
@@ -22,6 +23,7 @@ from typing import Callable, Hashable, Mapping
 from ..types import RolloutStatus
 
 HEARTBEAT_S = 30.0  # the longest a non-terminal run stays silent during a step
+_COUNTED = ("turns", "tool_calls", "rewards_refused")  # the coordinator's counters a line shows, since the mark
 
 
 @dataclass
@@ -62,15 +64,16 @@ class Heartbeat:
     def mark(self, label: str, key: Hashable = None) -> None:
         """A new phase (a step): lines now count from here and count the tally under ``key``."""
         self.label, self.key = label, key
-        self._since = {k: int(self.counters.get(k, 0)) for k in ("turns", "tool_calls")}
+        self._since = {k: int(self.counters.get(k, 0)) for k in _COUNTED}
         self._started = time.monotonic()
 
     def line(self) -> str:
-        turns = int(self.counters.get("turns", 0)) - self._since.get("turns", 0)
-        calls = int(self.counters.get("tool_calls", 0)) - self._since.get("tool_calls", 0)
+        turns, calls, refused = (int(self.counters.get(k, 0)) - self._since.get(k, 0) for k in _COUNTED)
         key = self.key
         return (f"{self.label}: rollouts {self.tally.done[key]}/{self.tally.planned[key]} done, turns {turns}, "
-                f"tool calls {calls}, errors {self.tally.errors[key]} ({time.monotonic() - self._started:.0f} s)")
+                f"tool calls {calls}, errors {self.tally.errors[key]}"
+                + (f", rewards refused {refused}" if refused else "")
+                + f" ({time.monotonic() - self._started:.0f} s)")
 
     async def run(self) -> None:
         """Emit ``line()`` every ``every_s`` seconds until cancelled."""

@@ -20,8 +20,12 @@ def build_openai_router(coordinator: Coordinator) -> APIRouter:
             }
         )
 
+    async def rollout_models(rollout_id: str) -> Response:  # the path parameter declared, so the schema names it
+        return await models()
+
     router.add_api_route("/v1/models", models, methods=["GET"], summary="The served policy model")
-    router.add_api_route("/rollouts/{rollout_id}/v1/models", models, methods=["GET"], summary="The served policy model")
+    router.add_api_route("/rollouts/{rollout_id}/v1/models", rollout_models, methods=["GET"],
+                         summary="The served policy model (under a rollout's base URL)")
 
     @router.get("/health", summary="Liveness, policy version and counters")
     async def health() -> Response:
