@@ -185,7 +185,8 @@ def test_a_converse_union_member_sent_as_null_is_a_400_naming_it(fuzz_server: An
 
 LIMITS = {
     "core": {"sampling_params": {"max_tokens": 64}, "val_sampling_params": {"max_tokens": 64}},
-    "advanced": {"server": {"max_body_bytes": 20000, "max_messages": 4, "max_tools": 2, "max_string_chars": 500}},
+    "advanced": {"server": {"max_body_bytes": 20000, "max_messages": 4, "max_tools": 2, "max_string_chars": 500,
+                            "max_tool_calls": 2, "max_json_depth": 8}},
 }
 
 
@@ -201,6 +202,19 @@ def _user(n: int, chars: int = 2) -> list[dict[str, Any]]:
     return [{"role": "user", "content": "x" * chars} for _ in range(n)]
 
 
+def _calling(n: int) -> list[dict[str, Any]]:
+    """A user message, then an assistant message with ``n`` tool calls."""
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "a", "arguments": "{}"}} for i in range(n)]
+    return [*_user(1), {"role": "assistant", "content": None, "tool_calls": calls}]
+
+
+def _nested(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
 # (route, body, status, words the message must hold); every body is just past one limit
 OVER_LIMITS = {
     "messages per request": ("chat", _chat(messages=_user(5)), 400, ["messages", "5 messages", "limit is 4"]),
@@ -214,6 +228,11 @@ OVER_LIMITS = {
         ["messages[0].content[0].text", "501", "limit is 500"],
     ),
     "key length": ("chat", _chat(metadata={"k" * 501: 1}), 400, ["a key of 501 characters"]),
+    "tool calls per message": ("chat", _chat(messages=_calling(3)), 400,
+                               ["messages[1].tool_calls", "3 tool calls", "limit is 2"]),
+    "nesting depth": ("chat", _chat(metadata=_nested(8)), 400, ["metadata.a", "nested more than 8 levels", "limit is 8"]),
+    "nesting depth of a report": ("tool_calls", {"name": "lookup", "arguments": _nested(8)}, 400,
+                                  ["arguments.a", "nested more than 8 levels"]),
     "completions per request (n)": ("chat", _chat(n=2), 400, ["n", "2"]),
     "stop strings": ("chat", _chat(stop=[str(i) for i in range(17)]), 400, ["stop", "16"]),
     "top_logprobs": ("chat", _chat(logprobs=True, top_logprobs=21), 400, ["top_logprobs", "21"]),
@@ -275,5 +294,7 @@ def test_requests_at_each_limit_are_served(limited: Any) -> None:
     body = _chat(messages=_user(4, 500), tools=[_tool("a", "d" * 500), _tool("b")], max_tokens=64)
     response = _post(limited, rollout, "chat", body)
     assert response.status_code == 200, response.text
+    body = _chat(messages=_calling(2), tools=[_tool("a")], metadata=_nested(7))  # 2 calls; the body 8 levels deep
+    assert _post(limited, rollout, "chat", body).status_code == 200
     assert _post(limited, rollout, "tool_calls", {"name": "n" * 256, "result": "r" * 500}).status_code == 200
-    assert limited.store.count_turns(rollout.rollout_id) == 1 and limited.store.count_tool_calls(rollout.rollout_id) == 1
+    assert limited.store.count_turns(rollout.rollout_id) == 2 and limited.store.count_tool_calls(rollout.rollout_id) == 1

@@ -106,12 +106,16 @@ def decode_json(body: bytes, limits: BodyLimits) -> dict[str, Any]:
         raise BadRequest(f"the request body is not valid JSON: {exc}", param="body") from None
     if not isinstance(data, dict):
         raise BadRequest(f"the request body must be a JSON object, got {type(data).__name__}", param="body")
-    limit = limits.max_depth
-    # each level opens with a '{' or '[': a body with no more of them than the limit cannot nest deeper (C-speed)
-    if limit is not None and body.count(b"{") + body.count(b"[") > limit:
-        check_depth(data, limit)
-    if limits.max_string_chars is not None and len(body) > limits.max_string_chars:  # a shorter body holds no longer string
-        check_string_lengths(data, limits.max_string_chars)
+    # each level opens with a '{' or '[': a body with no more of them than the limit cannot nest deeper (C-speed);
+    # a body no longer than the string limit holds no longer string. Whatever is left is walked once.
+    depth = limits.max_depth
+    if depth is not None and body.count(b"{") + body.count(b"[") <= depth:
+        depth = None
+    chars = limits.max_string_chars if limits.max_string_chars is not None and len(body) > limits.max_string_chars else None
+    if chars is not None:
+        check_string_lengths(data, chars, depth)
+    elif depth is not None:
+        check_depth(data, depth)
     return data
 
 
@@ -164,12 +168,14 @@ def check_depth(data: Any, limit: int) -> None:
         for child in node.values() if type(node) is dict else node:
             if type(child) is dict or type(child) is list:
                 if depth >= limit:
-                    where = _path_deeper_than(data, limit)
-                    raise BadRequest(
-                        f"{where}: nested more than {limit} levels deep; the limit is {limit} "
-                        "(advanced.server.max_json_depth)", param=where.split("...")[0].rstrip("."),
-                    )
+                    _too_deep(data, limit)
                 push((child, depth + 1))
+
+
+def _too_deep(data: Any, limit: int) -> None:
+    where = _path_deeper_than(data, limit)
+    raise BadRequest(f"{where}: nested more than {limit} levels deep; the limit is {limit} "
+                     "(advanced.server.max_json_depth)", param=where.split("...")[0].rstrip("."))
 
 
 def _path_deeper_than(data: Any, limit: int, shown: int = 6) -> str:
@@ -185,23 +191,27 @@ def _path_deeper_than(data: Any, limit: int, shown: int = 6) -> str:
     return "body"
 
 
-def check_string_lengths(data: Any, limit: int) -> None:
-    """Refuse the first string (value or key) longer than ``limit`` characters, naming where it is."""
-    stack: list[tuple[str, Any]] = [("", data)]
+def check_string_lengths(data: Any, limit: int, max_depth: int | None = None) -> None:
+    """Refuse the first string (value or key) longer than ``limit`` characters, naming where it is; with
+    ``max_depth``, refuse nesting deeper than that too (``check_depth``), in the same walk."""
+    stack: list[tuple[str, Any, int]] = [("", data, 1)]
     while stack:
-        path, node = stack.pop()
+        path, node, depth = stack.pop()
         if isinstance(node, str):
             if len(node) > limit:
                 where = path or "body"
                 raise BadRequest(f"{where}: a string of {len(node)} characters; the limit is {limit}", param=where)
-        elif isinstance(node, dict):
+            continue
+        if max_depth is not None and depth > max_depth and isinstance(node, (dict, list)):
+            _too_deep(data, max_depth)
+        if isinstance(node, dict):
             for key, value in node.items():
                 child = f"{path}.{key}" if path else str(key)
                 if len(key) > limit:
                     raise BadRequest(f"{path or 'body'}: a key of {len(key)} characters; the limit is {limit}", param=path or "body")
-                stack.append((child, value))
+                stack.append((child, value, depth + 1))
         elif isinstance(node, list):
-            stack.extend((f"{path}[{i}]", value) for i, value in enumerate(node))
+            stack.extend((f"{path}[{i}]", value, depth + 1) for i, value in enumerate(node))
 
 
 def api_key_matches(token: str | None, api_key: str) -> bool:
