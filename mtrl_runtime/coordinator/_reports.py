@@ -98,8 +98,8 @@ class ReportIntake:
         try:
             await self._report_reward(rollout_id, token, report)
         except (BadRequest, Conflict) as exc:
-            self.counters["rewards_refused"] += 1
-            if self.counters["rewards_refused"] == 1:
+            self.counters.rewards_refused += 1
+            if self.counters.rewards_refused == 1:
                 _log.warning("mtrl: rollout %s: its reward report was refused: %s (later refusals are counted as "
                              "rewards_refused)", rollout_id, exc.message)
             raise
