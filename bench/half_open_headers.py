@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 
+from _machine import machine_info
+
 SERVING = re.compile(r"on http://127\.0\.0\.1:(\d+)/v1")
 
 
@@ -29,6 +31,7 @@ def descriptors(pid: int) -> int:
 
 
 def main(connections: int, wait_s: float) -> dict:
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.Popen([sys.executable, "-m", "mtrl_runtime.cli", "serve", "--engine", "scripted",
                                  "--port", "0", "--run-dir", f"{tmp}/run"],
@@ -58,7 +61,8 @@ def main(connections: int, wait_s: float) -> dict:
     return {"command": f"python bench/half_open_headers.py --connections {connections}", "connections": connections,
             "descriptors_at_start": at_start, "descriptors_held": held, f"descriptors_after_{wait_s:g}_s": after,
             "closed_by_server": closed, "exit_status_on_sigint": proc.returncode,
-            "traceback_printed": "Traceback" in output, "loadavg": os.getloadavg()}
+            "traceback_printed": "Traceback" in output,
+            "machine": machine_info(load_before, os.getloadavg(), 0, dtype="none (scripted engine: no model runs)")}
 
 
 if __name__ == "__main__":
