@@ -26,7 +26,7 @@ from typing import Any, Iterator, Mapping
 
 from ._policy_rule import UnnamedPolicy
 from ._values import MAX_RESULT_CHARS, jsonable, policy_model_ids, reward_report, sampling_fields
-from .wire import CompletionReport, ModelCallReport, RolloutState, ToolCallReport, rollout_base_url
+from .wire import CompletionReport, ModelCallReport, RolloutState, ToolCallReport, rollout_base_url, rollout_base_urls
 
 _CURRENT: ContextVar["RolloutContext | None"] = ContextVar("mtrl_rollout", default=None)
 
@@ -108,6 +108,8 @@ class RolloutContext:
     _pending: list[asyncio.Task] = field(default_factory=list, init=False, repr=False)
     # what the rule for unnamed policy models has seen of this rollout's calls (``_policy_rule``)
     unnamed_policy: UnnamedPolicy = field(default_factory=UnnamedPolicy, init=False, repr=False)
+    # the agent runs tools no adapter sees (a CLI harness): the coordinator stores them from the conversation
+    tool_calls_from_wire: bool = field(default=False, init=False)
     outcome: RolloutState | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -143,6 +145,13 @@ class RolloutContext:
     def base_url(self) -> str:
         """The OpenAI ``base_url`` that attributes calls to this rollout by path."""
         return rollout_base_url(self.endpoint, self.rollout_id)
+
+    def base_url_for(self, family: str) -> str:
+        """The base URL an SDK of ``family`` (openai, anthropic, bedrock, gemini) takes as is for this rollout."""
+        urls = rollout_base_urls(self.endpoint, self.rollout_id)
+        if family not in urls:
+            raise ValueError(f"family: expected one of {', '.join(urls)}, got {family!r}")
+        return urls[family]
 
     @property
     def closed(self) -> bool:
@@ -315,7 +324,8 @@ class RolloutContext:
         return self.unnamed_policy.refusal
 
     def _completion(self, status: str, error: str | None) -> CompletionReport:
-        return CompletionReport(status=status, error=error, flags=self.unnamed_policy.flags())
+        return CompletionReport(status=status, error=error, flags=self.unnamed_policy.flags(),
+                                tool_calls_from_wire=self.tool_calls_from_wire)
 
     def complete(self, status: str = "completed", error: str | None = None) -> RolloutState:
         """Send the buffered tool calls, then end the rollout; returns the coordinator's record."""

@@ -30,6 +30,19 @@ def rollout_base_url(endpoint: str, rollout_id: str) -> str:
     return f"{endpoint.rstrip('/')}/rollouts/{rollout_id}/v1"
 
 
+# Each SDK family's base URL setting, as that SDK takes it: the OpenAI SDKs append ``/chat/completions`` or
+# ``/responses`` to a base that ends in ``/v1``; Anthropic's SDK and Claude Code (``ANTHROPIC_BASE_URL``) append
+# ``/v1/messages``; boto3's ``endpoint_url`` appends ``/model/{id}/converse``; google-genai's ``base_url`` appends
+# ``/v1beta/models/...``. An Anthropic client handed the OpenAI URL reached ``/v1/v1/messages``: a 404.
+BASE_URL_SUFFIXES = {"openai": "/v1", "anthropic": "", "bedrock": "", "gemini": ""}
+
+
+def rollout_base_urls(endpoint: str, rollout_id: str) -> dict[str, str]:
+    """The base URL for each SDK family (``BASE_URL_SUFFIXES``) that attributes its calls to one rollout."""
+    root = f"{endpoint.rstrip('/')}/rollouts/{rollout_id}"
+    return {family: root + suffix for family, suffix in BASE_URL_SUFFIXES.items()}
+
+
 # A SageMaker trajectory id as mtrl hands it to agents: ``<rollout_id>.<mac>``. The MAC
 # binds a SageMaker SigV4 token (which stands for the run) to one rollout; see trajectory_id.
 TRAJECTORY_MAC_SEPARATOR = "."
@@ -182,6 +195,9 @@ class CompletionReport(_Strict):
     status: Literal["completed", "failed", "timed_out"] = "completed"
     error: str | None = Field(default=None, max_length=65536)
     flags: dict[AgentFlag, float] = Field(default_factory=dict)
+    # the agent ran tools no adapter saw (a CLI harness): store each tool call from the conversation on the wire
+    # (the model's call in one turn, its result in a later request) as the rollout's tool calls
+    tool_calls_from_wire: bool = False
 
     @field_validator("flags")
     @classmethod
@@ -207,7 +223,8 @@ class CreateRolloutRequest(_Strict):
 
 
 class CreatedRollout(BaseModel):
-    """The new rollout's id, its secret token, and the OpenAI base URL that attributes calls to it.
+    """The new rollout's id, its secret token, and the base URLs that attribute calls to it: ``base_url`` for
+    the OpenAI SDKs, ``base_urls`` one per SDK family as that SDK takes it (``rollout_base_urls``).
 
     ``trajectory_id`` is what to hand an agent written for SageMaker's adapters
     (``metadata.trajectory_id``): the rollout id with its MAC (see ``trajectory_id``).
@@ -218,6 +235,7 @@ class CreatedRollout(BaseModel):
     group_id: str
     base_url: str
     trajectory_id: str | None = None
+    base_urls: dict[str, str] = Field(default_factory=dict)
 
 
 class RolloutState(BaseModel):

@@ -170,6 +170,14 @@ class ServerConfig(_Section):
     body_timeout_s: float = Field(default=30.0, gt=0.0)  # a request body not fully read by then: 408
     header_timeout_s: float = Field(default=10.0, gt=0.0)  # a connection's request line + headers not in by then: closed
     max_pending_bodies: int = Field(default=512, ge=1)  # requests still sending their body at once; more: 503
+    # a call's max_tokens above the run's sampling cap: "clamp" (served up to the cap, the protocol's length stop
+    # when reached; the rollout flagged max_tokens_clamped) or "refuse" (a 400 naming the field). Harness CLIs ask
+    # for their own model's maximum (Claude Code and opencode 32,000) and cannot be told the cap
+    max_tokens_over_cap: Literal["clamp", "refuse"] = "clamp"
+    # model names whose calls inside a rollout are a harness's background calls (titles, summaries: opencode's
+    # small_model, Claude Code's small fast model): answered by the engine, recorded as non-policy model calls,
+    # never trained and never part of the rollout's conversation
+    background_models: list[str] = Field(default_factory=lambda: ["mtrl-background"])
     rollout_ttl_s: float | None = Field(default=None, gt=0.0)  # mtrl serve: a rollout idle this long is abandoned
 
 

@@ -93,6 +93,7 @@ class SamplingParams:
     seed: int | None = None
     top_logprobs: int = 0
     max_tokens_requested: bool = False  # the client named max_tokens: over the context it is a 400, never shortened
+    max_tokens_asked: int | None = None  # set: the client asked for this many, above the cap; served up to max_tokens
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,9 @@ class ChatOptions:
     tool_choice: Literal["auto", "required", "function"] = "auto"
     tool_name: str | None = None
     token_ids: bool = False
+    unserved_tools: tuple[str, ...] = ()  # tools the call declared that the policy is not offered (Responses' hosted)
+    model: str | None = None  # the model the call named (a background model's calls are not the policy's)
+    protocol: str | None = None  # the SDK family it came in by (openai, anthropic, bedrock): recorded with them
 
 
 @dataclass(frozen=True)
@@ -244,6 +248,8 @@ ROLLOUT_FLAGS = (
     "policy_calls_ambiguous",  # a model call unlike the policy's, policy_models unset: refused (mtrl_adapters._policy_rule)
     "policy_calls_inferred",  # model calls passed through beside a policy client aimed at the coordinator (the same)
     "trajectory_header_stale",  # a reply reached an agent naming another rollout (SageMaker compat, coordinator._owner)
+    "hosted_tools_unserved",  # calls that declared hosted tools (Responses' web_search, ...) the policy was not offered
+    "max_tokens_clamped",  # turns whose max_tokens was above the cap, served up to it (advanced.server.max_tokens_over_cap)
 )
 
 

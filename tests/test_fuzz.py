@@ -186,7 +186,7 @@ def test_a_converse_union_member_sent_as_null_is_a_400_naming_it(fuzz_server: An
 LIMITS = {
     "core": {"sampling_params": {"max_tokens": 64}, "val_sampling_params": {"max_tokens": 64}},
     "advanced": {"server": {"max_body_bytes": 20000, "max_messages": 4, "max_tools": 2, "max_string_chars": 500,
-                            "max_tool_calls": 2, "max_json_depth": 8}},
+                            "max_tool_calls": 2, "max_json_depth": 8, "max_tokens_over_cap": "refuse"}},
 }
 
 

@@ -85,6 +85,7 @@ class Coordinator:
         self._capture = CallCapture(
             engine, store, self._live, self.counters, chat_format, self.config.advanced.history_training,
             default_seed=self.default_sampling.seed,
+            background_models=frozenset(self.config.advanced.server.background_models),
         )
         self._drift = DriftMeter(engine.tokenizer, self._capture.renderer.template, chat_format)
         self._ends = RolloutEnds(store, self._live, self.counters, self.config.advanced.default_reward)

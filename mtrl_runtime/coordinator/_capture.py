@@ -32,8 +32,8 @@ from ..chat.formats import ChatFormat, resolve_format
 from ..errors import AnswerFailure, BadRequest, Conflict, EngineFailure, MtrlError
 from ..seeds import derived_seed, turn_seed
 from ..types import (
-    ChatOptions, Generation, GenerationRequest, PolicyEngine, SamplingParams, StreamingEngine, TrajectoryStore, Turn,
-    TurnLimitHit,
+    ChatOptions, Generation, GenerationRequest, ModelCall, PolicyEngine, SamplingParams, StreamingEngine,
+    TrajectoryStore, Turn, TurnLimitHit,
 )
 from ._counters import CoordinatorCounters
 from ._live import LiveRollout, LiveRollouts, VerifiedToken
@@ -74,9 +74,11 @@ class CallCapture:
         chat_format: ChatFormat | None = None,
         history_training: str = "extend",
         default_seed: int | None = None,
+        background_models: frozenset[str] = frozenset(),
     ) -> None:
         self.engine = engine
         self.default_seed = default_seed  # the run's ``sampling_params.seed``
+        self.background_models = background_models  # ``advanced.server.background_models``
         self.store = store
         self.live = live
         self.counters = counters
@@ -116,6 +118,8 @@ class CallCapture:
             rollout_id = call_owner(self.live, rollout_id, normalized, self.counters)
             token = VerifiedToken(rollout_id)
         live = self.live.running(rollout_id, token)
+        if options.model is not None and options.model in self.background_models:
+            return await self._background(live, normalized, tools, sampling, options, stream, respond, off_loop)
         async with live.lock:
             if self.live.get(rollout_id) is None:
                 raise Conflict(f"rollout {rollout_id!r} ended while this call waited", param="rollout_id")
@@ -128,6 +132,8 @@ class CallCapture:
                     f"rollout {rollout_id!r} reached max_turns={live.max_turns}; end the episode",
                     param="max_turns",
                 )
+            if options.unserved_tools:  # hosted tools the call declared, not offered to the policy
+                live.unserved_tool_calls += 1
             seed = self._seed(live, sampling.seed)
             if seed is not None:  # each turn its own noise (``seeds.turn_seed``)
                 sampling = replace(sampling, seed=turn_seed(seed, live.turns))
@@ -183,9 +189,26 @@ class CallCapture:
             raise AnswerFailure(f"the answer could not be written ({type(exc).__name__}: {exc}); "
                                 "nothing was recorded for this call") from exc
 
+    async def _background(
+        self, live: LiveRollout, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions,
+        stream: ChatStream | None, respond: Respond, off_loop: bool,
+    ) -> Any:
+        """A harness's background call (``background_models``): answered by the engine as an unattributed call,
+        recorded as a non-policy model call of the rollout, never a turn (not trained, not its conversation)."""
+        started = time.time()
+        usage: list[tuple[int, int]] = []
+        answer = await self._inference(messages, tools, sampling, options, stream, respond, off_loop, usage)
+        prompt_tokens, completion_tokens = usage[0]
+        await self.store.aadd_model_call(ModelCall(
+            live.rollout_id, options.protocol or "openai", options.model, latency_s=time.time() - started,
+            started_at=started, input_tokens=prompt_tokens, output_tokens=completion_tokens, stream=stream is not None,
+        ))
+        self.counters.background_calls += 1
+        return answer
+
     async def _inference(
         self, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions,
-        stream: ChatStream | None, respond: Respond, off_loop: bool,
+        stream: ChatStream | None, respond: Respond, off_loop: bool, usage: list | None = None,
     ) -> Any:
         plan, prefix = await self._planned(None, messages, tools, options, off_loop)
         sampling = self._fit_context(len(plan.prompt_ids), sampling)
@@ -203,7 +226,10 @@ class CallCapture:
         )
         text, message, finish, _, _ = self._reply(gen, tools, sampling, prefix)
         answer = await self._answer(respond, ChatResult(message, finish, plan.prompt_ids, gen, text))
-        self.counters.inference_calls += 1
+        if usage is None:
+            self.counters.inference_calls += 1
+        else:
+            usage.append((len(plan.prompt_ids), len(gen.completion_ids)))
         return answer
 
     async def _attributed_turn(
@@ -255,6 +281,9 @@ class CallCapture:
         live.note_calls(message.get("tool_calls") or (), tools, turn.index)
         live.turns += 1
         self.counters.turns += 1
+        if sampling.max_tokens_asked is not None:
+            live.clamped_turns += 1
+            self.counters.max_tokens_clamped += 1
         return answer
 
     async def _reference_turn(
@@ -298,9 +327,12 @@ class CallCapture:
         context = self.engine.context_length
         if context is None or prompt_tokens + sampling.max_tokens <= context:
             return sampling
-        if prompt_tokens >= context or sampling.max_tokens_requested:
+        # a max_tokens the client named is refused over the context, unless it was already above the cap and clamped
+        # (``max_tokens_asked``): then it is shortened like a default
+        named = sampling.max_tokens_requested and sampling.max_tokens_asked is None
+        if prompt_tokens >= context or named:
             self.counters.context_exceeded += 1
-            asked = f" + max_tokens {sampling.max_tokens}" if sampling.max_tokens_requested else ""
+            asked = f" + max_tokens {sampling.max_tokens}" if named else ""
             raise BadRequest(
                 f"the rendered prompt is {prompt_tokens} tokens{asked}; the model's context is {context} tokens: "
                 "shorten the conversation" + (" or lower max_tokens" if asked else ""),

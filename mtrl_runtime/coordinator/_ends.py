@@ -47,6 +47,11 @@ class RolloutEnds:
         metrics = {**live.agent_flags, **ending.flags}
         for name, value in live.agent_flags.items():  # the agent's side's flags (``mtrl_adapters._policy_rule``)
             setattr(self.counters, name, getattr(self.counters, name) + int(value))
+        if live.wire_tool_calls:  # a harness: no adapter saw its tools; the conversation shows what ran
+            for call in live.wire_calls():
+                await self.store.aadd_tool_call(call)
+                live.tool_calls_recorded += 1
+                self.counters.tool_calls_from_wire += 1
         unrecorded = live.unrecorded_tool_calls
         if unrecorded:  # never silent: flagged on the rollout, counted, and said once where the user looks
             metrics["tool_calls_unrecorded"] = float(unrecorded)
@@ -61,6 +66,10 @@ class RolloutEnds:
         if live.failed_results:  # the failure flags tool results carried (server.protocols._tool_results)
             metrics["tool_results_failed"] = float(len(live.failed_results))
             self.counters.tool_results_failed += len(live.failed_results)
+        if live.unserved_tool_calls:  # calls whose hosted tools were not offered to the policy (Responses)
+            metrics["hosted_tools_unserved"] = float(live.unserved_tool_calls)
+        if live.clamped_turns:  # served up to the cap below what the call asked (advanced.server.max_tokens_over_cap)
+            metrics["max_tokens_clamped"] = float(live.clamped_turns)
         if ending.default_reward:
             metrics["reward_defaulted"] = 1.0
             await self.store.aset_reward(rollout_id, self.default_reward, None, metrics, defaulted=True)

@@ -14,7 +14,7 @@ from typing import Iterable
 from ..chat import ConversationState, normalize_tools
 from ..errors import Conflict, Forbidden, RolloutNotFound, Unauthorized
 from ..store import hash_token
-from ..types import Rollout, RolloutEvent, RolloutHandle, Task, TrajectoryStore
+from ..types import Rollout, RolloutEvent, RolloutHandle, Task, ToolCall, TrajectoryStore
 from ._counters import CoordinatorCounters
 from ._errors import client_data
 from ._lifecycle import Ending, RolloutLife
@@ -34,6 +34,15 @@ class VerifiedToken(str):
         obj = super().__new__(cls, f"verified:{rollout_id}")
         obj.rollout_id = rollout_id
         return obj
+
+
+def _text(content: object) -> str:
+    """A tool message's content as the text the model read (text parts joined; anything else as JSON)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in content):
+        return "\n".join(p["text"] for p in content)
+    return json.dumps(content, ensure_ascii=False, default=str)
 
 
 @dataclass
@@ -62,6 +71,11 @@ class LiveRollout:
     seed: int | None = None  # what its calls sample with when they name no seed (``CallCapture._seed``)
     prompt: str | None = None  # its task's prompt (or first user message): what its first call carries (``_owner``)
     agent_flags: dict[str, float] = field(default_factory=dict)  # what the agent's side noted (``CompletionReport``)
+    unserved_tool_calls: int = 0  # calls that declared tools the policy is not offered (Responses' hosted tools)
+    clamped_turns: int = 0  # turns served up to the cap below the max_tokens their call asked for
+    calls: dict[str, tuple[str, str]] = field(default_factory=dict)  # tool-call id -> the model's (name, arguments)
+    results: dict[str, str] = field(default_factory=dict)  # tool-call id -> the result text the agent sent back
+    wire_tool_calls: bool = False  # store its tool calls from the wire at its end (``CompletionReport``)
 
     def note_answers(self, messages: list[dict]) -> None:
         """Remember which of the model's tool calls the agent answered (a ``tool`` message naming its id), and
@@ -71,6 +85,7 @@ class LiveRollout:
                 call_id = str(message.get("tool_call_id"))
                 if call_id in self.call_turns:
                     self.answered_calls.add(call_id)
+                    self.results.setdefault(call_id, _text(message.get("content")))
                 if message.get("status") == "error":
                     self.failed_results.add(call_id)
 
@@ -82,6 +97,7 @@ class LiveRollout:
         for call in calls:
             call_id = str(call.get("id"))
             self.call_turns[call_id] = turn_index
+            self.calls[call_id] = (call["function"]["name"], call["function"].get("arguments") or "")
             if call["function"]["name"] not in declared:
                 self.undeclared_calls.add(call_id)
 
@@ -89,6 +105,23 @@ class LiveRollout:
         """Count the adapter's reports that can stand for a call the agent ran: those naming a declared tool (a
         refused call to an undeclared name, which an adapter may report too, stands for none)."""
         self.tool_calls_recorded += sum(name in self.declared_tools for name in names)
+
+    def wire_calls(self) -> list[ToolCall]:
+        """The tool calls the conversation shows ran (the model's call answered by a later request's result), in
+        the order the model made them, as tool-call records (``wire_tool_calls``); refused undeclared names excluded."""
+        out = []
+        for call_id, turn in sorted(self.call_turns.items(), key=lambda kv: kv[1]):
+            if call_id not in self.answered_calls or call_id in self.undeclared_calls:
+                continue
+            name, arguments = self.calls[call_id]
+            try:
+                args = json.loads(arguments) if arguments else {}
+            except ValueError:
+                args = arguments  # kept as the model wrote it
+            failed = call_id in self.failed_results
+            out.append(ToolCall(self.rollout_id, name, args, call_id=call_id, result=self.results.get(call_id),
+                                status="error" if failed else "success", turn_index=turn))
+        return out
 
     @property
     def refused_tool_calls(self) -> int:

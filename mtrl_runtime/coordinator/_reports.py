@@ -154,6 +154,7 @@ class ReportIntake:
             return self.state(rollout_id)
         self.live.check_token(rollout_id, live.token_hash, token)
         live.agent_flags.update(report.flags)  # written with the rollout's end (``_ends``)
+        live.wire_tool_calls |= report.tool_calls_from_wire
         await self.ends.observe(rollout_id, AgentEnded(RolloutStatus(report.status), report.error))
         return self.state(rollout_id)
 

@@ -108,7 +108,8 @@ class ChatCompletionsRoute(BaseRoute):
         raw = await read_body(receive, headers.get(b"content-length"), cfg.max_body_bytes)
         off_loop = len(raw) > OFF_LOOP_BYTES
         data, body = await asyncio.to_thread(self._parse, raw) if off_loop else self._parse(raw)
-        sampling = body.sampling(coordinator.default_sampling, coordinator.max_tokens_cap)
+        sampling = body.sampling(coordinator.default_sampling, coordinator.max_tokens_cap,
+                                 coordinator.server_config.max_tokens_over_cap)
         # the request's own message dicts (validated): the coordinator normalizes them, and stores them so
         messages = data["messages"]
         # tools are stored as given, so as validated (defaults filled, nulls dropped)

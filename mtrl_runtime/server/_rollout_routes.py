@@ -20,6 +20,7 @@ from mtrl_adapters.wire import (
     ToolCallBatch,
     ToolCallReport,
     rollout_base_url,
+    rollout_base_urls,
     trajectory_id,
 )
 
@@ -58,6 +59,7 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
             rollout_id=handle.rollout_id, token=handle.token, group_id=handle.group_id,
             base_url=rollout_base_url(base, handle.rollout_id),
             trajectory_id=trajectory_id(handle.rollout_id, handle.token),
+            base_urls=rollout_base_urls(base, handle.rollout_id),
         )
         return json_response(created.model_dump())
 

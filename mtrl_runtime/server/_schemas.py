@@ -8,6 +8,8 @@ add them over time.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
@@ -128,6 +130,10 @@ class ChatCompletionRequest(BaseModel):
         return self
 
     def options(self) -> ChatOptions:
+        """The call's options with the model it named (``advanced.server.background_models``) and its family."""
+        return replace(self._options(), model=self.model, protocol="openai")
+
+    def _options(self) -> ChatOptions:
         """Template variables and the tool choice (``"none"`` is applied by dropping the tools)."""
         choice, name = self.tool_choice, None
         if isinstance(choice, dict):
@@ -145,14 +151,19 @@ class ChatCompletionRequest(BaseModel):
         return ChatOptions(template_kwargs=self.chat_template_kwargs or {}, tool_choice=kind, tool_name=name,
                            token_ids=self.wants_token_ids or self.wants_logprobs)
 
-    def sampling(self, default: SamplingParams, max_tokens_cap: int) -> SamplingParams:
-        """The request's sampling settings over the run's defaults; max_tokens is capped."""
+    def sampling(self, default: SamplingParams, max_tokens_cap: int, over_cap: str = "clamp") -> SamplingParams:
+        """The request's sampling settings over the run's defaults. A max_tokens above the cap is served up to the
+        cap (``over_cap``, advanced.server.max_tokens_over_cap: ``clamp``) or a 400 naming the field (``refuse``)."""
         max_tokens = self.max_completion_tokens or self.max_tokens or default.max_tokens
+        asked = None
+        if max_tokens > max_tokens_cap and over_cap == "clamp":
+            asked, max_tokens = max_tokens, max_tokens_cap
         if max_tokens > max_tokens_cap:
             from ..errors import BadRequest
 
             raise BadRequest(
-                f"max_tokens: {max_tokens} is above this server's limit of {max_tokens_cap}",
+                f"max_tokens: {max_tokens} is above this server's limit of {max_tokens_cap} "
+                "(advanced.server.max_tokens_over_cap: refuse)",
                 param="max_tokens",
             )
         return SamplingParams(
@@ -163,6 +174,7 @@ class ChatCompletionRequest(BaseModel):
             seed=self.seed,  # the coordinator decides an absent seed (the rollout's, or the run's)
             top_logprobs=self.top_logprobs or 0,
             max_tokens_requested=bool(self.max_completion_tokens or self.max_tokens),
+            max_tokens_asked=asked,
         )
 
     @property

@@ -146,11 +146,18 @@ def sampling(
     max_tokens_field: str,
     seed: int | None = None,
 ) -> SamplingParams:
-    """A call's sampling over the run's defaults; a ``max_tokens`` above the server's cap is a 400 naming the field."""
+    """A call's sampling over the run's defaults. A ``max_tokens`` above the server's cap is served up to the cap
+    (``max_tokens_asked`` keeps what was asked; the rollout is flagged ``max_tokens_clamped``): harness clients ask
+    for their own model's maximum (Claude Code 32,000 and more). ``advanced.server.max_tokens_over_cap: refuse``
+    makes it a 400 naming the field instead."""
     default = coordinator.default_sampling
     cap = coordinator.max_tokens_cap
+    asked = None
     if max_tokens is not None and max_tokens > cap:
-        raise BadRequest(f"{max_tokens_field}: {max_tokens} is above this server's limit of {cap}", param=max_tokens_field)
+        if coordinator.server_config.max_tokens_over_cap == "refuse":
+            raise BadRequest(f"{max_tokens_field}: {max_tokens} is above this server's limit of {cap} "
+                             "(advanced.server.max_tokens_over_cap: refuse)", param=max_tokens_field)
+        asked, max_tokens = max_tokens, cap
     return SamplingParams(
         temperature=default.temperature if temperature is None else temperature,
         top_p=default.top_p if top_p is None else top_p,
@@ -158,6 +165,7 @@ def sampling(
         stop=tuple(stop or default.stop),
         seed=seed,  # the coordinator decides an absent seed (the rollout's, or the run's)
         max_tokens_requested=max_tokens is not None,
+        max_tokens_asked=asked,
     )
 
 

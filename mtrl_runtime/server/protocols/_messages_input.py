@@ -21,6 +21,8 @@ every protocol follows); an ``is_error`` that is not a boolean is refused.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Any, Literal
 
 import orjson
@@ -99,6 +101,10 @@ class MessagesRequest(BaseModel):
         return self
 
     def options(self) -> ChatOptions:
+        """The call's options with the model it named (``advanced.server.background_models``) and its family."""
+        return replace(self._options(), model=self.model, protocol="anthropic")
+
+    def _options(self) -> ChatOptions:
         """Template variables (``thinking`` enabled or disabled sets ``enable_thinking``) and the tool choice."""
         kwargs = dict(self.chat_template_kwargs or {})
         if self.thinking is not None and self.thinking.type != "adaptive":

@@ -3,9 +3,19 @@
 Known fields are validated (a wrong JSON type is refused, never coerced; the
 error names the field and the value); fields clients send that change
 nothing here are accepted and ignored. What mtrl cannot honour is refused
-with a 400 naming the field: non-function tools, images, files and audio,
+with a 400 naming the field: custom (freeform) tools, images, files and audio,
 ``background``, ``conversation``, stored ``prompt`` templates, item
 references.
+
+Tools: ``function`` tools as they are; a ``namespace`` tool's functions as
+``<namespace>.<name>`` (OpenAI function names cannot hold a dot, so the name
+splits back without ambiguity: a ``function_call`` carries ``namespace``
+and ``name`` again, and an input ``function_call`` with a ``namespace`` is
+read back the same way). Hosted tools (``web_search``, ``file_search``,
+``code_interpreter``, ...: run by OpenAI's servers, which mtrl is not) are
+accepted and not offered to the policy: Codex CLI declares ``web_search`` on
+every call. The coordinator counts them on the rollout
+(``hosted_tools_unserved``) so a run says what its policy was not offered.
 
 Input items become chat messages: ``message`` items (roles user, system,
 developer, assistant) keep their text; ``reasoning``, an assistant
@@ -16,12 +26,21 @@ assistant message (``reasoning_content``, ``content``, ``tool_calls``);
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import replace
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from ...errors import BadRequest
 from ...types import ChatOptions
+
+
+NAMESPACE_SEPARATOR = "."  # a namespace's function as the policy sees it: "<namespace>.<name>"
+# tools OpenAI's servers run themselves: accepted, not offered to the policy (see the module docstring)
+HOSTED_TOOLS = ("web_search", "web_search_preview", "web_search_preview_2025_03_11", "file_search", "code_interpreter",
+                "computer_use_preview", "computer_use", "image_generation", "mcp", "local_shell", "shell", "apply_patch",
+                "tool_search")
 
 
 class FunctionTool(BaseModel):
@@ -33,12 +52,62 @@ class FunctionTool(BaseModel):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
-    def chat_tool(self) -> dict[str, Any]:
-        fn: dict[str, Any] = {"name": self.name}
+    def chat_tools(self) -> list[dict[str, Any]]:
+        return [self.chat_tool()]
+
+    def chat_tool(self, namespace: str | None = None) -> dict[str, Any]:
+        name = self.name if namespace is None else f"{namespace}{NAMESPACE_SEPARATOR}{self.name}"
+        fn: dict[str, Any] = {"name": name}
         if self.description is not None:
             fn["description"] = self.description
         fn["parameters"] = self.parameters if self.parameters is not None else {"type": "object", "properties": {}}
         return {"type": "function", "function": fn}
+
+
+class NamespaceTool(BaseModel):
+    """Function tools grouped under a name (Codex CLI's sub-agent tools): offered as ``<namespace>.<name>``."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["namespace"]
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[^.]+$")
+    description: str | None = None
+    tools: list[FunctionTool]
+
+    def chat_tools(self) -> list[dict[str, Any]]:
+        return [tool.chat_tool(self.name) for tool in self.tools]
+
+
+class HostedTool(BaseModel):
+    """A tool OpenAI's servers run (``HOSTED_TOOLS``): accepted, never offered to the policy."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: str
+
+    @model_validator(mode="after")
+    def _hosted(self) -> "HostedTool":
+        if self.type not in HOSTED_TOOLS:
+            raise ValueError(
+                f"type: {self.type!r} tools are not supported; mtrl takes function and namespace tools, and accepts "
+                f"(without offering them to the policy) the hosted {', '.join(HOSTED_TOOLS)}"
+            )
+        return self
+
+    def chat_tools(self) -> list[dict[str, Any]]:
+        return []
+
+
+def _tool_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if kind in ("function", "namespace") else "hosted"
+
+
+ResponsesTool = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[HostedTool, Tag("hosted")],
+    Discriminator(_tool_kind),
+]
 
 
 class ResponsesRequest(BaseModel):
@@ -47,7 +116,7 @@ class ResponsesRequest(BaseModel):
     model: str | None = None
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[ResponsesTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -79,6 +148,10 @@ class ResponsesRequest(BaseModel):
         return self
 
     def options(self) -> ChatOptions:
+        """The call's options with the model it named (``advanced.server.background_models``) and its family."""
+        return replace(self._options(), model=self.model, protocol="openai")
+
+    def _options(self) -> ChatOptions:
         """The tool choice as the coordinator takes it (``"none"`` is applied by dropping the tools)."""
         choice = self.tool_choice
         if isinstance(choice, dict):
@@ -89,9 +162,20 @@ class ResponsesRequest(BaseModel):
                     "only function tools are supported",
                     param="tool_choice",
                 )
-            return ChatOptions(template_kwargs=self.chat_template_kwargs or {}, tool_choice="function", tool_name=name)
+            return ChatOptions(template_kwargs=self.chat_template_kwargs or {}, tool_choice="function", tool_name=name,
+                               unserved_tools=self.hosted_tools)
         kind = "required" if choice == "required" else "auto"
-        return ChatOptions(template_kwargs=self.chat_template_kwargs or {}, tool_choice=kind)
+        return ChatOptions(template_kwargs=self.chat_template_kwargs or {}, tool_choice=kind,
+                           unserved_tools=self.hosted_tools)
+
+    def chat_tools(self) -> list[dict[str, Any]] | None:
+        """The tools offered to the policy: functions, and namespaces' functions as ``<namespace>.<name>``."""
+        return [chat for tool in self.tools for chat in tool.chat_tools()] if self.tools else None
+
+    @property
+    def hosted_tools(self) -> tuple[str, ...]:
+        """The hosted tools this call declared, which the policy is not offered."""
+        return tuple(t.type for t in self.tools or () if isinstance(t, HostedTool))
 
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -135,6 +219,8 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                 turn["reasoning_content"] = reasoning
         elif kind == "function_call":
             call_id, name, arguments = (_string(item, key, where) for key in ("call_id", "name", "arguments"))
+            if item.get("namespace") is not None:
+                name = f"{_string(item, 'namespace', where)}{NAMESPACE_SEPARATOR}{name}"
             turn = turn or {"role": "assistant", "content": None}
             turn.setdefault("tool_calls", []).append(
                 {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
@@ -217,4 +303,5 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
     return ""
 
 
-__all__ = ["FunctionTool", "ResponsesRequest", "input_messages"]
+__all__ = ["FunctionTool", "HOSTED_TOOLS", "HostedTool", "NAMESPACE_SEPARATOR", "NamespaceTool", "ResponsesRequest",
+           "input_messages"]

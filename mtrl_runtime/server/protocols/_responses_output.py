@@ -21,6 +21,7 @@ import orjson
 
 from ...coordinator import ChatResult
 from ._endpoint import sse
+from ._responses_input import NAMESPACE_SEPARATOR
 
 
 def output_items(result: ChatResult, item_id: str) -> list[dict[str, Any]]:
@@ -38,8 +39,12 @@ def output_items(result: ChatResult, item_id: str) -> list[dict[str, Any]]:
                       "content": [{"type": "output_text", "text": content, "annotations": [], "logprobs": []}]})
     for i, call in enumerate(calls):
         fn = call["function"]
-        items.append({"type": "function_call", "id": f"fc_{item_id}_{i}", "call_id": call["id"], "name": fn["name"],
-                      "arguments": fn["arguments"], "status": "completed"})
+        item = {"type": "function_call", "id": f"fc_{item_id}_{i}", "call_id": call["id"], "name": fn["name"],
+                "arguments": fn["arguments"], "status": "completed"}
+        namespace, dot, name = fn["name"].partition(NAMESPACE_SEPARATOR)  # a namespace tool's (function names hold no dot)
+        if dot:
+            item.update(namespace=namespace, name=name)
+        items.append(item)
     return items
 
 

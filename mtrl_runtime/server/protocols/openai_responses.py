@@ -108,7 +108,7 @@ class ResponsesProtocol:
         messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + conversation
         if not messages:
             raise BadRequest("input: no messages (an empty input with no instructions or previous response)", param="input")
-        tools = [t.chat_tool() for t in body.tools] if body.tools else None
+        tools = body.chat_tools()
         check_counts(coordinator, messages, tools, "input", "tools")
         params = sampling(coordinator, temperature=body.temperature, top_p=body.top_p,
                           max_tokens=body.max_output_tokens, stop=None, seed=body.seed, max_tokens_field="max_output_tokens")
