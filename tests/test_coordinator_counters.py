@@ -24,6 +24,7 @@ NAMES = [
     "compat_sigv4_accepted", "compat_failures_without_text", "attribution_header_over_path", "stream_divergences",
     # added with the attribution fixes (issue 47): a stale SageMaker header refused, the agent side's two flags
     "compat_stale_header_refused", "policy_calls_ambiguous", "policy_calls_inferred",
+    "background_calls", "max_tokens_clamped", "tool_calls_from_wire",
     # added with the server's bounds (issue 47): answers that could not be written, reward reports refused
     "answers_unwritable", "rewards_refused",
 ]

@@ -73,9 +73,10 @@ BAD_RESPONSES = (
         ({"input": 5}, "input.str", ["input", "5"]),
         ({"input": "x", "temperature": "hot"}, "temperature", ["temperature", "'hot'"]),
         ({"input": "x", "max_output_tokens": "9"}, "max_output_tokens", ["max_output_tokens", "'9'"]),
-        ({"input": "x", "max_output_tokens": 10**6}, "max_output_tokens", ["max_output_tokens", "1000000", "limit"]),
         ({"input": "x", "stream": "yes"}, "stream", ["stream", "'yes'"]),
-        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools.0.type", ["tools.0.type", "web_search"]),
+        ({"input": "x", "tools": [{"type": "custom", "name": "patch"}]}, "tools.0.type", ["tools.0.type", "custom"]),
+        ({"input": "x", "tools": [{"type": "namespace", "name": "ns", "tools": [{"type": "function"}]}]},
+         "tools.0.tools.0.name", ["tools.0.tools.0.name", "required"]),
         ({"input": "x", "tool_choice": "sometimes"}, "body", ["tool_choice", "sometimes"]),
         ({"input": "x", "tool_choice": {"type": "function", "name": "nope"}, "tools": RESPONSE_TOOLS}, "tool_choice", ["nope"]),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
@@ -241,3 +242,13 @@ def test_stored_responses_leave_with_their_rollouts(handle):
     assert history.get("r100", "resp_100") == ()
     history.put(None, "resp_inference", ())  # unattributed calls: their own bounded history
     assert history.get(None, "resp_inference") == () and history.get("r100", "resp_inference") is None
+
+
+def test_max_output_tokens_above_the_cap_is_a_400_when_the_run_refuses_it(served, tiny_tok):
+    config = MtrlConfig.from_dict({"advanced": {"server": {"max_tokens_over_cap": "refuse"}}})
+    handle = served(ScriptedEngine(tiny_tok, policy), config)
+    response = _post(handle, _rollout(handle), "/v1/responses", {"input": "x", "max_output_tokens": 10**6})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "max_output_tokens"
+    assert all(word in error["message"] for word in ("max_output_tokens", "1000000", "limit", "max_tokens_over_cap"))

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ...errors import BadRequest
 from ...types import ChatOptions
@@ -85,29 +85,31 @@ class HostedTool(BaseModel):
 
     type: str
 
-    @model_validator(mode="after")
-    def _hosted(self) -> "HostedTool":
-        if self.type not in HOSTED_TOOLS:
-            raise ValueError(
-                f"type: {self.type!r} tools are not supported; mtrl takes function and namespace tools, and accepts "
-                f"(without offering them to the policy) the hosted {', '.join(HOSTED_TOOLS)}"
-            )
-        return self
-
     def chat_tools(self) -> list[dict[str, Any]]:
         return []
 
 
-def _tool_kind(value: Any) -> str:
-    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return kind if kind in ("function", "namespace") else "hosted"
+TOOL_KINDS: dict[str, type[FunctionTool] | type[NamespaceTool] | type[HostedTool]] = {
+    "function": FunctionTool, "namespace": NamespaceTool, **{kind: HostedTool for kind in HOSTED_TOOLS},
+}
 
 
-ResponsesTool = Annotated[
-    Annotated[FunctionTool, Tag("function")] | Annotated[NamespaceTool, Tag("namespace")]
-    | Annotated[HostedTool, Tag("hosted")],
-    Discriminator(_tool_kind),
-]
+def parse_tool(raw: dict[str, Any], where: str) -> FunctionTool | NamespaceTool | HostedTool:
+    """One ``tools`` entry by its type (``TOOL_KINDS``); a 400 naming ``<where>.<field>`` and the value."""
+    kind = raw.get("type")
+    model = TOOL_KINDS.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        raise BadRequest(
+            f"{where}.type: {kind!r} tools are not supported; mtrl takes function and namespace tools, and accepts "
+            f"(without offering them to the policy) the hosted {', '.join(HOSTED_TOOLS)}", param=f"{where}.type",
+        )
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        detail = "field required" if first["type"] == "missing" else f"{first['msg']} (got {first.get('input')!r:.120})"
+        raise BadRequest(f"{where}.{field}: {detail}", param=f"{where}.{field}") from None
 
 
 class ResponsesRequest(BaseModel):
@@ -116,7 +118,7 @@ class ResponsesRequest(BaseModel):
     model: str | None = None
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    tools: list[ResponsesTool] | None = None
+    tools: list[dict[str, Any]] | None = None  # each parsed by its type (``parse_tool``)
     tool_choice: str | dict[str, Any] | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -170,12 +172,15 @@ class ResponsesRequest(BaseModel):
 
     def chat_tools(self) -> list[dict[str, Any]] | None:
         """The tools offered to the policy: functions, and namespaces' functions as ``<namespace>.<name>``."""
-        return [chat for tool in self.tools for chat in tool.chat_tools()] if self.tools else None
+        if not self.tools:
+            return None
+        return [chat for i, raw in enumerate(self.tools) for chat in parse_tool(raw, f"tools.{i}").chat_tools()]
 
     @property
     def hosted_tools(self) -> tuple[str, ...]:
         """The hosted tools this call declared, which the policy is not offered."""
-        return tuple(t.type for t in self.tools or () if isinstance(t, HostedTool))
+        kinds = (raw.get("type") for raw in self.tools or ())
+        return tuple(kind for kind in kinds if isinstance(kind, str) and TOOL_KINDS.get(kind) is HostedTool)
 
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -304,4 +309,4 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
 
 
 __all__ = ["FunctionTool", "HOSTED_TOOLS", "HostedTool", "NAMESPACE_SEPARATOR", "NamespaceTool", "ResponsesRequest",
-           "input_messages"]
+           "TOOL_KINDS", "input_messages", "parse_tool"]
