@@ -52,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "InProcessExecutor": ".executors",
     "HttpExecutor": ".executors",
     "RayExecutor": ".executors",
+    "AgentCoreExecutor": ".executors",
     # parts
     "Coordinator": ".coordinator",
     "create_app": ".server",

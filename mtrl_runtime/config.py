@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .algorithms import ADVANTAGES, LOSSES
 from .chat.formats import CHAT_FORMATS
 from .engines import ENGINES, POOL_OPTIONS, check_pool_options
+from .executors import AgentCoreSettings
 from .group_policies import GROUP_POLICIES
 from .registry import Registry
 from .rewards import JudgeSpec
@@ -241,6 +242,9 @@ class AdvancedConfig(_Section):
     # reasoning): "extend" (one sequence of the generated ids) or "deployed" (a new segment there, as deployed)
     history_training: Literal["extend", "deployed"] = "extend"
     server: ServerConfig = Field(default_factory=ServerConfig)
+    # a deployed AgentCore Runtime as the agent: its ARN, endpoint, auth and the coordinator's URL as the
+    # runtime reaches it (docs/scaling.md, "Training a deployed AgentCore Runtime")
+    agentcore: AgentCoreSettings = Field(default_factory=AgentCoreSettings)
     # where rollouts' code runs: kind bubblewrap | docker | podman | tempdir, and its limits (docs/sandboxes.md)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)

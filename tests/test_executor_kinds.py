@@ -25,7 +25,7 @@ def _agent(task):
 
 async def test_each_kind_of_agent_env_gets_its_executor():
     own = _OwnExecutor()
-    assert [k.name for k in EXECUTOR_KINDS] == ["executor", "url", "function"]
+    assert [k.name for k in EXECUTOR_KINDS] == ["executor", "agentcore", "url", "function"]
     assert executor_for(own, 4) is own
     remote = executor_for("http://127.0.0.1:9/", 4)
     assert isinstance(remote, HttpExecutor) and remote.url == "http://127.0.0.1:9"
@@ -36,7 +36,8 @@ async def test_each_kind_of_agent_env_gets_its_executor():
 
 @pytest.mark.parametrize("bad", [42, None, ["not", "an", "agent"]])
 def test_anything_else_is_refused_naming_the_value_and_the_kinds(bad):
-    with pytest.raises(TypeError, match=r"agent_env: expected a function, a RolloutExecutor or a URL \(executor, url, function\), got"):
+    with pytest.raises(TypeError, match=r"agent_env: expected a function, a RolloutExecutor, an AgentCore Runtime ARN or a URL "
+                       r"\(executor, agentcore, url, function\), got"):
         executor_kind(bad)
 
 

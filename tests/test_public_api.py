@@ -15,7 +15,7 @@ EXPECTED = {
     "MultiTurnRLTrainer", "TrainingResult", "MultiTurnRLEvaluator", "EvaluationResult", "StrictScorer",
     "check_reward", "check_env",
     "RolloutStack", "open_stack", "Dispatcher", "load_tasks", "executor_for",
-    "InProcessExecutor", "HttpExecutor", "RayExecutor",
+    "InProcessExecutor", "HttpExecutor", "RayExecutor", "AgentCoreExecutor",
     "Coordinator", "create_app", "start_server", "create_engine", "resolve_model", "ScriptedEngine",
     "open_store", "SQLiteStore", "export_adapter", "export_merged",
 }

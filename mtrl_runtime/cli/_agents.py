@@ -1,4 +1,8 @@
-"""Load a user's function named on the command line (``--agent``, ``--strict``): shared by train, eval and check."""
+"""Load a user's function named on the command line (``--agent``, ``--strict``): shared by train, eval and check.
+
+``--agent`` of ``mtrl train`` and ``mtrl eval`` may also be a deployed AgentCore Runtime's ARN
+(``agent_env_for``), or be left out where the config names one (``advanced.agentcore.runtime_arn``).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,30 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..executors import is_arn, parse_runtime_arn
+
 if TYPE_CHECKING:
+    from ..config import MtrlConfig
     from ..evaluation import StrictScorer
+
+AGENT_HELP = ("the agent: its entrypoint (module:function or file.py:function), or a deployed AgentCore Runtime's "
+              "ARN (arn:aws:bedrock-agentcore:REGION:ACCOUNT:runtime/ID; default advanced.agentcore.runtime_arn)")
+
+
+def agent_env_for(spec: str | None, config: "MtrlConfig") -> Any:
+    """What ``--agent`` names: a function, or an AgentCore Runtime ARN (checked here, naming ``--agent``).
+
+    Without ``--agent``, the config's ``advanced.agentcore.runtime_arn`` (already checked when it loaded).
+    """
+    if spec is None:
+        arn = config.advanced.agentcore.runtime_arn
+        if arn is None:
+            raise ValueError("--agent: give the agent (module:function, file.py:function or an AgentCore Runtime "
+                             "ARN), or set advanced.agentcore.runtime_arn in the config")
+        return arn
+    if is_arn(spec):
+        return str(parse_runtime_arn(spec, "--agent"))
+    return load_agent(spec)
 
 
 def load_agent(spec: str, flag: str = "--agent") -> Any:
@@ -56,4 +82,4 @@ def _load_attribute(spec: str, flag: str) -> tuple[str, str, Any]:
     return target, name, getattr(module, name, None)
 
 
-__all__ = ["load_agent", "load_strict_scorer"]
+__all__ = ["AGENT_HELP", "agent_env_for", "load_agent", "load_strict_scorer"]

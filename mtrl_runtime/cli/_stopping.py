@@ -79,7 +79,7 @@ def stop_on_sigterm(say: Callable[[str], None] = _say) -> Iterator[None]:
 
 def resume_command(args: argparse.Namespace) -> str:
     """The ``mtrl train`` command line that continues the run ``args`` started, with ``--resume``."""
-    parts = ["mtrl", "train", args.config, "--agent", args.agent]
+    parts = ["mtrl", "train", args.config] + (["--agent", args.agent] if args.agent is not None else [])
     for flag, value in (("--dataset", args.dataset), ("--run-dir", args.run_dir), ("--max-steps", args.max_steps),
                         ("--val-dataset", args.val_dataset), ("--val-split", args.val_split),
                         ("--strict", args.strict)):

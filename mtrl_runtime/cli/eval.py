@@ -2,7 +2,7 @@
 
 The same conventions as ``mtrl train``: a YAML config first, the agent as
 ``--agent module:function`` or ``--agent path/to/file.py:function`` (the
-``@rollout`` entrypoint), tasks as ``--dataset tasks.jsonl``. A strict
+``@rollout`` entrypoint; for ``mtrl eval`` also a deployed AgentCore Runtime's ARN), tasks as ``--dataset tasks.jsonl``. A strict
 scorer is named the same way (``--strict module:function``, called as
 ``fn(final_text, ground_truth) -> float``).
 """
@@ -17,14 +17,18 @@ from typing import Any
 from . import check_template
 from ..run_folder import RunFolder
 from ..task_sources import SOURCE_HELP
-from ._agents import load_agent, load_strict_scorer
+from ._agents import AGENT_HELP, agent_env_for, load_agent, load_strict_scorer
 from ._command import Command
 from ._stopping import stop_on_sigterm
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, deployed: bool = False) -> None:
+    """The flags eval and the checks share; ``deployed``: ``--agent`` may be an AgentCore Runtime ARN (or absent)."""
     p.add_argument("config", help="a YAML config (core + advanced)")
-    p.add_argument("--agent", required=True, help="the agent entrypoint: module:function or file.py:function")
+    if deployed:
+        p.add_argument("--agent", help=AGENT_HELP)
+    else:
+        p.add_argument("--agent", required=True, help="the agent entrypoint: module:function or file.py:function")
     p.add_argument("--dataset", required=True, help=SOURCE_HELP)
     p.add_argument("--split", help="only the tasks whose 'split' is this (e.g. test)")
     p.add_argument("--run-dir", help="the run folder (overrides core.run_dir)")
@@ -49,7 +53,7 @@ def _scorer(spec: str | None) -> Any:
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    _common(p)
+    _common(p, deployed=True)
     p.add_argument("--adapter", help="a peft adapter folder (default: <run_dir>/adapter when it exists)")
     p.add_argument("--base", action="store_true", help="also evaluate the base model on the same tasks and seeds")
     p.add_argument("--strict", help="a strict scorer module:function, compared with the reward")
@@ -78,7 +82,7 @@ def _eval(args: argparse.Namespace) -> int:
     if adapter is None:
         adapter = config.run_folder.saved_adapter()
     evaluator = MultiTurnRLEvaluator(
-        agent_env=load_agent(args.agent), dataset=args.dataset, config=config, output_path=args.output,
+        agent_env=agent_env_for(args.agent, config), dataset=args.dataset, config=config, output_path=args.output,
         adapter=adapter, evaluate_base_model=args.base, strict_scorer=_scorer(args.strict), split=args.split,
         max_tasks=args.max_tasks, max_samples=args.samples, tracking=not args.no_mlflow, reference=_reference(args),
     )

@@ -2,6 +2,9 @@
 
 The agent is named ``module:function`` or ``path/to/file.py:function``
 (``--agent``); the function is the user's ``@rollout``-decorated entrypoint.
+``--agent`` may instead be a deployed AgentCore Runtime's ARN (or be left
+out when ``advanced.agentcore.runtime_arn`` names one): each rollout is then
+an ``InvokeAgentRuntime`` call (docs/scaling.md).
 ``--val-dataset`` (optionally ``--val-split``) gives the validation tasks,
 run every ``core.val_every`` steps; ``--strict`` names a strict scorer the
 same way as the agent (``fn(final_text, ground_truth) -> float``).
@@ -18,14 +21,14 @@ import sys
 import time
 
 from ..task_sources import SOURCE_HELP
-from ._agents import load_agent
+from ._agents import AGENT_HELP, agent_env_for, load_agent
 from ._command import Command
 from ._stopping import resume_command, stop_on_sigterm, stopped_message
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="a YAML config (core + advanced)")
-    p.add_argument("--agent", required=True, help="the agent entrypoint: module:function or file.py:function")
+    p.add_argument("--agent", help=AGENT_HELP)
     p.add_argument("--dataset", help=f"{SOURCE_HELP} (overrides core.dataset)")
     p.add_argument("--run-dir", help="the run folder (overrides core.run_dir)")
     p.add_argument("--max-steps", type=int, help="overrides core.max_steps")
@@ -66,7 +69,7 @@ def _train(args: argparse.Namespace) -> int:
     if ranks is not None and not ranks.leader:
         follow_training(config, ranks)
         return 0
-    trainer = MultiTurnRLTrainer(agent_env=load_agent(args.agent), config=config, resume=args.resume,
+    trainer = MultiTurnRLTrainer(agent_env=agent_env_for(args.agent, config), config=config, resume=args.resume,
                                  tracking=not args.no_mlflow, validation_dataset=_validation_tasks(args),
                                  strict_scorer=load_agent(args.strict, "--strict") if args.strict else None,
                                  ranks=ranks)

@@ -74,33 +74,7 @@ class HttpExecutor:
 
     def request_body(self, spec: RolloutSpec) -> dict[str, Any]:
         """The ``POST /rollout`` body for ``spec``."""
-        sampling = spec.sampling
-        inference_params: dict[str, Any] = {
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "max_tokens": sampling.max_tokens,
-        }
-        if sampling.seed is not None:
-            inference_params["seed"] = sampling.seed
-        trajectory = trajectory_id(spec.rollout_id, spec.token)
-        return {
-            "instance": task_instance(spec.task),
-            "metadata": {
-                "job_arn": self.job_arn,
-                "trajectory_id": trajectory,
-                "rollout_id": spec.rollout_id,
-                "endpoint": spec.endpoint,
-                "region": self.region,
-                "rollout_token": spec.token,
-                "group_id": spec.group_id,
-                "max_turns": spec.max_turns,
-                "timeout_s": spec.timeout_s,
-                "policy_models": list(spec.policy_models) if spec.policy_models is not None else None,
-            },
-            "inference_params": inference_params,
-            "model_name": spec.model_name,
-            "model_endpoint": rollout_base_url(spec.endpoint, trajectory),
-        }
+        return rollout_request_body(spec, self.job_arn, self.region)
 
     async def run(self, spec: RolloutSpec) -> RolloutOutcome:
         try:
@@ -145,6 +119,43 @@ class HttpExecutor:
         return RolloutOutcome(rollout_id, recorded.status, recorded.error)
 
 
+def rollout_request_body(
+    spec: RolloutSpec, job_arn: str = DEFAULT_JOB_ARN, region: str = "local", endpoint: str | None = None
+) -> dict[str, Any]:
+    """The rollout request an agent server (or an AgentCore runtime) receives for ``spec``.
+
+    ``endpoint``: the coordinator's URL as the agent reaches it; None: ``spec.endpoint``.
+    """
+    sampling = spec.sampling
+    inference_params: dict[str, Any] = {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_tokens": sampling.max_tokens,
+    }
+    if sampling.seed is not None:
+        inference_params["seed"] = sampling.seed
+    endpoint = endpoint or spec.endpoint
+    trajectory = trajectory_id(spec.rollout_id, spec.token)
+    return {
+        "instance": task_instance(spec.task),
+        "metadata": {
+            "job_arn": job_arn,
+            "trajectory_id": trajectory,
+            "rollout_id": spec.rollout_id,
+            "endpoint": endpoint,
+            "region": region,
+            "rollout_token": spec.token,
+            "group_id": spec.group_id,
+            "max_turns": spec.max_turns,
+            "timeout_s": spec.timeout_s,
+            "policy_models": list(spec.policy_models) if spec.policy_models is not None else None,
+        },
+        "inference_params": inference_params,
+        "model_name": spec.model_name,
+        "model_endpoint": rollout_base_url(endpoint, trajectory),
+    }
+
+
 def task_instance(task: Task) -> dict[str, Any]:
     """A task as the request's ``instance``: the dataset row's keys at the top level, as SageMaker sends them.
 
@@ -186,4 +197,4 @@ def _outcome(rollout_id: str, response: httpx.Response) -> RolloutOutcome:
     return RolloutOutcome(rollout_id, RolloutStatus.FAILED, f"the agent server answered {response.status_code}: {text}")
 
 
-__all__ = ["DEFAULT_JOB_ARN", "HttpExecutor", "task_instance"]
+__all__ = ["DEFAULT_JOB_ARN", "HttpExecutor", "rollout_request_body", "task_instance"]

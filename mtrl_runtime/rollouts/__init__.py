@@ -18,7 +18,7 @@ Training and evaluation both sit above this floor; it imports neither.
 from ..group_policies import GROUP_POLICIES, GroupDecision, GroupPolicy, GroupRound
 from ._collect import COLLECT_RUNS_KEY, Collected, collect_rollouts, rollout_line
 from ._dispatcher import ENVIRONMENT_PROBLEM_RATE, Dispatcher, GroupResult, StepBatch, group_id_for, refill_group_id
-from ._executors import EXECUTOR_KINDS, ExecutorKind, executor_for, executor_kind
+from ._executors import EXECUTOR_KINDS, ExecutorKind, ExecutorOptions, executor_for, executor_kind
 from ._heartbeat import HEARTBEAT_S, Heartbeat, RolloutTally
 from ._stack import RolloutStack, open_stack, store_for
 from ._tasks import TaskSchedule, load_tasks, task_from_row
@@ -32,6 +32,7 @@ __all__ = [
     "HEARTBEAT_S",
     "Dispatcher",
     "ExecutorKind",
+    "ExecutorOptions",
     "GroupDecision",
     "GroupPolicy",
     "GroupResult",

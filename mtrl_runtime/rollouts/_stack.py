@@ -60,7 +60,7 @@ class RolloutStack:
 
         ``serve``: start the coordinator on ``advanced.server`` in a background
         thread (False: the caller serves ``create_app(stack.coordinator)`` itself).
-        ``agent_env``: a ``@rollout`` function, an agent server URL or an executor.
+        ``agent_env``: a ``@rollout`` function, an AgentCore Runtime ARN, an agent server URL or an executor.
         On failure, what was built is closed again.
         """
         closers: list[Callable[[], Any]] = []
@@ -80,7 +80,7 @@ class RolloutStack:
             if agent_env is not None:
                 sandboxes = Sandboxes(config.advanced.sandbox)  # prepared at the first rollout that opens one
                 closers.append(sandboxes.close)
-                executor = executor_for(agent_env, config.advanced.max_concurrency, sandboxes)
+                executor = executor_for(agent_env, config.advanced.max_concurrency, sandboxes, config.advanced.agentcore)
                 closers.append(executor.close)
         except BaseException:
             _close_now(closers)
