@@ -1,5 +1,7 @@
 """``mtrl collect CONFIG --agent module:fn --dataset D [-n N]``: run an agent over N tasks without training.
 
+``--agent`` may also be a deployed AgentCore Runtime's ARN, as for ``mtrl train``.
+
 Each task gets ``core.group_size`` rollouts (``--samples`` overrides),
 run concurrently through the same stack and dispatcher training uses, and
 stored in the run folder's store. One line is printed per rollout: task,
@@ -13,13 +15,13 @@ from __future__ import annotations
 import argparse
 
 from ..task_sources import SOURCE_HELP
-from ._agents import load_agent
+from ._agents import AGENT_HELP, agent_env_for
 from ._command import Command
 
 
 def _collect_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="a YAML config (core + advanced)")
-    p.add_argument("--agent", required=True, help="the agent entrypoint: module:function or file.py:function")
+    p.add_argument("--agent", help=AGENT_HELP)
     p.add_argument("--dataset", help=f"{SOURCE_HELP} (default: core.dataset)")
     p.add_argument("-n", "--num-tasks", type=int, default=4,
                    help="how many tasks, from the top of the file (default 4)")
@@ -57,7 +59,7 @@ def _collect(args: argparse.Namespace) -> int:
         if not tasks:
             raise SystemExit(f"mtrl collect: --split {args.split!r}: no task of {dataset} has this split")
     tasks = tasks[: args.num_tasks]
-    agent = load_agent(args.agent)
+    agent = agent_env_for(args.agent, config)
     print(f"mtrl: collecting {len(tasks)} tasks x {config.core.group_size} rollouts with {config.core.engine} "
           f"into {config.run_folder.store}", flush=True)
     collected = asyncio.run(collect_rollouts(config, agent, tasks,
