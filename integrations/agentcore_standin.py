@@ -25,8 +25,9 @@ service's: the error code in ``x-amzn-ErrorType`` and ``{"message": ...}``
 with the status the service model gives the code. ``fail_next`` makes the
 next calls fail with a code of your choice (ThrottlingException, say). An
 app that answers non-2xx becomes a RuntimeClientError, as the service
-reports a runtime's failure. Every call is recorded (``invocations``,
-``stopped_sessions``).
+reports a runtime's failure; StopRuntimeSession ends the session's
+invocations still being answered. Every call is recorded
+(``invocations``, ``stopped_sessions``).
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class AgentCoreStandIn:
         self.invocations: list[Invocation] = []
         self.stopped_sessions: list[str] = []
         self._faults: deque[tuple[str, str]] = deque()
+        self._inflight: dict[str, set[asyncio.Task]] = {}  # session id -> its invocations being answered
         self._lock = threading.Lock()
         self._containers: dict[str, ServerHandle] = {}
         self._server: ServerHandle | None = None
@@ -190,6 +192,8 @@ class AgentCoreStandIn:
             if not session:
                 return refuse("ValidationException", f"{SESSION_HEADER} is required")
             self.stopped_sessions.append(session)
+            for task in self._inflight.get(session, ()):  # as the service does: the session's work ends with it
+                task.cancel()
             self._record(Invocation(auth=auth, status=200, **seen))
             return Response(b"{}", media_type="application/json", headers={SESSION_HEADER: session})
         if session is not None and not 33 <= len(session) <= 256:
@@ -199,7 +203,18 @@ class AgentCoreStandIn:
             fault = self._faults.popleft() if self._faults else None
         if fault is not None:
             return refuse(*fault)
-        return await self._forward(arn, session, headers, body, auth, seen)
+        task = asyncio.ensure_future(self._forward(arn, session, headers, body, auth, seen))
+        self._inflight.setdefault(session, set()).add(task)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if not task.cancelled():
+                raise  # the server itself is stopping
+            return refuse("RuntimeClientError", f"the runtime session {session} was stopped")
+        finally:
+            self._inflight[session].discard(task)
+            if not self._inflight[session]:
+                del self._inflight[session]
 
     async def _forward(self, arn: str, session: str, headers: Any, body: bytes, auth: str, seen: dict) -> Response:
         """POST the payload to the runtime's ``/invocations``; relay its JSON or its event stream."""

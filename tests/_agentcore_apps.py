@@ -7,6 +7,7 @@
 - ``answer_app``: the CLI tests' ``ANSWER 42`` agent (``_eval_agents.chat_loop``), rewarded 1 for ``ANSWER 42``.
 - ``plain_stream_app``: not wrapped: it hands the rollout to a ``@rollout`` episode itself and streams plain events, with no result event;
   a task that says "break the stream" raises before its episode (the app ends the stream with an error event).
+- ``slow_app``: one model call, then longer than the rollout's deadline.
 - ``failing_app``: not wrapped: raises, so the app answers 500 (the service reports a RuntimeClientError).
 """
 
@@ -101,6 +102,23 @@ def plain_stream_app() -> BedrockAgentCoreApp:
         with rollout_scope(ctx):
             turns = await episode(ctx.task)
         yield {"event": "done", "turns": turns}
+
+    return app
+
+
+def slow_app(seconds: float) -> BedrockAgentCoreApp:
+    """Opens its rollout with one model call, then works ``seconds`` more before answering."""
+    import asyncio
+
+    app = BedrockAgentCoreApp()
+
+    @app.entrypoint
+    @trainable
+    async def invoke(payload):
+        ctx = current_rollout()
+        await _client().chat.completions.create(model="policy", messages=[{"role": "user", "content": ctx.task.prompt}])
+        await asyncio.sleep(seconds)
+        return {"late": True}
 
     return app
 

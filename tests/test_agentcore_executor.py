@@ -71,7 +71,8 @@ async def _collect(config: MtrlConfig, engine: Any, agent_env: Any, tasks_: list
     finally:
         await stack.close()
     failed = [r for r in batch.rollouts if r.status is not RolloutStatus.COMPLETED]
-    assert batch.failure_metrics()["failures/rollouts_failed"] == len(failed)
+    metrics = batch.failure_metrics()
+    assert metrics["failures/rollouts_failed"] + metrics["failures/rollouts_timed_out"] == len(failed)
     kept = {r.id for g in batch.groups for r in g.kept}
     assert not kept & {r.id for r in failed}
     return stack, batch.rollouts
@@ -206,6 +207,24 @@ async def test_a_plain_event_stream_and_a_runtime_failure(tmp_path, tiny_tok, aw
         assert rollout.status is RolloutStatus.FAILED and rollout.turns == ()
         assert "RuntimeClientError (HTTP 424): Received error (500) from runtime" in rollout.error
         assert "the runtime's model configuration is missing" in rollout.error and failing_arn in rollout.error
+
+
+@pytest.mark.timeout(180)
+async def test_a_rollout_past_its_deadline_times_out_and_its_session_is_stopped(tmp_path, tiny_tok, aws_env):
+    import time
+
+    with AgentCoreStandIn({ARN: apps.slow_app(60.0)}) as service:
+        cfg = _config(tmp_path, {"endpoint_url": service.endpoint_url}, group_size=1, train_batch_size=1)
+        cfg = cfg.with_overrides({"advanced.rollout_timeout_s": 10.0})
+        started = time.monotonic()
+        stack, rollouts = await _collect(cfg, ScriptedEngine(tiny_tok, ["thinking"]), ARN, tasks(1))
+        elapsed = time.monotonic() - started  # the stack's close waited for the session's stop
+    assert [r.status for r in rollouts] == [RolloutStatus.TIMED_OUT] and len(rollouts[0].turns) == 1
+    invoked = [i for i in service.invocations if i.operation == "InvokeAgentRuntime"]
+    assert service.stopped_sessions == [invoked[0].session_id]
+    assert invoked[0].error == f"RuntimeClientError: the runtime session {invoked[0].session_id} was stopped"
+    assert elapsed < 40  # not the app's 60 s: stopping the session ended the invocation
+    assert stack.executor.counters.sessions_stopped == 1
 
 
 @pytest.mark.timeout(180)

@@ -156,7 +156,9 @@ class AgentCoreExecutor:
             "retries": {"total_max_attempts": 1, "mode": "standard"},  # retries are ours: a rollout must not run twice
             "max_pool_connections": max_connections,
             "connect_timeout": 10,
-            "read_timeout": 3600,  # an invocation lasts a whole rollout; the dispatcher's deadline bounds it
+            # a JSON answer comes when the rollout ends: no byte for as long as the rollout runs. The dispatcher's
+            # deadline bounds the rollout (and stops its session); this only frees a thread the service forgot
+            "read_timeout": 8 * 3600,
         }
         if cfg.auth == "bearer":
             options["signature_version"] = UNSIGNED
