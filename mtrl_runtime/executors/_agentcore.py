@@ -124,6 +124,12 @@ class AgentCoreExecutor:
         self.counters = AgentCoreCounters()
         self._token = self._token_source(bearer_token)
         self._client = client if client is not None else self._make_client(max_connections)
+        if self._token is not None:  # an OAuth runtime: the token goes on every call, of our client or the caller's
+            token = self._token
+            self._client.meta.events.register(
+                "before-send.bedrock-agentcore.*",
+                lambda request, **_: request.headers.__setitem__("Authorization", f"Bearer {token()}"),
+            )
         self._pool = ThreadPoolExecutor(max_connections, thread_name_prefix="mtrl-agentcore")
         self._closed = False
 
@@ -163,14 +169,7 @@ class AgentCoreExecutor:
         if cfg.auth == "bearer":
             options["signature_version"] = UNSIGNED
         session = boto3.session.Session(profile_name=cfg.profile, region_name=self.arn.region)
-        client = session.client("bedrock-agentcore", endpoint_url=cfg.endpoint_url, config=Config(**options))
-        if self._token is not None:
-            token = self._token
-            client.meta.events.register(
-                "before-send.bedrock-agentcore.*",
-                lambda request, **_: request.headers.__setitem__("Authorization", f"Bearer {token()}"),
-            )
-        return client
+        return session.client("bedrock-agentcore", endpoint_url=cfg.endpoint_url, config=Config(**options))
 
     # -- one rollout -----------------------------------------------------------------------------
 
@@ -223,6 +222,9 @@ class AgentCoreExecutor:
             if response.get("contentType", "").startswith("text/event-stream"):
                 return _stream_outcome(rollout_id, _sse_events(stream.iter_lines()))
             return _json_outcome(rollout_id, stream.read())
+        except (BotoCoreError, OSError) as exc:  # the answer broke off (a reset, a read timeout)
+            return RolloutStatus.FAILED, (f"the runtime's answer broke off: {type(exc).__name__}: {exc} "
+                                          f"[InvokeAgentRuntime on {self.arn}, session {session_id}]")
         finally:
             stream.close()
 
