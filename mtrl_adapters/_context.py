@@ -70,6 +70,18 @@ class AgentTask:
         return cls(id=str(instance.get("id") or default_id), prompt=instance.get("prompt"), data=dict(instance))
 
 
+@dataclass
+class _OpenTool:
+    """A tool call a framework announced and has not ended: what its record will hold."""
+
+    name: str
+    arguments: Any
+    call_id: str | None
+    source: str | None  # set at the start, or later by ``tool_source`` (an MCP server's name)
+    wall: float  # time.time() at the start
+    perf: float  # time.perf_counter() at the start, for the latency
+
+
 @dataclass(eq=False)
 class RolloutContext:
     """One rollout as the agent side knows it: ids, token, endpoint, task and limits.
@@ -99,9 +111,7 @@ class RolloutContext:
     _claimed: bool = field(default=False, init=False, repr=False)
     _tool_calls: list[ToolCallReport] = field(default_factory=list, init=False, repr=False)
     _model_calls: list[ModelCallReport] = field(default_factory=list, init=False, repr=False)  # non-policy calls
-    _open_tools: dict[Any, tuple[str, Any, str | None, float, float]] = field(
-        default_factory=dict, init=False, repr=False
-    )
+    _open_tools: dict[Any, _OpenTool] = field(default_factory=dict, init=False, repr=False)
     _seen_keys: set[Any] = field(default_factory=set, init=False, repr=False)
     _textless: set[str] = field(default_factory=set, init=False, repr=False)  # failed calls buffered with no result
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)  # the async owner's loop
@@ -209,11 +219,13 @@ class RolloutContext:
         latency_s: float = 0.0,
         call_id: str | None = None,
         started_at: float | None = None,
+        source: str | None = None,
     ) -> None:
         """Buffer one tool call; the buffer is sent when the rollout closes.
 
         The coordinator places the call on the turn whose reply carried
         ``call_id`` (so buffering does not blur which turn it belongs to).
+        ``source`` says where the tool ran (``"mcp:<server>"``; None: the agent's own tool).
         """
         report = ToolCallReport(
             name=name,
@@ -224,6 +236,7 @@ class RolloutContext:
             status="error" if error is not None else "success",
             latency_s=max(float(latency_s), 0.0),
             started_at=started_at if started_at is not None else time.time() - max(float(latency_s), 0.0),
+            source=source,
         )
         with self._lock:
             self._tool_calls.append(report)
@@ -253,7 +266,9 @@ class RolloutContext:
                     return True
         return False
 
-    def tool_started(self, key: Any, name: str, arguments: Any, call_id: str | None = None) -> bool:
+    def tool_started(
+        self, key: Any, name: str, arguments: Any, call_id: str | None = None, source: str | None = None
+    ) -> bool:
         """Note the start of a tool call a framework announced; False if ``key`` was seen before.
 
         ``key`` is the framework's own id for the call (LangChain run id,
@@ -263,7 +278,17 @@ class RolloutContext:
             if key in self._seen_keys:
                 return False
             self._seen_keys.add(key)
-            self._open_tools[key] = (name, arguments, call_id, time.time(), time.perf_counter())
+            self._open_tools[key] = _OpenTool(name, arguments, call_id, source, time.time(), time.perf_counter())
+            return True
+
+    def tool_source(self, key: Any, source: str) -> bool:
+        """Say where an open call (:meth:`tool_started`) runs, once the tool itself says so (an MCP server's
+        name, known only inside the call); False if ``key`` is not open."""
+        with self._lock:
+            opened = self._open_tools.get(key)
+            if opened is None:
+                return False
+            opened.source = source
             return True
 
     def tool_finished(self, key: Any, *, result: Any = None, error: str | None = None) -> bool:
@@ -272,15 +297,15 @@ class RolloutContext:
             opened = self._open_tools.pop(key, None)
         if opened is None:
             return False
-        name, arguments, call_id, wall, perf = opened
         self.record_tool_call(
-            name,
-            arguments,
+            opened.name,
+            opened.arguments,
             result=result,
             error=error,
-            latency_s=time.perf_counter() - perf,
-            call_id=call_id,
-            started_at=wall,
+            latency_s=time.perf_counter() - opened.perf,
+            call_id=opened.call_id,
+            started_at=opened.wall,
+            source=opened.source,
         )
         return True
 

@@ -61,18 +61,22 @@ def record_tool_call(
     error: str | None = None,
     latency_s: float = 0.0,
     call_id: str | None = None,
+    source: str | None = None,
 ) -> bool:
     """Record a tool call of the current rollout (for agents that run their own tool loop).
 
     ``call_id`` is the id of the model's tool call (``tool_calls[i].id``);
-    it places the call on the turn that asked for it. Strands and LangGraph
-    agents need not call this: their adapters record every tool call.
+    it places the call on the turn that asked for it. ``source`` says where
+    the tool ran: ``"mcp:<server>"`` for a tool an MCP server served, None
+    (the default) for the agent's own. Strands and LangGraph agents need not
+    call this: their adapters record every tool call.
     Returns False outside a rollout.
     """
     ctx = current_rollout()
     if ctx is None:
         return False
-    ctx.record_tool_call(name, arguments, result=result, error=error, latency_s=latency_s, call_id=call_id)
+    ctx.record_tool_call(name, arguments, result=result, error=error, latency_s=latency_s, call_id=call_id,
+                         source=source)
     return True
 
 

@@ -104,6 +104,7 @@ class ToolCallReport(_Strict):
     latency_s: float = Field(default=0.0, ge=0.0)
     turn_index: int | None = Field(default=None, ge=0, le=INT64_MAX)
     started_at: float = 0.0
+    source: str | None = Field(default=None, min_length=1, max_length=256)  # "mcp:<server>"; None: a local tool
 
     @field_validator("latency_s", "started_at")
     @classmethod

@@ -183,6 +183,9 @@ class ToolCall:
     latency_s: float = 0.0
     turn_index: int | None = None
     started_at: float = 0.0
+    # where the tool ran: None for the agent's own tool (a function in its process); "mcp:<server>" for a tool an
+    # MCP server served (the server's name as the framework knows it), "mcp" when the server's name is not known
+    source: str | None = None
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,7 @@ def full_rollout() -> tuple[Task, Rollout]:
         ToolCall(rollout_id="r-full", name="lookup", arguments={"k": "A1"}, call_id="c1", result={"value": 42},
                  latency_s=0.01, turn_index=0, started_at=1700000000.5),
         ToolCall(rollout_id="r-full", name="lookup", arguments='{"k": bad', error="KeyError: 'B2'", status="error",
-                 turn_index=1),
+                 turn_index=1, source="mcp:notes"),
     )
     rollout = Rollout(
         id="r-full", task_id=task.id, group_id="g-1", status=RolloutStatus.COMPLETED, turns=(t0, t1, t2),
@@ -245,6 +245,7 @@ def test_reward_reports_and_defaults(store: SQLiteStore) -> None:
         (lambda s: s.add_tool_call(ToolCall("ghost", "f", {})), "tool_call.rollout_id: unknown rollout id"),
         (lambda s: s.add_tool_call(ToolCall("r1", "f", {}, status="ok")), "tool_call.status must be"),
         (lambda s: s.add_tool_call(ToolCall("r1", "", {})), "tool_call.name must be a non-empty string"),
+        (lambda s: s.add_tool_call(ToolCall("r1", "f", {}, source="")), "tool_call.source must be a non-empty string"),
         (lambda s: s.create_rollout(Rollout("r1", "t1", "g"), TOKEN_HASH), "rollout.id 'r1' is already recorded"),
         (lambda s: s.create_rollout(Rollout("r5", "t9", "g"), TOKEN_HASH), "rollout.task_id 't9' is not a recorded"),
         (lambda s: s.create_rollout(Rollout("r5", "t1", "g"), "secret-token"), "token_hash must be a sha256"),
@@ -393,7 +394,7 @@ def test_reopen_after_close_keeps_everything(tmp_path: Path) -> None:
 
     second = SQLiteStore(path)
     try:
-        assert second.schema_version == 3 and second.get_meta("schema_version") == 3
+        assert second.schema_version == 4 and second.get_meta("schema_version") == 4
         assert second.get_rollout(rollout.id) == rollout and second.trained_step(rollout.id) == 7
         assert second.metric_history() == [(7, "train/loss", 0.5)]
         assert second.get_meta("checkpoint") == {"step": 7, "data_position": 1024}
@@ -411,7 +412,7 @@ def test_opens_a_version_1_store_and_migrates_it_to_version_2(tmp_path: Path) ->
     with sqlite3.connect(path) as conn:
         conn.executescript((ROOT / "tests" / "data" / "store_v1.sql").read_text())
     with SQLiteStore(path) as store:
-        assert store.schema_version == 3 and store.get_meta("schema_version") == 3
+        assert store.schema_version == 4 and store.get_meta("schema_version") == 4
         old = store.get_rollout("r1")
         assert old is not None and old.status is RolloutStatus.COMPLETED and old.reward == 1.0
         assert [t.index for t in old.turns] == [0, 1] and old.turns[1].prompt_ids == (1, 2, 3, 10, 11, 12, 13, 20, 21)
@@ -419,6 +420,7 @@ def test_opens_a_version_1_store_and_migrates_it_to_version_2(tmp_path: Path) ->
         assert [(t.reasoning, t.reasoning_tokens) for t in old.turns] == [(None, 0), (None, 0)]
         assert [t.model for t in old.turns] == [None, None]  # version 3: a version-1 turn is the policy's
         assert old.turns[0].tool_calls[0]["function"]["name"] == "logbook" and old.tool_calls[0].result == "clean"
+        assert [c.source for c in old.tool_calls] == [None] * len(old.tool_calls)  # version 4: none recorded before
         start_rollout(store, "r-new")
         store.add_turn(make_turn("r-new", 0, (1, 2), reasoning="check the logbook", reasoning_tokens=4))
     with SQLiteStore(path) as again:  # reopened at version 2: nothing migrates twice, the new turn kept its reasoning

@@ -199,6 +199,7 @@ def _tool_call(live: LiveRollout, report: ToolCallReport) -> ToolCall:
         latency_s=report.latency_s,
         turn_index=turn_index,
         started_at=report.started_at or time.time(),
+        source=report.source,
     )
 
 

@@ -251,11 +251,12 @@ def encode_tool_call(call: ToolCall) -> tuple:
         check_float("tool_call.latency_s", call.latency_s, minimum=0.0),
         check_int("tool_call.turn_index", call.turn_index, optional=True),
         check_float("tool_call.started_at", call.started_at),
+        check_str("tool_call.source", call.source, optional=True),
     )
 
 
 def decode_tool_call(row: tuple) -> ToolCall:
-    rollout_id, _seq, call_id, name, arguments, result, error, status, latency_s, turn_index, started_at = row
+    rollout_id, _seq, call_id, name, arguments, result, error, status, latency_s, turn_index, started_at, source = row
     return ToolCall(
         rollout_id=rollout_id,
         name=name,
@@ -267,6 +268,7 @@ def decode_tool_call(row: tuple) -> ToolCall:
         latency_s=latency_s,
         turn_index=turn_index,
         started_at=started_at,
+        source=source,
     )
 
 

@@ -20,7 +20,7 @@ Each line is an object with these keys (times are Unix seconds)::
                                                             reasoning: the reply's reasoning_content or null;
                                                             model: null (the policy's turn) or the reference
                                                             model that wrote it (no ids; never trained)
-    tool_calls  [{call_id, name, arguments, result, error, status, latency_s, turn_index, started_at}]
+    tool_calls  [{call_id, name, arguments, result, error, status, latency_s, turn_index, started_at, source}]
                                                             in order of arrival
     model_calls [{rollout_id, protocol, model, latency_s, started_at, input_tokens, output_tokens, stream,
                   status, error}]                           non-policy calls (a judge...): never trained on
@@ -125,4 +125,5 @@ def _tool_call_record(call: ToolCall) -> dict[str, Any]:
         "latency_s": call.latency_s,
         "turn_index": call.turn_index,
         "started_at": call.started_at,
+        "source": call.source,
     }

@@ -162,7 +162,7 @@ def _insert_tool_call(conn: sqlite3.Connection, row: tuple) -> int:
     ).fetchone()
     conn.execute(
         "INSERT INTO tool_calls(rollout_id, seq, call_id, name, arguments, result, error, status, latency_s, "
-        "turn_index, started_at) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "turn_index, started_at, source) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (row[0], seq, *row[1:]),
     )
     return seq

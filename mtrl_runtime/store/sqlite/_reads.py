@@ -27,7 +27,7 @@ TURN_COLUMNS = (
     "malformed_tool_call, started_at, latency_s, reasoning, reasoning_tokens, model"
 )
 TOOL_CALL_COLUMNS = (
-    "rollout_id, seq, call_id, name, arguments, result, error, status, latency_s, turn_index, started_at"
+    "rollout_id, seq, call_id, name, arguments, result, error, status, latency_s, turn_index, started_at, source"
 )
 
 

@@ -15,7 +15,7 @@ import json
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_MS = 10_000
 
 _TABLES_V1 = """
@@ -122,6 +122,11 @@ CREATE TABLE model_calls (
     # to its own endpoint): such a turn has no token ids and is never trained on. Earlier turns are the policy's.
     3: """
 ALTER TABLE turns ADD COLUMN model TEXT;                                -- NULL: the policy's turn
+""",
+    # 4: where each tool call ran: "mcp:<server>" for a tool an MCP server served; NULL for the agent's own tool
+    # (every call of an earlier version was recorded without it: NULL)
+    4: """
+ALTER TABLE tool_calls ADD COLUMN source TEXT;                          -- NULL: a local tool, or unrecorded
 """,
 }
 
