@@ -26,6 +26,7 @@ from ._aiobotocore import instrument_aiobotocore
 from ._anthropic import instrument_anthropic
 from ._bedrock import instrument_bedrock
 from ._litellm import instrument_litellm
+from .mcp import instrument_mcp
 from ._client import RolloutError, describe_error
 from ._context import RolloutContext, activate, current_rollout, deactivate
 from ._values import policy_model_ids
@@ -67,7 +68,7 @@ def rollout(
 def instrument() -> None:
     """Install the model-call redirects (openai, anthropic, botocore, aiobotocore), LiteLLM's guard when it is
     loaded, and the tool-call capture of the frameworks loaded: LangChain's callbacks, Strands' hooks on every
-    Agent built inside a rollout."""
+    Agent built inside a rollout, and the names of the MCP servers their tools come from (``mtrl_adapters.mcp``)."""
     instrument_openai()
     instrument_anthropic()
     instrument_bedrock()
@@ -82,6 +83,13 @@ def instrument() -> None:
         from .strands import instrument_strands
 
         instrument_strands()
+    session_module = sys.modules.get("mcp.client.session")  # no MCP client can exist before it is loaded
+    if session_module is not None:
+        instrument_mcp(session_module.ClientSession)
+    if "langchain_mcp_adapters.tools" in sys.modules:
+        from .langgraph import instrument_langchain_mcp
+
+        instrument_langchain_mcp()
 
 
 @dataclass

@@ -34,19 +34,25 @@ Importing this module imports ``langchain_core``.
 
 from __future__ import annotations
 
+import functools
+import sys
 import threading
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
 from uuid import UUID
 
-from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager
 from langchain_core.messages import ToolMessage
+from langchain_core.runnables.config import var_child_runnable_config
 from langchain_core.tracers import context as _tracer_context
 
 from ._context import current_rollout
+from .mcp import mcp_source, warn_unnamed
 
 _INSTALL_LOCK = threading.Lock()
+_MARK = "__mtrl_mcp_server__"  # on the installed wrapper of langchain-mcp-adapters' interceptor chain
+_ADAPTERS_UNNAMED = "unknown"  # the server name langchain-mcp-adapters gives a tool loaded without one
 
 
 class MtrlCallbackHandler(BaseCallbackHandler):
@@ -94,7 +100,7 @@ class MtrlCallbackHandler(BaseCallbackHandler):
             return
         for message in _tool_messages(outputs):
             if message.tool_call_id in waiting:
-                ctx.fill_tool_result(message.tool_call_id, message.content)
+                ctx.fill_tool_result(message.tool_call_id, _text(message.content))
 
 
 _HANDLER: ContextVar[MtrlCallbackHandler | None] = ContextVar(
@@ -111,6 +117,65 @@ def instrument_langchain() -> bool:
         return True
 
 
+def instrument_langchain_mcp() -> bool:
+    """Name the MCP server of each tool call ``langchain-mcp-adapters`` makes; True if installed now.
+
+    The adapters' tools (``MultiServerMCPClient.get_tools()``, ``load_mcp_tools``) carry their server's name only
+    inside the call, where they build the interceptor chain that runs it (``MCPToolCallRequest.server_name``).
+    The wrapper of that builder (``langchain_mcp_adapters.tools._build_interceptor_chain``, looked up at each
+    call, so tools loaded before the rollout are covered) notes the name on the call :class:`MtrlCallbackHandler`
+    opened: the tool's run, the parent of the run config current inside it. The original is kept as
+    ``__mtrl_original__``. Called by the ``rollout`` decorator when the adapters are loaded.
+    """
+    tools = sys.modules["langchain_mcp_adapters.tools"]
+    with _INSTALL_LOCK:
+        original = tools._build_interceptor_chain
+        if getattr(original, _MARK, False):
+            return False
+
+        @functools.wraps(original)
+        def _build_interceptor_chain(base_handler: Any, tool_interceptors: Any) -> Any:
+            handler = original(base_handler, tool_interceptors)
+
+            async def noted(request: Any) -> Any:
+                _note_mcp_server(request.server_name)
+                return await handler(request)
+
+            return noted
+
+        setattr(_build_interceptor_chain, _MARK, True)
+        _build_interceptor_chain.__mtrl_original__ = original  # type: ignore[attr-defined]
+        tools._build_interceptor_chain = _build_interceptor_chain
+        return True
+
+
+def uninstall_langchain_mcp() -> bool:
+    """Put the adapters' own interceptor-chain builder back (for tests); True if the wrapper was installed."""
+    tools = sys.modules.get("langchain_mcp_adapters.tools")
+    with _INSTALL_LOCK:
+        if tools is None or not getattr(tools._build_interceptor_chain, _MARK, False):
+            return False
+        tools._build_interceptor_chain = tools._build_interceptor_chain.__mtrl_original__
+        return True
+
+
+def _note_mcp_server(server: str) -> None:
+    """Mark the tool call running here (its LangChain run: the parent of the current child config) as served
+    by MCP server ``server``."""
+    ctx = current_rollout()
+    if ctx is None:
+        return
+    config = var_child_runnable_config.get() or {}
+    callbacks = config.get("callbacks")
+    if not isinstance(callbacks, BaseCallbackManager) or callbacks.parent_run_id is None:
+        return  # not inside a LangChain tool run: no call of ours to mark
+    if server == _ADAPTERS_UNNAMED:
+        warn_unnamed("langchain-mcp-adapters", "load the tools with load_mcp_tools(session, server_name=...) or "
+                     "through MultiServerMCPClient({name: ...}) to record the server's name")
+        server = None
+    ctx.tool_source(("langchain", callbacks.parent_run_id), mcp_source(server))
+
+
 def _tool_messages(value: Any, depth: int = 3) -> Iterator[ToolMessage]:
     """The ToolMessages in a chain's output: a node's ``{"messages": [...]}``, a list of them, or one."""
     if isinstance(value, ToolMessage):
@@ -125,10 +190,23 @@ def _tool_messages(value: Any, depth: int = 3) -> Iterator[ToolMessage]:
 
 def _output(output: Any) -> tuple[Any, str | None]:
     """A tool's output (often a ToolMessage) as JSON-able content, and its error text if it failed."""
-    content = getattr(output, "content", output)
+    content = _text(getattr(output, "content", output))
     if getattr(output, "status", None) == "error":
-        return content, str(content)
+        return content, content if isinstance(content, str) else str(content)
     return content, None
 
 
-__all__ = ["MtrlCallbackHandler", "instrument_langchain"]
+def _text(content: Any) -> Any:
+    """Content made of text blocks as the text the model reads (one block: its text; several: joined by
+    newlines); any other content as it is. MCP tools answer with blocks
+    (``[{"type": "text", "text": "42", "id": "lc_..."}]``), local tools mostly with a string."""
+    if not isinstance(content, list) or not content:
+        return content
+    texts = [b if isinstance(b, str) else b.get("text") if isinstance(b, dict) and b.get("type") == "text" else None
+             for b in content]
+    if any(t is None for t in texts):
+        return content
+    return "\n".join(texts)
+
+
+__all__ = ["MtrlCallbackHandler", "instrument_langchain", "instrument_langchain_mcp", "uninstall_langchain_mcp"]

@@ -41,6 +41,7 @@ Importing this module imports ``strands``.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from typing import Any, Callable, TypeVar
 
@@ -56,6 +57,7 @@ except ImportError as exc:  # the rollout decorator imports this module whenever
                       f"{version('strands-agents')} is installed: pip install 'strands-agents>=1.51'") from exc
 
 from ._context import current_rollout
+from .mcp import declared_server_name, mcp_source, warn_unnamed
 
 A = TypeVar("A")
 
@@ -94,7 +96,8 @@ class MtrlHooks(HookProvider):
             return
         use = event.tool_use
         self._ran.add(use.get("toolUseId"))
-        ctx.tool_started(_key(use), use.get("name", "?"), use.get("input"), use.get("toolUseId"))
+        ctx.tool_started(_key(use), use.get("name", "?"), use.get("input"), use.get("toolUseId"),
+                         source=_source(event.selected_tool))
 
     def after_tool_call(self, event: AfterToolCallEvent) -> None:
         ctx = current_rollout()
@@ -113,6 +116,7 @@ class MtrlHooks(HookProvider):
                 error=error,
                 latency_s=event.duration or 0.0,
                 call_id=use.get("toolUseId"),
+                source=_source(event.selected_tool),
             )
 
 
@@ -192,6 +196,24 @@ def uninstall_strands() -> bool:
             return False
         Agent.__init__ = wrapper.__mtrl_original__  # type: ignore[attr-defined,method-assign]
         return True
+
+
+def _source(tool: Any) -> str | None:
+    """Where a Strands tool runs: None for the agent's own; ``"mcp:<server>"`` for an ``MCPAgentTool``.
+
+    An MCPAgentTool exists only once ``strands.tools.mcp`` is loaded, so an agent that never loaded it pays no
+    import. Strands' MCPClient has no name, and keeps no record of the handshake: the name is the one the
+    server declared, noted on the client's session by :func:`mtrl_adapters.mcp.instrument_mcp`.
+    """
+    module = sys.modules.get("strands.tools.mcp.mcp_agent_tool")
+    if module is None or not isinstance(tool, module.MCPAgentTool):
+        return None
+    # the client's live session: Strands keeps it in a private attribute (tests/test_mcp_tools.py checks it)
+    name = declared_server_name(getattr(tool.mcp_client, "_background_thread_session", None))
+    if name is None:
+        warn_unnamed("Strands MCPClient", "start the client (with client: / Agent(tools=[client])) inside the "
+                     "rollout, or call mtrl_adapters.instrument() before starting it, so mtrl sees its handshake")
+    return mcp_source(name)
 
 
 def _key(use: Any) -> tuple[str, Any]:

@@ -19,6 +19,7 @@ UNRECORDED_TOOLS_FIX = (
     "Strands: an Agent built before the rollout opened (at import, say) gets no hooks; build the Agent inside "
     "the decorated function, or with mtrl_adapters.strands.agent_factory(...), or attach(agent) "
     "(or Agent(hooks=[MtrlHooks()])); LangGraph/LangChain: pass mtrl_adapters.langgraph's callbacks; "
+    "OpenAI Agents SDK: Runner.run(..., hooks=mtrl_adapters.openai_agents.MtrlRunHooks()); "
     "your own tool loop: mtrl_adapters.record_tool_call(...); an agent on another host: post them to "
     "/rollouts/{id}/tool_calls"
 )
