@@ -1,0 +1,104 @@
+"""What coding harnesses send that mtrl refuses today (issue 46, item 1): each a strict xfail until fixed.
+
+Claude Code, Codex CLI and opencode run real episodes against ``mtrl serve``,
+but none unchanged: each request below is refused. Every test here states the
+behaviour a harness needs, against a coordinator served on loopback (scripted
+engine), and is marked ``xfail(strict=True)`` with the refusal it hits now, so
+the fix turns it green (and the mark must then come off: a strict xfail that
+passes fails the suite).
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from _adapter_support import TOOLS, policy, tasks
+from mtrl_adapters.wire import rollout_base_url
+from mtrl_runtime.engines import ScriptedEngine
+
+RESPONSE_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
+ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"].get("description", ""),
+                    "input_schema": t["function"]["parameters"]} for t in TOOLS]
+
+
+@pytest.fixture
+def handle(served, tiny_tok):
+    return served(ScriptedEngine(tiny_tok, policy))
+
+
+def _rollout(handle, i: int = 1):
+    return handle.coordinator.create_rollout(tasks(i + 1)[i])
+
+
+def _post(handle, rollout, path, body):
+    return httpx.post(f"{handle.url}/rollouts/{rollout.rollout_id}{path}", json=body,
+                      headers={"authorization": f"Bearer {rollout.token}"}, timeout=30)
+
+
+@pytest.mark.xfail(strict=True, reason="refused: Anthropic Messages with a role 'system' message inside messages "
+                                       "(Claude Code's default model) is a 400, messages.1.role: Input should be "
+                                       "'user' or 'assistant'")
+def test_anthropic_messages_keep_a_system_message_inside_messages_in_place(handle):
+    r = _rollout(handle)
+    prompt = tasks(2)[1].prompt
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 256, "system": "You are a coding agent.", "tools": ANTHROPIC_TOOLS,
+            "messages": [{"role": "user", "content": prompt},
+                         {"role": "system", "content": "<system-reminder>Answer with the tools.</system-reminder>"},
+                         {"role": "user", "content": "Go on."}]}
+    response = _post(handle, r, "/v1/messages", body)
+    assert response.status_code == 200, response.text
+    [turn] = handle.store.get_rollout(r.rollout_id).turns
+    assert [m["role"] for m in turn.messages] == ["system", "user", "system", "user"]  # kept where it was sent
+    assert "Answer with the tools." in turn.messages[2]["content"]
+
+
+@pytest.mark.parametrize("max_tokens", [32000, 64000])
+@pytest.mark.xfail(strict=True, reason="refused: Anthropic Messages with max_tokens above the engine's cap (Claude "
+                                       "Code asks 32000/64000, mtrl's cap is 4096) is a 400; the protocol's own "
+                                       "servers answer within their limit")
+def test_anthropic_messages_max_tokens_above_the_cap_is_served(handle, max_tokens):
+    r = _rollout(handle)
+    body = {"model": "claude-sonnet-4-5", "max_tokens": max_tokens, "tools": ANTHROPIC_TOOLS,
+            "messages": [{"role": "user", "content": tasks(2)[1].prompt}]}
+    response = _post(handle, r, "/v1/messages", body)
+    assert response.status_code == 200, response.text
+    assert response.json()["stop_reason"] in ("tool_use", "end_turn", "max_tokens"), response.json()
+    assert len(handle.store.get_rollout(r.rollout_id).turns) == 1
+
+
+@pytest.mark.xfail(strict=True, reason="refused: the base_url a rollout hands out ends in /v1, and an Anthropic "
+                                       "client set to it (which appends /v1/messages itself) reaches "
+                                       "/v1/v1/messages, a 404")
+def test_an_anthropic_client_accepts_the_rollout_base_url_as_is(handle):
+    anthropic = pytest.importorskip("anthropic")
+    r = _rollout(handle)
+    client = anthropic.Anthropic(base_url=rollout_base_url(handle.url, r.rollout_id), api_key=r.token, max_retries=0)
+    reply = client.messages.create(model="claude-sonnet-4-5", max_tokens=256, tools=ANTHROPIC_TOOLS,
+                                   messages=[{"role": "user", "content": tasks(2)[1].prompt}])
+    assert reply.content and reply.content[-1].type == "tool_use" and reply.content[-1].name == "lookup"
+    assert len(handle.store.get_rollout(r.rollout_id).turns) == 1
+
+
+CODEX_TOOLS = [
+    *RESPONSE_TOOLS,
+    {"type": "web_search"},  # hosted: Codex sends it; the model may not call it against mtrl
+    {"type": "namespace", "name": "collaboration", "description": "Sub-agents.", "tools": [
+        {"type": "function", "name": "spawn_agent", "description": "Spawn an agent.",
+         "parameters": {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}}]},
+]
+
+
+@pytest.mark.xfail(strict=True, reason="refused: Responses tools of type namespace and web_search (Codex CLI's "
+                                       "sub-agents and hosted search) are a 400, tools.N.type: Input should be "
+                                       "'function'")
+def test_responses_accept_namespace_and_web_search_tools_beside_functions(handle):
+    r = _rollout(handle)
+    response = _post(handle, r, "/v1/responses", {"model": "gpt-5-codex", "input": tasks(2)[1].prompt,
+                                                    "instructions": "You are Codex.", "tools": CODEX_TOOLS})
+    assert response.status_code == 200, response.text
+    call = response.json()["output"][-1]
+    assert call["type"] == "function_call" and call["name"] == "lookup", call
+    [turn] = handle.store.get_rollout(r.rollout_id).turns
+    names = [t.get("function", t).get("name") for t in turn.tools]
+    assert "lookup" in names and any("spawn_agent" in (n or "") for n in names), names  # the namespace's tool offered
