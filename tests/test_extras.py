@@ -94,6 +94,7 @@ KNOWN_CONFLICTS = {
     ("strands-litellm", "openai"): "strands-agents[litellm] caps openai<3",
     ("strands-litellm", "litellm"): "strands-agents[litellm] caps litellm<1.107",
     ("strands-litellm", "mcp"): "strands-agents caps mcp<2.2",
+    ("langgraph-mcp", "mcp"): "langchain-mcp-adapters (0.3.2) caps mcp<2",
     ("sagemaker", "protobuf"): "sagemaker-core (for sagemaker-train) caps protobuf<7",
     ("sagemaker", "rich"): "sagemaker-core (for sagemaker-train) caps rich<15",
 }
