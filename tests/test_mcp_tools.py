@@ -354,3 +354,27 @@ def test_outside_a_rollout_nothing_is_noted_and_nothing_warns():
     from mtrl_adapters.mcp import declared_server_name
 
     assert declared_server_name(session) == "notes"  # noted for a later rollout's records; nothing else changed
+
+
+def test_an_own_tool_loop_records_the_server_with_record_tool_call(tmp_path):
+    """An agent that calls the MCP server itself (``ClientSession.call_tool``) reports each call with
+    ``record_tool_call(..., source="mcp:<server>")``; an empty source is refused, naming the field."""
+    from mcp import ClientSession
+
+    from mtrl_adapters import record_tool_call
+
+    @rollout
+    async def run(task):
+        params = StdioServerParameters(command=sys.executable, args=[str(SERVER)])
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            result = await session.call_tool("lookup", {"key": "A1"})
+        text = result.content[0].text
+        record_tool_call("lookup", {"key": "A1"}, result=text, source="mcp:notes")
+        with pytest.raises(ValueError, match="source"):
+            record_tool_call("lookup", {"key": "A1"}, result=text, source="")
+        update_reward(1.0 if text == "42" else 0.0)
+
+    record = collect(tmp_path, run, script=["done"])
+    assert [(c.name, c.result, c.source) for c in record.tool_calls] == [("lookup", "42", "mcp:notes")]
+    assert record.reward == 1.0
