@@ -198,7 +198,7 @@ def _output(output: Any) -> tuple[Any, str | None]:
 
 def _text(content: Any) -> Any:
     """Content made of text blocks as the text the model reads (one block: its text; several: joined by
-    newlines); any other content as it is. MCP tools answer with blocks
+    newlines, as the policy endpoint joins a message's text parts); any other content as it is. MCP tools answer with blocks
     (``[{"type": "text", "text": "42", "id": "lc_..."}]``), local tools mostly with a string."""
     if not isinstance(content, list) or not content:
         return content
