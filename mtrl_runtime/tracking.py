@@ -306,7 +306,8 @@ def _turn_io(turn: Turn) -> tuple[Any, Any, dict[str, Any]]:
 
 def _tool_io(call: ToolCall) -> tuple[Any, Any, dict[str, Any]]:
     outputs = {"result": call.result} if call.error is None else {"error": call.error, "result": call.result}
-    attributes = {"mtrl.call_id": call.call_id or "", "mtrl.turn_index": -1 if call.turn_index is None else call.turn_index}
+    attributes = {"mtrl.call_id": call.call_id or "", "mtrl.turn_index": -1 if call.turn_index is None else call.turn_index,
+                  "mtrl.source": call.source or "local"}  # "mcp:<server>" for a tool an MCP server served
     return {"name": call.name, "arguments": call.arguments}, outputs, attributes
 
 

@@ -66,3 +66,27 @@ def test_metrics_params_adapter_and_one_trace_per_trajectory_read_back(tmp_path)
     assert by_step == [0] * 4 + [1] * 4
     tool_spans = [s for t in traces for s in t.data.spans if s.name == "tool lookup"]
     assert all(s.outputs["result"].split()[0] in lookup.TABLE.values() for s in tool_spans)  # what the tool returned
+
+
+def test_a_tool_span_says_where_the_tool_ran(tmp_path):
+    """Each tool span carries ``mtrl.source``: ``mcp:<server>`` for a tool an MCP server served, ``local`` for the
+    agent's own, so the two can be told apart in MLflow's trace view."""
+    import mlflow
+
+    from mtrl_runtime.tracking import Tracker
+    from mtrl_runtime.types import Rollout, RolloutStatus, ToolCall
+
+    calls = (ToolCall("r-1", "lookup", {"key": "A1"}, call_id="c1", result="42", turn_index=0, started_at=1.0,
+                      latency_s=0.1, source="mcp:notes"),
+             ToolCall("r-1", "double", {"x": 21}, call_id="c2", result=42, turn_index=1, started_at=2.0, latency_s=0.1))
+    rollout = Rollout(id="r-1", task_id="t1", group_id="g-1", status=RolloutStatus.COMPLETED, tool_calls=calls,
+                      reward=1.0)
+    tracker = Tracker(MtrlConfig.from_dict({"core": {"run_dir": str(tmp_path / "run")}}))
+    try:
+        trace_id = tracker.write_trace(rollout, 0)
+    finally:
+        tracker.close()
+    mlflow.set_tracking_uri(tracker.tracking_uri)
+    spans = {s.name: s for s in mlflow.get_trace(trace_id).data.spans}
+    assert spans["tool lookup"].attributes["mtrl.source"] == "mcp:notes"
+    assert spans["tool double"].attributes["mtrl.source"] == "local"
