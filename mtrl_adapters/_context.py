@@ -114,6 +114,8 @@ class RolloutContext:
     _open_tools: dict[Any, _OpenTool] = field(default_factory=dict, init=False, repr=False)
     _seen_keys: set[Any] = field(default_factory=set, init=False, repr=False)
     _textless: set[str] = field(default_factory=set, init=False, repr=False)  # failed calls buffered with no result
+    # call ids whose tool failed in a way the framework does not tell its hooks (an MCP isError result)
+    _failed_unsaid: set[str] = field(default_factory=set, init=False, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)  # the async owner's loop
     _pending: list[asyncio.Task] = field(default_factory=list, init=False, repr=False)
     # what the rule for unnamed policy models has seen of this rollout's calls (``_policy_rule``)
@@ -279,6 +281,20 @@ class RolloutContext:
                 return False
             self._seen_keys.add(key)
             self._open_tools[key] = _OpenTool(name, arguments, call_id, source, time.time(), time.perf_counter())
+            return True
+
+    def note_tool_failed(self, call_id: str) -> None:
+        """Note that call ``call_id`` failed where its framework's hooks will not say so (an MCP ``isError``
+        result the OpenAI Agents SDK turns into text); :meth:`take_tool_failed` reads it once."""
+        with self._lock:
+            self._failed_unsaid.add(call_id)
+
+    def take_tool_failed(self, call_id: str | None) -> bool:
+        """Whether :meth:`note_tool_failed` noted ``call_id`` (forgotten once read)."""
+        with self._lock:
+            if call_id not in self._failed_unsaid:
+                return False
+            self._failed_unsaid.discard(call_id)
             return True
 
     def tool_source(self, key: Any, source: str) -> bool:

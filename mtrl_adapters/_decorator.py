@@ -90,6 +90,10 @@ def instrument() -> None:
         from .langgraph import instrument_langchain_mcp
 
         instrument_langchain_mcp()
+    if "agents.mcp.util" in sys.modules:
+        from .openai_agents import instrument_openai_agents_mcp
+
+        instrument_openai_agents_mcp()
 
 
 @dataclass

@@ -23,21 +23,32 @@ The name each framework gives:
   are recorded ``"mcp"``, and a warning says to connect it inside the
   rollout or to call ``mtrl_adapters.instrument()`` first.
 
+The same wrapper keeps the ``CallToolResult`` of each ``call_tool`` for
+code that asks for them (:func:`observed_results`): the OpenAI Agents SDK
+hands its hooks the text of an MCP result but not its ``isError`` flag, and
+:mod:`mtrl_adapters.openai_agents` reads the flag there.
+
 Importing this module imports nothing of ``mcp``: the session class is
 handed in by the caller, who found it loaded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import warnings
-from typing import Any
+from collections.abc import Iterator
+from contextvars import ContextVar
+from typing import Any, Callable
 
 MCP = "mcp"
 _INSTALL_LOCK = threading.Lock()
-_MARK = "__mtrl_mcp_handshake__"  # on the installed ClientSession.initialize wrapper
+_MARK = "__mtrl_mcp__"  # on each installed ClientSession method wrapper
 _DECLARED = "__mtrl_mcp_server__"  # on an initialized ClientSession: the name its server declared
+# the CallToolResults of the calls made below an ``observed_results()`` block (None: nobody asks). Set per block to
+# a list of its own, which tasks started inside it share (a task copies the context, not the list)
+_RESULTS: ContextVar[list[Any] | None] = ContextVar("mtrl_mcp_call_results", default=None)
 
 
 def mcp_source(server: str | None) -> str:
@@ -56,35 +67,68 @@ def warn_unnamed(framework: str, fix: str) -> None:
                   f"with source 'mcp'; {fix}", RuntimeWarning, stacklevel=3)
 
 
+@contextlib.contextmanager
+def observed_results() -> Iterator[list[Any]]:
+    """Collect the ``CallToolResult`` of every MCP ``call_tool`` made inside the block (and in tasks it starts),
+    once :func:`instrument_mcp` is installed."""
+    seen: list[Any] = []
+    token = _RESULTS.set(seen)
+    try:
+        yield seen
+    finally:
+        _RESULTS.reset(token)
+
+
+async def _noting_initialize(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+    result = await original(self, *args, **kwargs)
+    if result.serverInfo.name:  # InitializeResult.serverInfo: the server's Implementation
+        setattr(self, _DECLARED, result.serverInfo.name)
+    return result
+
+
+async def _observed_call_tool(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+    result = await original(self, *args, **kwargs)
+    seen = _RESULTS.get()
+    if seen is not None:
+        seen.append(result)
+    return result
+
+
+_WRAPPERS = {"initialize": _noting_initialize, "call_tool": _observed_call_tool}  # ClientSession method -> wrapper
+
+
 def instrument_mcp(session_class: type) -> bool:
-    """Wrap ``session_class.initialize`` (the ``mcp`` SDK's ``ClientSession``) to note the server's declared name
-    on each session it initializes; True if installed now. The original is kept as ``__mtrl_original__``."""
+    """Wrap ``session_class``'s ``initialize`` (to note the server's declared name on each session) and
+    ``call_tool`` (for :func:`observed_results`): the ``mcp`` SDK's ``ClientSession``. True if installed now; each
+    original is kept as ``__mtrl_original__``."""
     with _INSTALL_LOCK:
-        original = session_class.initialize
-        if getattr(original, _MARK, False):
+        if getattr(session_class.initialize, _MARK, False):
             return False
-
-        @functools.wraps(original)
-        async def initialize(self: Any, *args: Any, **kwargs: Any) -> Any:
-            result = await original(self, *args, **kwargs)
-            if result.serverInfo.name:  # InitializeResult.serverInfo: the server's Implementation
-                setattr(self, _DECLARED, result.serverInfo.name)
-            return result
-
-        setattr(initialize, _MARK, True)
-        initialize.__mtrl_original__ = original  # type: ignore[attr-defined]
-        session_class.initialize = initialize
+        for name, wrapper in _WRAPPERS.items():
+            original = getattr(session_class, name)
+            setattr(session_class, name, _method(original, wrapper))
         return True
+
+
+def _method(original: Callable[..., Any], wrapper: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return await wrapper(original, self, *args, **kwargs)
+
+    setattr(method, _MARK, True)
+    method.__mtrl_original__ = original  # type: ignore[attr-defined]
+    return method
 
 
 def uninstall_mcp(session_class: type) -> bool:
-    """Put the SDK's own ``initialize`` back (for tests); True if the wrapper was installed."""
+    """Put the SDK's own methods back (for tests); True if the wrappers were installed."""
     with _INSTALL_LOCK:
-        wrapper = session_class.initialize
-        if not getattr(wrapper, _MARK, False):
+        if not getattr(session_class.initialize, _MARK, False):
             return False
-        session_class.initialize = wrapper.__mtrl_original__
+        for name in _WRAPPERS:
+            setattr(session_class, name, getattr(session_class, name).__mtrl_original__)
         return True
 
 
-__all__ = ["MCP", "declared_server_name", "instrument_mcp", "mcp_source", "uninstall_mcp", "warn_unnamed"]
+__all__ = ["MCP", "declared_server_name", "instrument_mcp", "mcp_source", "observed_results", "uninstall_mcp",
+           "warn_unnamed"]

@@ -15,8 +15,9 @@ server (``Agent(mcp_servers=[...])``) its ``source``, ``"mcp:<server name>"``.
 A tool that raises is, by
 the SDK's default ``failure_error_function``, turned into an error text the
 model sees: that text is the recorded result (the SDK hands hooks no error
-flag; an MCP server's ``isError`` result is recorded ``success`` too, with a
-warning). The SDK's tracing exports to OpenAI with the user's key unless it is
+flag). An MCP server's ``isError`` result, which the SDK also hands hooks as
+text alone, is recorded ``error``: :func:`instrument_openai_agents_mcp` reads
+the flag where the SDK calls the server. The SDK's tracing exports to OpenAI with the user's key unless it is
 disabled (``RunConfig(tracing_disabled=True)``); that is the SDK's own
 traffic, not a model call, and mtrl does not redirect it.
 
@@ -25,16 +26,23 @@ Importing this module imports ``agents``.
 
 from __future__ import annotations
 
+import functools
 import json
+import threading
 import time
-import warnings
 from typing import Any
 
 from agents import FunctionTool, RunHooks
+from agents.mcp.util import MCPUtil
 from agents.tool import ToolOriginType, get_function_tool_origin
+from agents.tool_context import ToolContext
 
+from ._context import current_rollout
 from ._reward import record_tool_call
-from .mcp import mcp_source
+from .mcp import mcp_source, observed_results
+
+_INSTALL_LOCK = threading.Lock()
+_MARK = "__mtrl_mcp_errors__"  # on the installed MCPUtil.invoke_mcp_tool wrapper
 
 
 class MtrlRunHooks(RunHooks):
@@ -55,14 +63,52 @@ class MtrlRunHooks(RunHooks):
             arguments = json.loads(raw) if isinstance(raw, str) else raw
         except ValueError:
             arguments = raw
-        source = _source(tool)
-        if source is not None:
-            warnings.warn("OpenAI Agents SDK: the SDK gives run hooks no MCP isError flag, so mtrl records every MCP "
-                          "tool call 'success', its result the text the model read; a call that must count as "
-                          "failed has to be recorded by your own code (mtrl_adapters.record_tool_call)",
-                          RuntimeWarning, stacklevel=2)
-        record_tool_call(getattr(tool, "name", str(tool)), arguments, result=_text(result), latency_s=latency,
-                         call_id=getattr(context, "tool_call_id", None), source=source)
+        text = _text(result)
+        ctx = current_rollout()
+        failed = ctx is not None and ctx.take_tool_failed(getattr(context, "tool_call_id", None))
+        record_tool_call(getattr(tool, "name", str(tool)), arguments, result=text, latency_s=latency,
+                         call_id=getattr(context, "tool_call_id", None), source=_source(tool),
+                         error=(text if isinstance(text, str) else json.dumps(text, default=str)) if failed else None)
+
+
+def instrument_openai_agents_mcp() -> bool:
+    """Tell :class:`MtrlRunHooks` which MCP tool calls failed; True if installed now.
+
+    The SDK turns an MCP server's ``isError`` result into the text the model reads and hands its hooks that
+    text alone. ``MCPUtil.invoke_mcp_tool`` (which the SDK binds into each MCP FunctionTool when it lists the
+    agent's tools, at every run) is wrapped to watch the ``CallToolResult`` of its call
+    (:func:`mtrl_adapters.mcp.observed_results`) and note an ``isError`` one on the rollout by the model's call
+    id. Called by the ``rollout`` decorator when the SDK's MCP support is loaded; the original is kept as
+    ``__mtrl_original__``.
+    """
+    with _INSTALL_LOCK:
+        original = MCPUtil.__dict__["invoke_mcp_tool"].__func__
+        if getattr(original, _MARK, False):
+            return False
+
+        async def invoke_mcp_tool(cls: Any, server: Any, tool: Any, context: Any, *args: Any, **kwargs: Any) -> Any:
+            with observed_results() as seen:
+                output = await original(cls, server, tool, context, *args, **kwargs)
+            ctx = current_rollout()
+            if ctx is not None and isinstance(context, ToolContext) and any(result.isError for result in seen):
+                ctx.note_tool_failed(context.tool_call_id)
+            return output
+
+        functools.update_wrapper(invoke_mcp_tool, original)
+        setattr(invoke_mcp_tool, _MARK, True)
+        invoke_mcp_tool.__mtrl_original__ = original  # type: ignore[attr-defined]
+        MCPUtil.invoke_mcp_tool = classmethod(invoke_mcp_tool)  # type: ignore[method-assign,assignment]
+        return True
+
+
+def uninstall_openai_agents_mcp() -> bool:
+    """Put the SDK's own ``invoke_mcp_tool`` back (for tests); True if the wrapper was installed."""
+    with _INSTALL_LOCK:
+        wrapper = MCPUtil.__dict__["invoke_mcp_tool"].__func__
+        if not getattr(wrapper, _MARK, False):
+            return False
+        MCPUtil.invoke_mcp_tool = classmethod(wrapper.__mtrl_original__)  # type: ignore[method-assign,assignment]
+        return True
 
 
 def _source(tool: Any) -> str | None:
@@ -87,4 +133,4 @@ def _call_id(context: Any, tool: Any) -> str:
     return str(getattr(context, "tool_call_id", None) or id(tool))
 
 
-__all__ = ["MtrlRunHooks"]
+__all__ = ["MtrlRunHooks", "instrument_openai_agents_mcp", "uninstall_openai_agents_mcp"]
