@@ -21,9 +21,12 @@ The name each framework gives:
   loaded) wraps ``ClientSession.initialize`` to note it on the session. A
   client connected before the first rollout opened was not seen: its calls
   are recorded ``"mcp"``, and a warning says to connect it inside the
-  rollout or to call ``mtrl_adapters.instrument()`` first.
+  rollout or to call ``mtrl_adapters.instrument()`` first. Checked on the
+  ``mcp`` 1.x line (1.30; langchain-mcp-adapters caps ``mcp<2``); a 2.x
+  client that negotiates without ``initialize`` is not seen either, and
+  says so the same way.
 
-The same wrapper keeps the ``CallToolResult`` of each ``call_tool`` for
+A second wrapper, of ``call_tool``, keeps each ``CallToolResult`` for
 code that asks for them (:func:`observed_results`): the OpenAI Agents SDK
 hands its hooks the text of an MCP result but not its ``isError`` flag, and
 :mod:`mtrl_adapters.openai_agents` reads the flag there.
