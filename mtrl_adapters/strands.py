@@ -212,7 +212,8 @@ def _source(tool: Any) -> str | None:
     name = declared_server_name(getattr(tool.mcp_client, "_background_thread_session", None))
     if name is None:
         warn_unnamed("Strands MCPClient", "start the client (with client: / Agent(tools=[client])) inside the "
-                     "rollout, or call mtrl_adapters.instrument() before starting it, so mtrl sees its handshake")
+                     "rollout, or call mtrl_adapters.instrument() before starting it, so mtrl sees its initialize "
+                     "handshake (an mcp 2.x client that negotiates without one cannot be named)")
     return mcp_source(name)
 
 
