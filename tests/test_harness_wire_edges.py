@@ -1,11 +1,8 @@
-"""What coding harnesses send that mtrl refuses today (issue 46, item 1): each a strict xfail until fixed.
+"""What coding harnesses send that mtrl once refused (issue 46, item 1), each now served as the harness needs.
 
-Claude Code, Codex CLI and opencode run real episodes against ``mtrl serve``,
-but none unchanged: each request below is refused. Every test here states the
-behaviour a harness needs, against a coordinator served on loopback (scripted
-engine), and is marked ``xfail(strict=True)`` with the refusal it hits now, so
-the fix turns it green (and the mark must then come off: a strict xfail that
-passes fails the suite).
+Each request below was a 400 or a 404 with the harness as it ships: a system message inside Anthropic ``messages``
+(Claude Code's reminders), ``max_tokens`` 32,000/64,000 above the cap, an Anthropic client given the rollout's base
+URL, Codex CLI's ``namespace`` and ``web_search`` tools. Against a coordinator served on loopback (scripted engine).
 """
 
 from __future__ import annotations
@@ -14,7 +11,7 @@ import httpx
 import pytest
 
 from _adapter_support import TOOLS, policy, tasks
-from mtrl_adapters.wire import rollout_base_url
+from mtrl_adapters.wire import rollout_base_urls
 from mtrl_runtime.engines import ScriptedEngine
 
 RESPONSE_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
@@ -36,9 +33,6 @@ def _post(handle, rollout, path, body):
                       headers={"authorization": f"Bearer {rollout.token}"}, timeout=30)
 
 
-@pytest.mark.xfail(strict=True, reason="refused: Anthropic Messages with a role 'system' message inside messages "
-                                       "(Claude Code's default model) is a 400, messages.1.role: Input should be "
-                                       "'user' or 'assistant'")
 def test_anthropic_messages_keep_a_system_message_inside_messages_in_place(handle):
     r = _rollout(handle)
     prompt = tasks(2)[1].prompt
@@ -54,9 +48,6 @@ def test_anthropic_messages_keep_a_system_message_inside_messages_in_place(handl
 
 
 @pytest.mark.parametrize("max_tokens", [32000, 64000])
-@pytest.mark.xfail(strict=True, reason="refused: Anthropic Messages with max_tokens above the engine's cap (Claude "
-                                       "Code asks 32000/64000, mtrl's cap is 4096) is a 400; the protocol's own "
-                                       "servers answer within their limit")
 def test_anthropic_messages_max_tokens_above_the_cap_is_served(handle, max_tokens):
     r = _rollout(handle)
     body = {"model": "claude-sonnet-4-5", "max_tokens": max_tokens, "tools": ANTHROPIC_TOOLS,
@@ -67,13 +58,11 @@ def test_anthropic_messages_max_tokens_above_the_cap_is_served(handle, max_token
     assert len(handle.store.get_rollout(r.rollout_id).turns) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="refused: the base_url a rollout hands out ends in /v1, and an Anthropic "
-                                       "client set to it (which appends /v1/messages itself) reaches "
-                                       "/v1/v1/messages, a 404")
 def test_an_anthropic_client_accepts_the_rollout_base_url_as_is(handle):
     anthropic = pytest.importorskip("anthropic")
     r = _rollout(handle)
-    client = anthropic.Anthropic(base_url=rollout_base_url(handle.url, r.rollout_id), api_key=r.token, max_retries=0)
+    client = anthropic.Anthropic(base_url=rollout_base_urls(handle.url, r.rollout_id)["anthropic"], api_key=r.token,
+                                 max_retries=0)
     reply = client.messages.create(model="claude-sonnet-4-5", max_tokens=256, tools=ANTHROPIC_TOOLS,
                                    messages=[{"role": "user", "content": tasks(2)[1].prompt}])
     assert reply.content and reply.content[-1].type == "tool_use" and reply.content[-1].name == "lookup"
@@ -89,9 +78,6 @@ CODEX_TOOLS = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="refused: Responses tools of type namespace and web_search (Codex CLI's "
-                                       "sub-agents and hosted search) are a 400, tools.N.type: Input should be "
-                                       "'function'")
 def test_responses_accept_namespace_and_web_search_tools_beside_functions(handle):
     r = _rollout(handle)
     response = _post(handle, r, "/v1/responses", {"model": "gpt-5-codex", "input": tasks(2)[1].prompt,

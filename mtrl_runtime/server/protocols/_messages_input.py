@@ -52,7 +52,7 @@ class CustomTool(BaseModel):
 class MessageParam(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: Claude Code sends reminders inside messages
     content: str | list[dict[str, Any]]
 
 
@@ -128,6 +128,9 @@ def chat_messages(body: MessagesRequest) -> list[dict[str, Any]]:
         where = f"messages[{i}]"
         if message.role == "user":
             out.extend(_user(message.content, where))
+        elif message.role == "system":  # kept where it was sent, as the chat format renders a system message there
+            text = message.content if isinstance(message.content, str) else _texts(message.content, f"{where}.content")
+            out.append({"role": "system", "content": text})
         else:
             out.append(_assistant(message.content, where))
     if body.messages[-1].role == "assistant":
