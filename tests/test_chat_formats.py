@@ -38,7 +38,8 @@ def toks():
 
 
 def test_registry_holds_every_format_and_each_satisfies_the_protocol():
-    assert CHAT_FORMATS.names() == ["deepseek_v3", "harmony", "hermes", "llama3_json", "mistral", "qwen3_coder"]
+    assert CHAT_FORMATS.names() == [
+        "deepseek_v3", "gemma4", "harmony", "hermes", "llama3_json", "mistral", "qwen3_5", "qwen3_coder"]
     for name in CHAT_FORMATS:
         fmt = CHAT_FORMATS.get(name)
         assert isinstance(fmt, ChatFormat) and fmt.name == name
@@ -170,6 +171,75 @@ EXPECTED_RENDER = {
         '<|im_start|>assistant\n'
         'It is 42.<|im_end|>\n'
     ),
+    'qwen3_5': (  # Qwen3.6's published template renders the same (tests/test_chat_formats_published.py)
+        '<|im_start|>system\n'
+        '# Tools\n'
+        '\n'
+        'You have access to the following functions:\n'
+        '\n'
+        '<tools>\n'
+        '' + TOOL_JSON + '\n'
+        '</tools>\n'
+        '\n'
+        'If you choose to call a function ONLY reply in the following format with NO suffix:\n'
+        '\n'
+        '<tool_call>\n'
+        '<function=example_function_name>\n'
+        '<parameter=example_parameter_1>\n'
+        'value_1\n'
+        '</parameter>\n'
+        '<parameter=example_parameter_2>\n'
+        'This is the value for the second parameter\n'
+        'that can span\n'
+        'multiple lines\n'
+        '</parameter>\n'
+        '</function>\n'
+        '</tool_call>\n'
+        '\n'
+        '<IMPORTANT>\n'
+        'Reminder:\n'
+        '- Function calls MUST follow the specified format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n'
+        '- Required parameters MUST be specified\n'
+        '- You may provide optional reasoning for your function call in natural language BEFORE the function call, but NOT after\n'
+        '- If there is no function call available, answer the question like normal with your current knowledge and do not tell the user about function calls\n'
+        '</IMPORTANT>\n'
+        '\n'
+        'Be brief.<|im_end|>\n'
+        '<|im_start|>user\n'
+        'Value of A1?<|im_end|>\n'
+        '<|im_start|>assistant\n'
+        '<think>\n'
+        'Need the tool.\n'
+        '</think>\n'
+        '\n'
+        '<tool_call>\n'
+        '<function=lookup>\n'
+        '<parameter=key>\n'
+        'A1\n'
+        '</parameter>\n'
+        '</function>\n'
+        '</tool_call><|im_end|>\n'
+        '<|im_start|>user\n'
+        '<tool_response>\n'
+        '42\n'
+        '</tool_response><|im_end|>\n'
+        '<|im_start|>assistant\n'
+        '<think>\n'
+        'Got it.\n'
+        '</think>\n'
+        '\n'
+        'It is 42.<|im_end|>\n'
+    ),
+    'gemma4': (  # Gemma 4's published template renders the same (tests/test_chat_formats_published.py)
+        '<bos><|turn>system\n'
+        'Be brief.<|tool>declaration:lookup{description:<|"|>Look up a key<|"|>,parameters:{properties:{key:{type:<|"|>STRING<|"|>}},required:[<|"|>key<|"|>],type:<|"|>OBJECT<|"|>}}<tool|><turn|>\n'
+        '<|turn>user\n'
+        'Value of A1?<turn|>\n'
+        '<|turn>model\n'
+        '<|channel>thought\n'
+        'Need the tool.\n'
+        '<channel|><|tool_call>call:lookup{key:<|"|>A1<|"|>}<tool_call|><|tool_response>response:lookup{value:<|"|>42<|"|>}<tool_response|>It is 42.<turn|>\n'
+    ),
     'llama3_json': (
         '<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n'
         '\n'
@@ -292,6 +362,10 @@ LITERAL_CALLS = {
     "hermes": 'Let me look.\n<tool_call>\n{"name": "lookup", "arguments": {"key": "A1"}}\n</tool_call>',
     "qwen3_coder": "Let me look.\n<tool_call>\n<function=lookup>\n<parameter=key>\nA1\n</parameter>\n"
                    "<parameter=limit>\n3\n</parameter>\n</function>\n</tool_call>",
+    # after the prompt's "<think>\n": reasoning, its close, the text, the call
+    "qwen3_5": "The user wants A1.\n</think>\n\nLet me look.\n\n<tool_call>\n<function=lookup>\n<parameter=key>\nA1\n"
+               "</parameter>\n<parameter=limit>\n3\n</parameter>\n</function>\n</tool_call>",
+    "gemma4": 'Let me look.<|tool_call>call:lookup{key:<|"|>A1<|"|>,limit:3}<tool_call|><|tool_response>',
     "llama3_json": '{"name": "lookup", "parameters": {"key": "A1"}}',
     "mistral": 'Let me look.[TOOL_CALLS]lookup[ARGS]{"key": "A1"}',
     "harmony": "<|channel|>analysis<|message|>User wants A1.<|end|><|start|>assistant<|channel|>commentary"
@@ -305,13 +379,15 @@ LITERAL_CALLS = {
 def test_parse_a_literal_completion_of_the_family(name):
     parsed = CHAT_FORMATS.get(name).parse(LITERAL_CALLS[name], ["lookup"])
     [call] = parsed.tool_calls
-    expected = {"key": "A1", "limit": 3} if name == "qwen3_coder" else {"key": "A1"}
+    expected = {"key": "A1", "limit": 3} if name in ("qwen3_coder", "qwen3_5", "gemma4") else {"key": "A1"}
     assert call["function"]["name"] == "lookup" and json.loads(call["function"]["arguments"]) == expected
     message = parsed.to_message()
     if name == "harmony":
         assert message["content"] is None and message["reasoning_content"] == "User wants A1."
     elif name == "llama3_json":
         assert message["content"] is None and "reasoning_content" not in message
+    elif name == "qwen3_5":
+        assert message["content"] == "Let me look." and message["reasoning_content"] == "The user wants A1."
     else:
         assert message["content"] == "Let me look."
 
@@ -330,6 +406,8 @@ def test_truncated_call_comes_back_as_text_and_is_counted(name):
 MALFORMED = {
     "hermes": ['{"name": 5, "arguments": {}}', '{"name": "lookup", "arguments": [1]}', "{not json"],
     "qwen3_coder": ["<function=lookup>\nstray text\n</function>", "<function=>\n</function>", "<parameter=k>\n1\n</parameter>"],
+    "qwen3_5": ["<function=lookup>\nstray text\n</function>", "<function=>\n</function>", "<parameter=k>\n1\n</parameter>"],
+    "gemma4": ['key:<|"|>A1', "key A1", "key:[1,}"],
     "llama3_json": ['{"name": 5, "parameters": {}}', '{"name": "lookup", "parameters": [1]}', "{not json"],
     "mistral": ['[{"name": 5, "arguments": {}}]', '[{"name": "lookup", "arguments": [1]}]', "[{not json"],
     "harmony": ["[1]", '"text"', "{not json"],
@@ -338,6 +416,8 @@ MALFORMED = {
 WRAP = {
     "hermes": "<tool_call>\n{}\n</tool_call>",
     "qwen3_coder": "<tool_call>\n{}\n</tool_call>",
+    "qwen3_5": "\n</think>\n\n<tool_call>\n{}\n</tool_call>",
+    "gemma4": "<|tool_call>call:lookup{{}}<tool_call|>",
     "llama3_json": "<|python_tag|>{}",
     "mistral": "[TOOL_CALLS]{}",
     "harmony": "<|channel|>commentary to=functions.lookup <|constrain|>json<|message|>{}<|call|>",

@@ -6,7 +6,7 @@ the scripted engine, rendering with the family's template and parsing with
 its format, exactly as in deployment; the recorded turns become samples
 (``build_samples``); the behaviour logprobs are the tiny model's own (what
 the hf engine records, so the step is on-policy); one LoRA step runs on a
-Qwen3 / Qwen3-MoE / Llama / Mistral / GPT-OSS / DeepSeek-V3 model built from
+Qwen3 / Qwen3-MoE / Qwen3.5 / Gemma 4 / Llama / Mistral / GPT-OSS / DeepSeek-V3 model built from
 config. The loss is finite, the LoRA weights move, and the trained tokens
 are the ones the model wrote in its format.
 """
@@ -31,11 +31,13 @@ FORMATS = sorted(FAMILY_TOKENS)
 ARCHITECTURES = {
     "hermes": "Qwen3ForCausalLM", "qwen3_coder": "Qwen3MoeForCausalLM", "llama3_json": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM", "harmony": "GptOssForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+    "qwen3_5": "Qwen3_5ForCausalLM", "gemma4": "Gemma4ForCausalLM",
 }
 # what the model writes to call lookup, as each family's syntax puts it (the trained tokens must hold it)
 CALL_MARKERS = {
     "hermes": "<tool_call>", "qwen3_coder": "<function=lookup>", "llama3_json": "<|python_tag|>",
     "mistral": "[TOOL_CALLS]", "harmony": "to=functions.lookup", "deepseek_v3": "<｜tool▁calls▁begin｜>",
+    "qwen3_5": "<function=lookup>", "gemma4": "<|tool_call>call:lookup{",
 }
 
 

@@ -28,7 +28,7 @@ from ..chat import (
     normalize_messages,
     normalize_tools,
 )
-from ..chat.formats import ChatFormat, resolve_format
+from ..chat.formats import ChatFormat, opened_reasoning, resolve_format
 from ..errors import AnswerFailure, BadRequest, Conflict, EngineFailure, MtrlError
 from ..seeds import derived_seed, turn_seed
 from ..types import (
@@ -151,25 +151,31 @@ class CallCapture:
             return live.seed
         return None if self.default_seed is None else derived_seed(self.default_seed, live.rollout_id)
 
-    def _plan(self, state: Any, messages: list[dict], tools: list, options: ChatOptions) -> tuple[PromptPlan, str]:
-        """The turn's prompt, and the forced prefix it ends with when a tool call is required ("" otherwise).
+    def _plan(self, state: Any, messages: list[dict], tools: list, options: ChatOptions) -> tuple[PromptPlan, str, bool]:
+        """The turn's prompt, the text the reply is parsed after, and whether a tool call was forced.
 
-        The prefix (the format's call opener, with the tool's name when one is
-        named) is prompt, not completion: the model did not choose it, so it
-        is not trained; the reply is parsed from prefix + completion.
+        The forced prefix (the format's call opener, with the tool's name when
+        one is named) is prompt, not completion: the model did not choose it,
+        so it is not trained; the reply is parsed from prefix + completion.
+        A prompt that opened the reply's reasoning (``ChatFormat.reasoning_openers``,
+        Qwen3.5's ``<think>\\n``) is parsed with that opener in front too, and
+        a forced call there first closes the block empty.
         """
         plan = self.builder.build(state, messages, tools, options.template_kwargs)
+        opened = opened_reasoning(self.format, self.renderer.decode(plan.prompt_ids[-_OPENER_TAIL_TOKENS:]))
+        head = opened[0] if opened else ""
         if options.tool_choice == "auto" or not tools:
-            return plan, ""
-        prefix = self.format.forced_prefix(options.tool_name if options.tool_choice == "function" else None)
-        return replace(plan, prompt_ids=plan.prompt_ids + tuple(self.renderer.encode(prefix))), prefix
+            return plan, head, False
+        forced = (opened[1] if opened else "") + self.format.forced_prefix(
+            options.tool_name if options.tool_choice == "function" else None)
+        return replace(plan, prompt_ids=plan.prompt_ids + tuple(self.renderer.encode(forced))), head + forced, True
 
     async def _planned(
         self, state: Any, messages: list[dict], tools: list, options: ChatOptions, off_loop: bool
     ) -> tuple[PromptPlan, str]:
         """``_plan``, on a worker thread for a large request (the renderer's cache is safe to share)."""
-        plan, prefix = await _work(off_loop, self._plan, state, messages, tools, options)
-        if prefix:
+        plan, prefix, forced = await _work(off_loop, self._plan, state, messages, tools, options)
+        if forced:
             self.counters.forced_tool_calls += 1
         return plan, prefix
 
@@ -396,6 +402,7 @@ class CallCapture:
 
 
 _AUTO = ChatOptions()
+_OPENER_TAIL_TOKENS = 8  # prompt ids decoded to find a reasoning opener at its end (Qwen3.5's "<think>\n": 2)
 T = TypeVar("T")
 
 

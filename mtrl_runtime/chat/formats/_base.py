@@ -52,6 +52,13 @@ class ChatFormat(Protocol):
     token stays, and where history writes another one, that is drift
     (``mtrl check template``) and, under ``history_training: deployed``, a new
     segment. Tokens not listed close as the template's assistant close does.
+
+    ``reasoning_openers`` are (opener, closer) pairs: a generation prompt
+    ending with the opener (Qwen3.5's ``<think>\n``) has opened the
+    reasoning block the reply continues, so the reply is parsed and streamed
+    as if it began with the opener (``opened_reasoning``); a tool call forced
+    there (``forced_prefix``) comes after the closer, which ends the block
+    empty as the template renders a turn without reasoning.
     """
 
     name: str
@@ -62,6 +69,7 @@ class ChatFormat(Protocol):
     held_headers: tuple[tuple[str, str], ...]
     stop_tokens: tuple[str, ...]
     history_terminators: tuple[tuple[str, str], ...]
+    reasoning_openers: tuple[tuple[str, str], ...]
     vllm_tool_parser: str
 
     def detect(self, tokenizer: Any) -> bool:
@@ -140,6 +148,11 @@ def reply(
     )
 
 
+def opened_reasoning(fmt: ChatFormat, prompt_tail: str) -> tuple[str, str] | None:
+    """The (opener, closer) of ``fmt.reasoning_openers`` a prompt ending in ``prompt_tail`` leaves open, else None."""
+    return next(((o, c) for o, c in fmt.reasoning_openers if prompt_tail.endswith(o)), None)
+
+
 def vocab_has(tokenizer: Any, *tokens: str) -> bool:
     """Whether any of ``tokens`` is one token of ``tokenizer`` (special or added)."""
     vocab = tokenizer.get_vocab()
@@ -154,4 +167,4 @@ def template_text(tokenizer: Any) -> str:
     return template if isinstance(template, str) else ""
 
 
-__all__ = ["ChatFormat", "ReasoningHistory", "call_from_json", "reply", "split_reasoning", "template_text", "tool_call", "vocab_has"]
+__all__ = ["ChatFormat", "ReasoningHistory", "call_from_json", "opened_reasoning", "reply", "split_reasoning", "template_text", "tool_call", "vocab_has"]

@@ -207,6 +207,7 @@ class HarmonyFormat:
     # openai-harmony renders a past call ending <|call|> as generated, a past final answer ending <|end|>, not the
     # <|return|> the model wrote: extension keeps the generated token (a rewrite there is drift, not glue)
     history_terminators = (("<|call|>", "<|call|>"), ("<|return|>", "<|end|>"))
+    reasoning_openers: tuple[tuple[str, str], ...] = ()  # no generation prompt of the family opens reasoning
     vllm_tool_parser = "openai"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:

@@ -74,6 +74,8 @@ class HermesFormat:
     held_headers: tuple[tuple[str, str], ...] = ()
     stop_tokens: tuple[str, ...] = ()
     history_terminators: tuple[tuple[str, str], ...] = ()  # the eos closes a reply as the template does
+    # Qwen3's thinking checkpoints (2507) open <think> in the generation prompt; the reply continues it
+    reasoning_openers = (("<think>\n", "\n</think>\n\n"),)
     vllm_tool_parser = "hermes"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:

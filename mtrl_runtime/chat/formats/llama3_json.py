@@ -61,6 +61,7 @@ class Llama3JsonFormat:
     stop_tokens = ("<|eom_id|>", "<|eot_id|>")
     # a call after <|python_tag|> ends with <|eom_id|>; this template closes every assistant message with <|eot_id|>
     history_terminators = (("<|eom_id|>", "<|eot_id|>"),)
+    reasoning_openers: tuple[tuple[str, str], ...] = ()  # no generation prompt of the family opens reasoning
     vllm_tool_parser = "llama3_json"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:

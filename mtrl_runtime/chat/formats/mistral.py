@@ -76,6 +76,7 @@ class MistralFormat:
     held_headers: tuple[tuple[str, str], ...] = ()
     stop_tokens: tuple[str, ...] = ()
     history_terminators: tuple[tuple[str, str], ...] = ()  # the eos closes a reply as the template does
+    reasoning_openers: tuple[tuple[str, str], ...] = ()  # no generation prompt of the family opens reasoning
     vllm_tool_parser = "mistral"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:

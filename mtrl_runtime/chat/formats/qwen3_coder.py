@@ -68,6 +68,7 @@ class Qwen3CoderFormat:
     held_headers: tuple[tuple[str, str], ...] = ()
     stop_tokens: tuple[str, ...] = ()
     history_terminators: tuple[tuple[str, str], ...] = ()  # the eos closes a reply as the template does
+    reasoning_openers: tuple[tuple[str, str], ...] = ()  # no generation prompt of the family opens reasoning
     vllm_tool_parser = "qwen3_coder"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:
