@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from mtrl_runtime.chat import ChatRenderer, ReplyText
-from mtrl_runtime.chat.formats import CHAT_FORMATS
+from mtrl_runtime.chat.formats import CHAT_FORMATS, opened_reasoning
 from mtrl_runtime.testing_formats import FAMILY_TOKENS, answer_text, call_text, family_tokenizer
 
 CONTENT = "The gauge reads forty two, which is inside the limits we were given."
@@ -22,9 +22,12 @@ def _stream(name: str, text: str, calls: bool) -> tuple[list, dict, ReplyText, l
     fmt = CHAT_FORMATS.get(name)
     renderer = ChatRenderer(tokenizer, fallback=fmt.template, stop_tokens=fmt.stop_tokens)
     ids = renderer.encode(text) + [tokenizer.eos_token_id]
-    reply = ReplyText(fmt, renderer, "", calls, ())
+    # a generation prompt that opened the reply's reasoning (Qwen3.5's "<think>\n") is parsed with it, as the capture does
+    opened = opened_reasoning(fmt, renderer.render([{"role": "user", "content": "hi"}], None, True))
+    prefix = opened[0] if opened else ""
+    reply = ReplyText(fmt, renderer, prefix, calls, ())
     deltas = [reply.feed([token]) for token in ids]
-    final = fmt.parse(renderer.decode(ids[:-1]), calls=calls).to_message()  # as the capture parses the whole completion
+    final = fmt.parse(prefix + renderer.decode(ids[:-1]), calls=calls).to_message()  # as the capture parses it
     return deltas, final, reply, ids
 
 
