@@ -1,5 +1,8 @@
 """``mtrl eval`` and ``mtrl check reward|env``: evaluate a policy, check a reward and an environment.
 
+``mtrl check template`` and ``mtrl check budget`` live in their own modules
+(``check_template``, ``check_budget``); this parser adds them.
+
 The same conventions as ``mtrl train``: a YAML config first, the agent as
 ``--agent module:function`` or ``--agent path/to/file.py:function`` (the
 ``@rollout`` entrypoint; for ``mtrl eval`` also a deployed AgentCore Runtime's ARN), tasks as ``--dataset tasks.jsonl``. A strict
@@ -14,7 +17,7 @@ import json
 import sys
 from typing import Any
 
-from . import check_template
+from . import check_budget, check_template
 from ..run_folder import RunFolder
 from ..task_sources import SOURCE_HELP
 from ._agents import AGENT_HELP, agent_env_for, load_agent, load_strict_scorer
@@ -172,6 +175,7 @@ def _check_args(p: argparse.ArgumentParser) -> None:
     for q in (reward, env):
         q.add_argument("--json", action="store_true", help="print the checklist as JSON")
     check_template.add_args(sub)
+    check_budget.add_args(sub)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -179,6 +183,8 @@ def _check(args: argparse.Namespace) -> int:
 
     if args.check == "template":
         return check_template.run(args)
+    if args.check == "budget":
+        return check_budget.run(args)
     config = _config(args)
     agent = load_agent(args.agent)
     if args.check == "reward":
@@ -193,4 +199,4 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if checklist.ok else 1
 
 
-CHECK = Command("check", "check a reward, an environment or the chat template before training", _check_args, _check)
+CHECK = Command("check", "check a reward, an environment, the chat template or the turn budget before training", _check_args, _check)

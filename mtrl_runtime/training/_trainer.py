@@ -24,11 +24,13 @@ from the run folder's latest checkpoint.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..chat import CHAT_TEMPLATE_META
+from ..checks import context_budget_warning
 from ..config import RUN_CONFIG_META, ConfigError, CoreConfig, MtrlConfig
 from ..coordinator import CoordinatorCounters
 from ..engines import resolve_model
@@ -47,6 +49,8 @@ from ._resume import plan_resume
 from ._weights import PushedWeights, SharedWeights, WeightSync, shares_model
 from .distributed import Ranks, ShardedUpdate, sharded_update_from_config
 from .update import PolicyUpdate, UpdateSettings, policy_from_config, preflight_folder
+
+_log = logging.getLogger("mtrl.train")
 
 MLFLOW_RUN_KEY = "mlflow_run_id"
 
@@ -171,6 +175,7 @@ class _Run:
         self.ranks: Ranks | None = None
         self.update: PolicyUpdate | ShardedUpdate | None = None
         self.initialized = False  # advanced.init_adapter loaded into the policy (a fresh run, not a resume)
+        self.budget_warning: str | None = None  # the config's turns cannot fit the model's context
 
     @classmethod
     def open(cls, trainer: MultiTurnRLTrainer) -> "_Run":
@@ -193,6 +198,10 @@ class _Run:
         self.stack = RolloutStack.build(config, store_path=config.run_folder.store, engine=trainer.engine,
                                         agent_env=trainer.agent_env)
         engine, self.store = self.stack.engine, self.stack.store
+        self.budget_warning = context_budget_warning(config.core.max_turns, config.core.sampling_params.max_tokens,
+                                                     engine.context_length)
+        if self.budget_warning is not None:  # said at start (and on the start line): training may still be wanted
+            _log.warning("mtrl: %s", self.budget_warning)
         self.store.set_meta(RUN_CONFIG_META, config.recorded())  # what it ran with: mtrl rescore reads it
         # a group judge's scores become the training groups' rewards; one at the policy's own endpoint is refused
         self.judge = judged_rewards(config.advanced.group_judge, self.store, self.stack.endpoint)
@@ -290,6 +299,7 @@ class _Run:
             "MLflow": self.tracker.tracking_uri or "off",
             "from step": f"{self.start_step + 1} of {self.config.core.max_steps}",
             **({"starting from": self.config.advanced.init_adapter} if self.initialized else {}),
+            **({"WARNING": self.budget_warning} if self.budget_warning else {}),
         }
 
     def finish(self) -> Path:
