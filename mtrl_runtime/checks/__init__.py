@@ -10,7 +10,8 @@ reply cap from collected rollouts and checks the worst case against the
 model's context (``BudgetReport``).
 """
 
-from ._budget import BudgetReport, check_budget, check_budget_from_store, context_budget_warning, recommend
+from ..budget import BudgetReport, context_budget_warning, recommend
+from ._budget import check_budget, check_budget_from_store
 from ._checklist import CheckItem, Checklist, Status
 from ._env import acheck_env, check_env
 from ._judge import JudgedGroup, ajudge_groups, judge_checklist

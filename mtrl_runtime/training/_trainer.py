@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from ..budget import context_budget_warning
 from ..chat import CHAT_TEMPLATE_META
-from ..checks import context_budget_warning
 from ..config import RUN_CONFIG_META, ConfigError, CoreConfig, MtrlConfig
 from ..coordinator import CoordinatorCounters
 from ..engines import resolve_model
