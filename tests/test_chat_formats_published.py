@@ -308,3 +308,16 @@ def test_gemma4_history_renders_a_parsed_call_as_the_model_wrote_it():
     renderer = ChatRenderer(family_tokenizer("gemma4", template=published(REFERENCE["gemma4"])))
     history = renderer.render(normalize_messages([{"role": "user", "content": "Go"}, message]), None, False)
     assert history.endswith("<|turn>model\n" + written + "<|tool_response>")
+
+
+def test_gemma4_with_thinking_enabled_extends_one_sequence_exactly_as_deployed(served):
+    """enable_thinking: true puts <|think|> in the system turn and leaves the generation prompt bare: a tool loop
+    whose calls carry no thought is then rendered in history exactly as generated (turn, calls, results, answer)."""
+    kwargs = {"enable_thinking": True}
+    handle, renderer, turns = _tool_loop(served, "gemma4", history="extend", thinking=False, echo_reasoning=True,
+                                         template_kwargs=kwargs)
+    assert [t.break_reason for t in turns] == [None] * 4
+    last = turns[-1]  # stored turns do not keep the kwargs, so the deployment rendering is made here with them
+    deployed = renderer.encode(renderer.render(normalize_messages(last.messages), normalize_tools(last.tools), True, kwargs))
+    assert tuple(deployed) == tuple(last.prompt_ids) and "<|think|>" in renderer.decode(last.prompt_ids)
+    _check_samples_are_the_turns(handle, turns)
