@@ -40,6 +40,7 @@ FAILED_MAX = 0.01  # more than 1% permanent failures is a bug, not flakiness
 DRIFT_MAX = 0.01  # over 1% of trained tokens unlike the deployment rendering: training teaches another context
 
 REWARD = "rollout/reward/mean"
+VALID_REWARD = "rollout/reward/valid_mean"  # SageMaker's meaning: mean over the groups with non-zero advantage
 VAL_REWARD = "val/reward/mean"
 ZERO_ADV = "analysis/zero_adv_frac"  # share of the step's groups whose advantages were all zero
 TRUNCATED = "rollout/truncated_frac"
@@ -234,13 +235,21 @@ def stall_with_healthy_knobs(h: History, knobs: Mapping[str, Any]) -> Diagnosis 
         return None
     rank, alpha = knobs.get("lora_rank"), knobs.get("lora_alpha")
     doubled = f": lora_rank {rank} -> {2 * rank}, lora_alpha {alpha} -> {2 * alpha}" if rank and alpha else ""
-    return Diagnosis(
-        "stall_with_healthy_knobs", Severity.WARNING,
-        f"{REWARD} has not improved for {STALL_WINDOW} steps (best {best_before:.2f} before, {best_recent:.2f} since) "
-        "while groups, truncation and failures look healthy",
-        f"double the LoRA capacity{doubled} (alpha/rank unchanged)",
-        {"best_before": best_before, "best_recent": best_recent, "lora_rank": rank},
-    )
+    evidence = {"best_before": best_before, "best_recent": best_recent, "lora_rank": rank}
+    message = (f"{REWARD} has not improved for {STALL_WINDOW} steps (best {best_before:.2f} before, "
+               f"{best_recent:.2f} since) while groups, truncation and failures look healthy")
+    fix = f"double the LoRA capacity{doubled} (alpha/rank unchanged)"
+    # SageMaker's stall symptom: valid_mean (groups with signal) below mean means the groups without signal are
+    # the solved ones, so the update only ever sees the hard tasks; capacity is not what is missing then.
+    valid = h.values(VALID_REWARD)[-WINDOW:]
+    gap = recent - _mean(valid) if valid else 0.0
+    if gap > STALL_MIN_GAIN:
+        evidence["valid_mean_gap"] = gap
+        message += (f"; {VALID_REWARD} sits {gap:.2f} below the mean: the groups without signal are the "
+                    "tasks already solved")
+        fix = ("add harder tasks (or drop the solved ones from the dataset); set advanced.dynamic_sampling.enabled: "
+               "true so each step refills with groups that still differ")
+    return Diagnosis("stall_with_healthy_knobs", Severity.WARNING, message, fix, evidence)
 
 
 @RULES.register("token_cap")
@@ -372,6 +381,7 @@ __all__ = [
     "TRUNCATED",
     "TRUNCATED_MAX",
     "VAL_REWARD",
+    "VALID_REWARD",
     "VAL_SHARE_MIN",
     "WINDOW",
     "ZERO_ADV",

@@ -1,10 +1,14 @@
 """Per-step rollout metrics, under the names DESIGN.md gives them.
 
 ``rollout/reward/mean`` averages every rollout that ended in the step
-(failed ones count with the reward they were given); ``valid_mean`` only
-completed rollouts whose agent reported a reward; ``zero_frac`` is the
-share of rollouts whose reward is 0. ``rollout/tokens/response_max`` is the
-most tokens the policy generated in one rollout (all its turns). The reward
+(failed ones count with the reward they were given); ``reported_mean``
+(mtrl's own figure) only completed rollouts whose agent reported a reward;
+``zero_frac`` is the share of rollouts whose reward is 0. SageMaker's
+``rollout/reward/valid_mean`` (the mean over groups with non-zero advantage)
+needs the advantages, so ``_batch.prepare_batch`` computes it.
+``rollout/tokens/response_max`` and ``response_mean`` are, as SageMaker
+AI MTRL means them, per response (one model turn); mtrl's per-rollout
+figures are ``rollout/tokens/rollout_max`` and ``rollout_mean``. The reward
 function's own metrics are averaged over the rollouts that report them, as
 ``rollout/metrics/<name>``. ``rollout/flagged/<flag>`` counts the step's
 rollouts carrying each of ``types.ROLLOUT_FLAGS`` (what mtrl could not
@@ -30,13 +34,14 @@ def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     """Reward, turn, token and reward-function metrics of one step's rollouts."""
     rewards = [r.total_reward for r in rollouts]
     valid = [r.total_reward for r in rollouts if r.status is RolloutStatus.COMPLETED and not r.reward_defaulted]
-    response_tokens = [sum(len(t.completion_ids) for t in r.turns) for r in rollouts]
+    response_tokens = [sum(len(t.completion_ids) for t in r.turns) for r in rollouts]  # per rollout
     reasoning_tokens = [sum(t.reasoning_tokens for t in r.turns) for r in rollouts]
     turns = [t for r in rollouts for t in r.turns]
+    turn_tokens = [len(t.completion_ids) for t in turns]  # per response
     metrics = {
         "rollout/count": float(len(rollouts)),
         "rollout/reward/mean": _mean(rewards),
-        "rollout/reward/valid_mean": _mean(valid),
+        "rollout/reward/reported_mean": _mean(valid),
         "rollout/reward/zero_frac": _mean([float(x == 0.0) for x in rewards]),
         "rollout/reward/max": max(rewards, default=0.0),
         "rollout/reward/min": min(rewards, default=0.0),
@@ -44,8 +49,10 @@ def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
         "rollout/completed_frac": _mean([float(r.status is RolloutStatus.COMPLETED) for r in rollouts]),
         "rollout/turns/mean": _mean([float(len(r.turns)) for r in rollouts]),
         "rollout/tool_calls/mean": _mean([float(len(r.tool_calls)) for r in rollouts]),
-        "rollout/tokens/response_max": float(max(response_tokens, default=0)),
-        "rollout/tokens/response_mean": _mean([float(n) for n in response_tokens]),
+        "rollout/tokens/response_max": float(max(turn_tokens, default=0)),
+        "rollout/tokens/response_mean": _mean([float(n) for n in turn_tokens]),
+        "rollout/tokens/rollout_max": float(max(response_tokens, default=0)),
+        "rollout/tokens/rollout_mean": _mean([float(n) for n in response_tokens]),
         "rollout/tokens/reasoning_mean": _mean([float(n) for n in reasoning_tokens]),
         "rollout/tokens/reasoning_frac": sum(reasoning_tokens) / max(sum(response_tokens), 1),
         "rollout/truncated_frac": _mean([float(t.finish_reason == "length") for t in turns]),
