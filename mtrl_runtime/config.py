@@ -26,6 +26,7 @@ from .run_folder import RunFolder
 from .sandboxes import SandboxSettings
 from .store import DEFAULT_STORE, STORES
 from .task_sources import parse_source
+from .tripwires import TripwireSettings
 from .types import SamplingParams
 
 
@@ -248,6 +249,8 @@ class AdvancedConfig(_Section):
     # where rollouts' code runs: kind bubblewrap | docker | podman | tempdir, and its limits (docs/sandboxes.md)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+    # reward-hack tripwires checked on every rollout as its tool calls are recorded (docs/tripwires.md)
+    tripwires: TripwireSettings = Field(default_factory=TripwireSettings)
 
     @field_validator("group_judge", mode="before")
     @classmethod
@@ -274,6 +277,9 @@ class AdvancedConfig(_Section):
         low, high = self.reward_range
         if not low <= self.default_reward <= high:
             raise ValueError(f"default_reward {self.default_reward} is outside reward_range [{low}, {high}]")
+        if self.tripwires.enabled and self.tripwires.on_trip == "zero" and not low <= 0.0 <= high:
+            raise ValueError(f"tripwires.on_trip: 'zero' gives a tripped rollout reward 0, outside reward_range "
+                             f"[{low}, {high}]; widen the range or set on_trip: keep")
         return self
 
 

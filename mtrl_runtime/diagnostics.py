@@ -47,6 +47,9 @@ TRUNCATED = "rollout/truncated_frac"
 FAILED = "failures/permanent_rate"  # failures left after the group policy, per rollout slot
 BASE_SUCCESS = "val/reward/base_success"
 TEMPLATE_DRIFT = "rollout/template_drift_frac"  # trained tokens unlike what deployment renders, over trained tokens
+TRIPPED = "rollout/flagged/tripwire_tripped"  # the step's rollouts that tripped a tripwire (advanced.tripwires)
+TRIPWIRES = "rollout/tripwires/"  # + a wire's name: the step's rollouts that wire tripped on
+VAL_TRIPWIRES = "val/tripwires/"  # the same in a validation pass (tripped_frac, and each wire's count)
 NONFINITE_SKIPPED = "train/nonfinite_skipped"  # 1.0 on a step whose update was skipped for a NaN or infinity
 
 
@@ -92,6 +95,13 @@ class History:
 
     def values(self, name: str) -> list[float]:
         return [v for _, v in self.series(name)]
+
+    def latest(self) -> tuple[int, Mapping[str, Any]] | None:
+        """The last step's number and metrics (None for an empty history)."""
+        if not self._steps:
+            return None
+        entry = self._steps[-1]
+        return int(entry.get("step", len(self._steps) - 1)), entry
 
 
 Rule = Callable[[History, Mapping[str, Any]], "Diagnosis | None"]
@@ -330,6 +340,32 @@ def nonfinite_update_skipped(h: History, knobs: Mapping[str, Any]) -> Diagnosis 
     )
 
 
+@RULES.register("tripwire")
+def tripwire(h: History, knobs: Mapping[str, Any]) -> Diagnosis | None:
+    """A rollout of the latest step (training or validation) did what a tripwire forbids: name the wire and rollouts."""
+    last = h.latest()
+    if last is None:
+        return None
+    step, latest = last
+    wires = {k[len(TRIPWIRES):]: float(v) for k, v in latest.items() if k.startswith(TRIPWIRES) and v}
+    wires.update({k[len(VAL_TRIPWIRES):]: float(v) for k, v in latest.items()
+                  if k.startswith(VAL_TRIPWIRES) and k != VAL_TRIPWIRES + "tripped_frac" and v})
+    if not wires:
+        return None
+    named = list(knobs.get("tripped_rollout_ids") or [])
+    which = ", ".join(f"{name} ({int(n)} rollout{'s' if n != 1 else ''})" for name, n in sorted(wires.items()))
+    where = f": rollouts {', '.join(named)}" if named else ""
+    return Diagnosis(
+        "tripwire", Severity.ERROR,
+        f"step {step}: tripwire{'s' if len(wires) > 1 else ''} {which} tripped{where}: the policy did what the "
+        "environment forbids (a likely reward hack)",
+        "read the evidence in <run_dir>/tripwires.jsonl and those rollouts' MLflow traces (tag mtrl.tripwires); "
+        "close the hole in the environment (remove the tool or the value it exposes) rather than relying on the "
+        "zeroed reward, and set advanced.tripwires.stop_rate to stop a run whose policy keeps at it",
+        {"wires": wires, "rollouts": named, "step": step},
+    )
+
+
 # -- helpers -------------------------------------------------------------------------------------
 
 
@@ -378,11 +414,14 @@ __all__ = [
     "STALL_WINDOW",
     "TEMPLATE_DRIFT",
     "TRAIN_RISE_MIN",
+    "TRIPPED",
+    "TRIPWIRES",
     "TRUNCATED",
     "TRUNCATED_MAX",
     "VAL_REWARD",
     "VALID_REWARD",
     "VAL_SHARE_MIN",
+    "VAL_TRIPWIRES",
     "WINDOW",
     "ZERO_ADV",
     "ZERO_ADV_MAX",

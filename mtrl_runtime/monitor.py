@@ -35,7 +35,9 @@ _TAG_CHARS = 4500  # MLflow tag values are capped at 5000 characters
 class StepObserver(Protocol):
     """What the training loop asks of its monitor: a step's metrics in, the findings new at that step out."""
 
-    def observe(self, step: int, metrics: Mapping[str, float], suspects: Sequence[str] = ()) -> Sequence[Diagnosis]: ...
+    def observe(
+        self, step: int, metrics: Mapping[str, float], suspects: Sequence[str] = (), tripped: Sequence[str] = ()
+    ) -> Sequence[Diagnosis]: ...
 
 
 class DiagnosticsMonitor:
@@ -76,14 +78,19 @@ class DiagnosticsMonitor:
         self.history = [dict(entry) for entry in history]
         self._active = {d.rule for d in diagnose(self.history, self.knobs)} if self.history else set()
 
-    def observe(self, step: int, metrics: Mapping[str, float], suspects: Sequence[str] = ()) -> list[Diagnosis]:
+    def observe(
+        self, step: int, metrics: Mapping[str, float], suspects: Sequence[str] = (), tripped: Sequence[str] = ()
+    ) -> list[Diagnosis]:
         """Add one step's metrics; return (and log) the findings that are new at this step.
 
         ``suspects``: rollout ids to name when the reward-hacking rule fires
         (e.g. a validation pass's reward-only disagreements with the strict scorer).
+        ``tripped``: the step's rollouts that tripped a tripwire, named by the ``tripwire`` rule.
         """
         if suspects:
             self.knobs["top_rollout_ids"] = list(suspects)[:10]
+        if tripped:
+            self.knobs["tripped_rollout_ids"] = list(tripped)[:10]
         self.history.append({**metrics, "step": step})
         found = diagnose(self.history, self.knobs)
         new = [d for d in found if d.rule not in self._active]

@@ -11,6 +11,7 @@ collection and evaluation leave behind::
       mlflow.db            the embedded MLflow tracking store ...
       mlartifacts/         ... and its artifacts
       diagnostics.jsonl    the diagnostics monitor's findings
+      tripwires.jsonl      the evidence of every tripped rollout (advanced.tripwires)
       eval/                an evaluation's own run folder (its store and report)
       checks/              mtrl check reports
 
@@ -34,6 +35,7 @@ CHECKPOINTS_FOLDER = "checkpoints"
 MLFLOW_DB = "mlflow.db"
 MLFLOW_ARTIFACTS_FOLDER = "mlartifacts"
 DIAGNOSTICS_FILE = "diagnostics.jsonl"
+TRIPWIRES_FILE = "tripwires.jsonl"
 EVALUATION_FOLDER = "eval"
 CHECKS_FOLDER = "checks"
 LORA_ADAPTER_CONFIG = "adapter_config.json"  # what marks a saved peft adapter folder
@@ -62,6 +64,7 @@ class RunFolder:
     mlflow_db = _Below(MLFLOW_DB)  # the embedded MLflow tracking store ...
     mlflow_artifacts = _Below(MLFLOW_ARTIFACTS_FOLDER)  # ... and its artifacts
     diagnostics = _Below(DIAGNOSTICS_FILE)
+    tripwires = _Below(TRIPWIRES_FILE)  # each tripped rollout's evidence (tripwires.TripwireWatch)
     evaluation = _Below(EVALUATION_FOLDER)  # an evaluation's default output, itself a run folder
     checks = _Below(CHECKS_FOLDER)
 
@@ -83,6 +86,7 @@ __all__ = [
     "CHECKPOINTS_FOLDER",
     "CHECKS_FOLDER",
     "DIAGNOSTICS_FILE",
+    "TRIPWIRES_FILE",
     "EVALUATION_FOLDER",
     "LORA_ADAPTER_CONFIG",
     "MLFLOW_ARTIFACTS_FOLDER",

@@ -283,6 +283,11 @@ def _trace_tags(rollout: Rollout, step: int, chat_format: str | None = None) -> 
         tags["mtrl.chat_format"] = chat_format
     if rollout.reward_defaulted:  # the agent reported none: mtrl.reward is the default, no demonstration
         tags["mtrl.reward_defaulted"] = "true"
+    wires = sorted(k.split("/", 1)[1] for k in rollout.metrics if k.startswith("tripwire/"))
+    if wires:  # advanced.tripwires: which wires it tripped (the evidence: <run_dir>/tripwires.jsonl)
+        tags["mtrl.tripwires"] = ",".join(wires)
+        if "agent_reward" in rollout.metrics:
+            tags["mtrl.agent_reward"] = f"{rollout.metrics['agent_reward']:.6g}"
     return tags
 
 

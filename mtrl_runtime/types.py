@@ -253,6 +253,7 @@ ROLLOUT_FLAGS = (
     "trajectory_header_stale",  # a reply reached an agent naming another rollout (SageMaker compat, coordinator._owner)
     "hosted_tools_unserved",  # calls that declared hosted tools (Responses' web_search, ...) the policy was not offered
     "max_tokens_clamped",  # turns whose max_tokens was above the cap, served up to it (advanced.server.max_tokens_over_cap)
+    "tripwire_tripped",  # trips of advanced.tripwires (each wire's own count: tripwire/<name>; tripwires.TripwireWatch)
 )
 
 
@@ -498,6 +499,13 @@ class NamesServedModel(Protocol):
     """An engine that serves something other than ``core.model`` (the scripted double) and says what, for /health."""
 
     served_model: str
+
+
+@runtime_checkable
+class RecordsTrips(Protocol):
+    """A coordinator that watches ``advanced.tripwires`` and keeps each tripped rollout's trips (``tripwires.Trip``)."""
+
+    def tripwire_trips(self, rollout_id: str) -> Sequence[Any]: ...
 
 
 @runtime_checkable

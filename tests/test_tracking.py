@@ -37,11 +37,17 @@ def test_metrics_params_adapter_and_one_trace_per_trajectory_read_back(tmp_path)
     assert run.info.status == "FINISHED"
     assert run.data.params["core.group_size"] == "4"
     assert run.data.params["core.advantage_method"] == "group_based_per_turn"
-    for name in ("rollout/reward/mean", "rollout/reward/valid_mean", "rollout/reward/zero_frac",
+    for name in ("rollout/reward/mean", "rollout/reward/zero_frac", "rollout/reward/reported_mean",
                  "rollout/turns/mean", "rollout/tokens/response_max", "analysis/zero_adv_groups",
                  "rollout/metrics/tool_ok", "time/step", "failures/permanent_rate"):
         history = client.get_metric_history(result.mlflow_run_id, name)
         assert [m.step for m in history] == [0, 1], name
+    # SageMaker's valid_mean averages the groups with non-zero advantage: logged at exactly the steps that had one
+    with_signal = [r.step for r in result.reports if r.metrics["analysis/zero_adv_groups"] < 1]
+    valid = client.get_metric_history(result.mlflow_run_id, "rollout/reward/valid_mean")
+    assert [m.step for m in valid] == with_signal
+    assert [m.value for m in valid] == pytest.approx(
+        [r.metrics["rollout/reward/valid_mean"] for r in result.reports if r.step in with_signal])
     logged = [m.value for m in client.get_metric_history(result.mlflow_run_id, "rollout/reward/mean")]
     assert logged == pytest.approx([r.metrics["rollout/reward/mean"] for r in result.reports])
     assert "adapter" in {a.path for a in client.list_artifacts(result.mlflow_run_id)}

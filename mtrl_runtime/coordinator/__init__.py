@@ -37,7 +37,9 @@ from mtrl_adapters.wire import CompletionReport, ModelCallReport, RewardReport, 
 from ..chat import ChatRenderer
 from ..chat.formats import resolve_format
 from ..config import MtrlConfig, ServerConfig
+from ..run_folder import RunFolder
 from ..store import hash_token
+from ..tripwires import Trip, TripwireWatch
 from ..types import (
     Abandoned,
     AttributionBroken,
@@ -88,8 +90,11 @@ class Coordinator:
             background_models=frozenset(self.config.advanced.server.background_models),
         )
         self._drift = DriftMeter(engine.tokenizer, self._capture.renderer.template, chat_format)
-        self._ends = RolloutEnds(store, self._live, self.counters, self.config.advanced.default_reward)
-        self._reports = ReportIntake(store, self._live, self._ends, self.counters, self.config.advanced.reward_range)
+        tripwires = self.config.advanced.tripwires
+        self._trips = TripwireWatch(tripwires, RunFolder(core.run_dir).tripwires) if tripwires.enabled else None
+        self._ends = RolloutEnds(store, self._live, self.counters, self.config.advanced.default_reward, self._trips)
+        self._reports = ReportIntake(store, self._live, self._ends, self.counters, self.config.advanced.reward_range,
+                                     self._trips)
         self._reference: ReferenceClient | None = None  # set inside ``reference_side``
 
     # ------------------------------------------------------------------ what the server shows
@@ -145,8 +150,15 @@ class Coordinator:
             raise ValueError(f"base_model: engine {self.engine_name!r} cannot serve the base model beside its "
                              "adapter (it holds none it can switch off per row)")
         version = 0 if base_model else self.engine.policy_version
-        return self._live.create(task, group_id, version, step=step, max_turns=max_turns,
-                                 reference=self._reference, base_model=base_model, seed=seed)
+        handle = self._live.create(task, group_id, version, step=step, max_turns=max_turns,
+                                   reference=self._reference, base_model=base_model, seed=seed)
+        if self._trips is not None:
+            self._trips.open(handle.rollout_id, task)
+        return handle
+
+    def tripwire_trips(self, rollout_id: str) -> tuple[Trip, ...]:
+        """The tripwires an ended rollout tripped, with their evidence (``types.RecordsTrips``)."""
+        return self._trips.trips(rollout_id) if self._trips is not None else ()
 
     @asynccontextmanager
     async def reference_side(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from ..tripwires import TripwireWatch, trip_metrics
 from ..types import RolloutEvent, TrajectoryStore
 from ._counters import CoordinatorCounters
 from ._live import LiveRollouts
@@ -29,12 +30,14 @@ class RolloutEnds:
     """Feeds end events to live rollouts and records the end the first decisive one produces."""
 
     def __init__(
-        self, store: TrajectoryStore, live: LiveRollouts, counters: CoordinatorCounters, default_reward: float
+        self, store: TrajectoryStore, live: LiveRollouts, counters: CoordinatorCounters, default_reward: float,
+        trips: TripwireWatch | None = None,
     ) -> None:
         self.store = store
         self.live = live
         self.counters = counters
         self.default_reward = default_reward
+        self.trips = trips  # advanced.tripwires: a tripped rollout is flagged, its reward zeroed or kept
         self._warned_unrecorded = False  # the fix is logged once per run; every rollout is flagged
 
     async def observe(self, rollout_id: str, event: RolloutEvent) -> bool:
@@ -71,10 +74,16 @@ class RolloutEnds:
             metrics["hosted_tools_unserved"] = float(live.unserved_tool_calls)
         if live.clamped_turns:  # served up to the cap below what the call asked (advanced.server.max_tokens_over_cap)
             metrics["max_tokens_clamped"] = float(live.clamped_turns)
+        tripped = self._trips(rollout_id)
+        metrics.update(trip_metrics(tripped))
+        zero = bool(tripped) and self.trips is not None and self.trips.on_trip == "zero"
         if ending.default_reward:
             metrics["reward_defaulted"] = 1.0
-            await self.store.aset_reward(rollout_id, self.default_reward, None, metrics, defaulted=True)
+            reward = 0.0 if zero else self.default_reward
+            await self.store.aset_reward(rollout_id, reward, None, metrics, defaulted=True)
             self.counters.rewards_defaulted += 1
+        elif zero:
+            await self._zero_reward(rollout_id, metrics)
         elif metrics:
             stored = self.store.get_rollout(rollout_id, with_turns=False)
             if stored is not None:
@@ -84,6 +93,26 @@ class RolloutEnds:
         await self.store.afinish_rollout(rollout_id, ending.status, ending.error)
         self.counters.rollouts_ended[ending.status] += 1
         return True
+
+    def _trips(self, rollout_id: str) -> tuple:
+        """Close the rollout's tripwire watch: the answer wires read its last reply, the state wires check again."""
+        if self.trips is None:
+            return ()
+        answer = None
+        if self.trips.reads_answers:
+            stored = self.store.get_rollout(rollout_id, with_turns=True)
+            turns = sorted(stored.turns, key=lambda t: t.index) if stored is not None else []
+            answer = turns[-1].completion_text if turns else None
+        return self.trips.close(rollout_id, answer)
+
+    async def _zero_reward(self, rollout_id: str, metrics: dict[str, float]) -> None:
+        """``on_trip: zero``: reward 0 (each turn's, for per-turn rewards), the agent's own kept as ``agent_reward``."""
+        stored = self.store.get_rollout(rollout_id, with_turns=False)
+        if stored is None:
+            return
+        turns = None if stored.turn_rewards is None else tuple(0.0 for _ in stored.turn_rewards)
+        merged = {**stored.metrics, **metrics, "agent_reward": stored.total_reward}
+        await self.store.aset_reward(rollout_id, 0.0 if turns is None else None, turns, merged, defaulted=False)
 
 
 __all__ = ["UNRECORDED_TOOLS_FIX", "RolloutEnds"]

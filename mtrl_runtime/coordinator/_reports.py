@@ -9,6 +9,7 @@ import time
 from mtrl_adapters.wire import CompletionReport, ModelCallReport, RewardReport, RolloutState, ToolCallReport
 
 from ..errors import BadRequest, Conflict, RolloutNotFound
+from ..tripwires import TripwireWatch
 from ..types import AgentEnded, ModelCall, RewardReported, RolloutStatus, ToolCall, TrajectoryStore
 from ._counters import CoordinatorCounters
 from ._ends import RolloutEnds
@@ -27,20 +28,24 @@ class ReportIntake:
 
     def __init__(
         self, store: TrajectoryStore, live: LiveRollouts, ends: RolloutEnds, counters: CoordinatorCounters,
-        reward_range: tuple[float, float] = (-1.0, 1.0),
+        reward_range: tuple[float, float] = (-1.0, 1.0), trips: TripwireWatch | None = None,
     ) -> None:
         self.store = store
         self.live = live
         self.ends = ends
         self.counters = counters
         self.reward_range = reward_range  # advanced.reward_range: a reward outside is refused, nothing stored
+        self.trips = trips  # advanced.tripwires: each recorded call is checked as it is recorded
 
     async def record_tool_call(self, rollout_id: str, token: str | None, report: ToolCallReport) -> None:
         live = self.live.running(rollout_id, token)
+        call = _tool_call(live, report)
         with client_data("tool_call"):
-            await self.store.aadd_tool_call(_tool_call(live, report))
+            await self.store.aadd_tool_call(call)
         live.note_reported([report.name])
         self.counters.tool_calls += 1
+        if self.trips is not None:
+            self.trips.check_calls(rollout_id, [call])
 
     async def record_tool_calls(self, rollout_id: str, token: str | None, reports: list[ToolCallReport]) -> None:
         """Several tool calls of one rollout (an adapter's buffer), committed together, in order."""
@@ -53,6 +58,8 @@ class ReportIntake:
                     await asyncio.sleep(0)
         live.note_reported(call.name for call in calls)
         self.counters.tool_calls += len(calls)
+        if self.trips is not None:
+            self.trips.check_calls(rollout_id, calls)
 
     async def record_model_calls(self, rollout_id: str, token: str | None, reports: list[ModelCallReport]) -> None:
         """A rollout's non-policy model calls, in order: stored apart from its turns, so never trained on."""

@@ -99,9 +99,11 @@ class EvalRecord:
     metrics: Mapping[str, float] = field(default_factory=dict)
     reasoning_tokens: int = 0
     completion_tokens: int = 0
+    tripwires: tuple[str, ...] = ()  # the advanced.tripwires this rollout tripped
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        object.__setattr__(self, "tripwires", tuple(self.tripwires))
         object.__setattr__(self, "status", getattr(self.status, "value", self.status))
         if not math.isfinite(self.reward):
             raise ValueError(f"EvalRecord {self.task_id!r}: reward must be finite, got {self.reward!r}")
@@ -188,6 +190,10 @@ def eval_metrics(records: Sequence[EvalRecord], ks: Iterable[int], *, prefix: st
         f"{prefix}/tokens/reasoning_frac": reasoning_fraction(records),
     }
     metrics.update(pass_k_metrics(list(successes_by_task(records).values()), ks, prefix=f"{prefix}/reward/pass_k_"))
+    if any(r.tripwires for r in records):  # advanced.tripwires: the share tripped, and each wire's rollouts
+        metrics[f"{prefix}/tripwires/tripped_frac"] = _mean(float(bool(r.tripwires)) for r in records)
+        for name in sorted({w for r in records for w in r.tripwires}):
+            metrics[f"{prefix}/tripwires/{name}"] = float(sum(name in r.tripwires for r in records))
     for name, share in tool_call_distribution(records).items():
         metrics[f"{prefix}/tool_calls/{_metric_name(name)}_frac"] = share
     for name, value in reward_metric_means(records).items():

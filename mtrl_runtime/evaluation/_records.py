@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ..rewards import last_conversation
+from ..tripwires import TRIP_METRIC_PREFIX
 from ..types import Rollout, Turn
 from ._metrics import EvalRecord
 
 # Metrics the coordinator adds to a rollout itself; the rest came from the reward function.
-COORDINATOR_METRICS = frozenset({"hit_turn_limit", "reward_defaulted"})
+COORDINATOR_METRICS = frozenset({"hit_turn_limit", "reward_defaulted", "tripwire_tripped"})
 
 
 def record_of(rollout: Rollout, success_threshold: float) -> EvalRecord:
@@ -34,6 +35,7 @@ def record_of(rollout: Rollout, success_threshold: float) -> EvalRecord:
         metrics=reward_function_metrics(rollout),
         reasoning_tokens=sum(t.reasoning_tokens for t in turns),
         completion_tokens=sum(len(t.completion_ids) for t in turns),
+        tripwires=tuple(sorted(k[len(TRIP_METRIC_PREFIX):] for k in rollout.metrics if k.startswith(TRIP_METRIC_PREFIX))),
     )
 
 
@@ -41,7 +43,8 @@ def reward_function_metrics(rollout: Rollout) -> dict[str, float]:
     """The metrics the agent reported with ``update_reward`` (none for a defaulted reward)."""
     if rollout.reward_defaulted:
         return {}
-    return {k: float(v) for k, v in rollout.metrics.items() if k not in COORDINATOR_METRICS}
+    return {k: float(v) for k, v in rollout.metrics.items()
+            if k not in COORDINATOR_METRICS and not k.startswith(TRIP_METRIC_PREFIX)}
 
 
 def requested_tools(turns: Sequence[Turn]) -> tuple[str, ...]:

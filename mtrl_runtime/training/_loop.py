@@ -55,7 +55,8 @@ from ..monitor import StepObserver
 from ..rollouts import Dispatcher, TaskSchedule
 from ..torch_support import on_own_thread
 from ..tracking import NullTracker
-from ..types import MeasuresTemplateDrift, RunTracker, Task
+from ..tripwires import TripwireStop
+from ..types import MeasuresTemplateDrift, RecordsTrips, RunTracker, Task
 from ._batch import prepare_batch
 from ._checkpoint import Checkpoints
 from ._dynamic_sampling import SampledStep, sample_step
@@ -190,11 +191,23 @@ class TrainingLoop:
         found = self._diagnose(step, validated.metrics, validated.suspects)
         return replace(report, metrics={**report.metrics, **validated.metrics}, warnings=report.warnings + found)
 
-    def _diagnose(self, step: int, metrics: Mapping[str, float], suspects: Sequence[str] = ()) -> tuple[str, ...]:
+    def _stop_on_trips(self, step: int, tripped: Sequence[str], total: int) -> None:
+        """``advanced.tripwires.stop_rate``: a step with a larger share of tripped rollouts stops the run, with the evidence."""
+        limit = self.config.advanced.tripwires.stop_rate
+        if limit is None or not total or len(tripped) / total <= limit:
+            return
+        coordinator = self.dispatcher.coordinator
+        evidence = [(rid, coordinator.tripwire_trips(rid) if isinstance(coordinator, RecordsTrips) else ())
+                    for rid in tripped]
+        raise TripwireStop(step, len(tripped), total, limit, evidence, self.config.run_folder.tripwires)
+
+    def _diagnose(
+        self, step: int, metrics: Mapping[str, float], suspects: Sequence[str] = (), tripped: Sequence[str] = ()
+    ) -> tuple[str, ...]:
         """The monitor's new findings at ``step`` (it logs them) as warning lines."""
         if self.monitor is None:
             return ()
-        lines = tuple(f"diagnosis at step {step}: {d}" for d in self.monitor.observe(step, metrics, suspects))
+        lines = tuple(f"diagnosis at step {step}: {d}" for d in self.monitor.observe(step, metrics, suspects, tripped))
         for line in lines:
             log.info("mtrl: %s", line)
         return lines
@@ -230,10 +243,12 @@ class TrainingLoop:
         })
         if validated is not None:
             metrics.update(validated.metrics)
-        found = self._diagnose(batch.step, metrics, validated.suspects if validated is not None else ())
+        tripped = [r.id for r in batch.rollouts if r.metrics.get("tripwire_tripped")]
+        found = self._diagnose(batch.step, metrics, validated.suspects if validated is not None else (), tripped)
         self.tracker.log_metrics(batch.step, metrics)
         self.tracker.log_rollouts(batch.rollouts, batch.step)
         self.checkpoints.record(batch.step, prepared.rollout_ids, metrics)
+        self._stop_on_trips(batch.step, tripped, len(batch.rollouts))
         saved = await self._maybe_checkpoint(batch.step + 1)
         return StepReport(batch.step, core.max_steps, metrics, batch.warnings + found, saved)
 

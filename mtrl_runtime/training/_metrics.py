@@ -13,7 +13,8 @@ function's own metrics are averaged over the rollouts that report them, as
 ``rollout/metrics/<name>``. ``rollout/flagged/<flag>`` counts the step's
 rollouts carrying each of ``types.ROLLOUT_FLAGS`` (what mtrl could not
 capture or decide: unrecorded tool calls, refused or inferred model calls,
-defaulted rewards). ``rollout/tokens/reasoning_mean`` is the
+defaulted rewards, tripped tripwires); ``rollout/tripwires/<wire>`` counts the
+rollouts each tripwire tripped on. ``rollout/tokens/reasoning_mean`` is the
 reasoning tokens a rollout wrote (each turn's ``reasoning_tokens``, what its
 chat format parsed as ``reasoning_content``), and ``reasoning_frac`` their
 share of all generated tokens.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..tripwires import TRIP_METRIC_PREFIX
 from ..types import ROLLOUT_FLAGS, Rollout, RolloutStatus
 
 
@@ -61,9 +63,22 @@ def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     }
     for flag in ROLLOUT_FLAGS:
         metrics[f"rollout/flagged/{flag}"] = float(sum(flag in r.flags for r in rollouts))
+    for name, count in tripwire_counts(rollouts).items():
+        metrics[f"rollout/tripwires/{name}"] = count
     for name, value in reward_function_metrics(rollouts).items():
         metrics[f"rollout/metrics/{name}"] = value
     return metrics
+
+
+def tripwire_counts(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """Each tripwire's number of rollouts it tripped on (``advanced.tripwires``; the wire's metric ``tripwire/<name>``)."""
+    counts: dict[str, float] = {}
+    for rollout in rollouts:
+        for key in rollout.metrics:
+            if key.startswith(TRIP_METRIC_PREFIX):
+                name = key[len(TRIP_METRIC_PREFIX):]
+                counts[name] = counts.get(name, 0.0) + 1.0
+    return dict(sorted(counts.items()))
 
 
 def reward_function_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
@@ -71,8 +86,10 @@ def reward_function_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     values: dict[str, list[float]] = {}
     for rollout in rollouts:
         for name, value in rollout.metrics.items():
+            if name.startswith(TRIP_METRIC_PREFIX) or name == "tripwire_tripped":  # counted above, not the reward's
+                continue
             values.setdefault(name, []).append(float(value))
     return {name: _mean(v) for name, v in sorted(values.items())}
 
 
-__all__ = ["reward_function_metrics", "rollout_metrics"]
+__all__ = ["reward_function_metrics", "rollout_metrics", "tripwire_counts"]
