@@ -197,3 +197,60 @@ def test_planted_hack_is_caught_on_every_hacked_rollout_and_no_clean_one(served,
     lines = [json.loads(line) for line in (tmp_path / "run" / "tripwires.jsonl").read_text().splitlines()]
     assert {line["rollout_id"] for line in lines} == hacked
     assert "fixtures_unchanged" not in {t["wire"] for line in lines for t in line["trips"]}  # the tables held
+
+
+# -- in a training run --------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_training_counts_trips_per_step_reports_them_and_stops_over_the_rate(tmp_path):
+    """The lookup task's tiny policy calls wrong keys at first; a wire forbids them: counted, zeroed, named, stopped."""
+    import sqlite3
+
+    import _lookup_task as lookup
+    from mlflow import MlflowClient
+
+    from mtrl_runtime.tripwires import TripwireStop
+    from mtrl_runtime.training import MultiTurnRLTrainer
+
+    wire = {"kind": "forbidden_call", "name": "wrong_key", "tool": "lookup", "argument": "key", "matches": "^K[013]$"}
+    run_dir = tmp_path / "run"
+    cfg = MtrlConfig.from_dict(lookup.config(run_dir, max_steps=3, train_batch_size=1, group_size=8,
+                                             advanced={"tripwires": {"wires": [wire], "stop_rate": 0.05}}))
+    trainer = MultiTurnRLTrainer(agent_env=lookup.agent, training_dataset=lookup.tasks(), config=cfg,
+                                 engine=lookup.build_engine())
+    with pytest.raises(TripwireStop) as err:
+        trainer.train(progress=False)
+    stop = err.value
+    assert stop.step == 0 and stop.total == 8 and stop.tripped >= 1
+
+    from mtrl_runtime.store import SQLiteStore
+    store = SQLiteStore(run_dir / "trajectories.db")
+    try:
+        rollouts = store.rollouts()
+        wrong = {r.id for r in rollouts if any(c.arguments.get("key") != lookup.TRAIN_KEY for c in r.tool_calls)}
+        tripped = {r.id for r in rollouts if r.metrics.get("tripwire_tripped")}
+        assert tripped == wrong == {rid for rid, _ in stop.evidence}  # every wrong call, nothing else
+        for r in rollouts:
+            if r.id in tripped:  # per-turn rewards zeroed turn by turn, the agent's total kept
+                assert set(r.turn_rewards) == {0.0} and "agent_reward" in r.metrics
+    finally:
+        store.close()
+    assert f"{len(tripped)} of 8 rollouts" in str(stop) and "wrong_key (forbidden_call): called lookup" in str(stop)
+
+    findings = [json.loads(line) for line in (run_dir / "diagnostics.jsonl").read_text().splitlines()]
+    [finding] = [f for f in findings if f["rule"] == "tripwire"]
+    assert finding["severity"] == "error" and "wrong_key" in finding["message"]
+    assert set(finding["evidence"]["rollouts"]) == tripped
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    [run] = client.search_runs(client.search_experiments()[0].experiment_id) or [None]
+    assert run.info.status == "FAILED"
+    logged = run.data.metrics  # the stopped step's metrics reached MLflow (no checkpoint is written for it)
+    assert logged["rollout/flagged/tripwire_tripped"] == logged["rollout/tripwires/wrong_key"] == len(tripped)
+    assert "rollout/metrics/tripwire_tripped" not in logged  # the reward's own metrics stay the reward's
+    import mlflow
+    mlflow.set_tracking_uri(f"sqlite:///{run_dir / 'mlflow.db'}")
+    traces = mlflow.search_traces(locations=[run.info.experiment_id], return_type="list", flush=True)
+    tagged = {t.info.tags["mtrl.rollout_id"] for t in traces if t.info.tags.get("mtrl.tripwires") == "wrong_key"}
+    assert tagged == tripped
