@@ -202,6 +202,9 @@ class AdvancedConfig(_Section):
     clip_low: float | None = Field(default=None, ge=0.0)  # None: the loss's own default
     clip_high: float | None = Field(default=None, ge=0.0)
     kl_coef: float = Field(default=0.0, ge=0.0)
+    # report train/kl_ref (KL of the policy to its reference, the base model) every step even with kl_coef 0: one
+    # more forward pass per micro-batch, without gradients; the hack_onset rule reads it (docs/training.md)
+    measure_kl_ref: bool = False
     tis_cap: float | None = Field(default=None, gt=0.0)  # truncated IS for engine/trainer mismatch
     loss_aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
     micro_batch_tokens: int = Field(default=4096, ge=16)

@@ -38,6 +38,11 @@ SATURATION = 0.95  # a reward above 95% of reward_max is done, not stalled
 TRUNCATED_MAX = 0.05  # more than 5% of responses at the token cap: truncation shapes the reward
 FAILED_MAX = 0.01  # more than 1% permanent failures is a bug, not flakiness
 DRIFT_MAX = 0.01  # over 1% of trained tokens unlike the deployment rendering: training teaches another context
+ONSET_WINDOW = 3  # steps per window; the hack-onset rule compares the last three windows
+ONSET_ACCEL = 2.0  # the latest window's rise is at least twice the one before: accelerating, not a steady drift
+ENTROPY_ONSET_MIN = 0.05  # nats per token: a smaller rise is sampling noise at small batches
+KL_ONSET_MIN = 0.01  # nats per token of KL to the reference
+REWARD_ONSET_MIN = 0.05  # the reward rose at least this much over the same window: the new behaviour pays
 
 REWARD = "rollout/reward/mean"
 VALID_REWARD = "rollout/reward/valid_mean"  # SageMaker's meaning: mean over the groups with non-zero advantage
@@ -50,6 +55,8 @@ TEMPLATE_DRIFT = "rollout/template_drift_frac"  # trained tokens unlike what dep
 TRIPPED = "rollout/flagged/tripwire_tripped"  # the step's rollouts that tripped a tripwire (advanced.tripwires)
 TRIPWIRES = "rollout/tripwires/"  # + a wire's name: the step's rollouts that wire tripped on
 VAL_TRIPWIRES = "val/tripwires/"  # the same in a validation pass (tripped_frac, and each wire's count)
+ENTROPY = "policy/entropy"  # mean surprisal of the sampled tokens (from the logprobs recorded at generation)
+KL_REF = "train/kl_ref"  # KL of the policy to its reference (kl_coef > 0, or advanced.measure_kl_ref)
 NONFINITE_SKIPPED = "train/nonfinite_skipped"  # 1.0 on a step whose update was skipped for a NaN or infinity
 
 
@@ -340,6 +347,37 @@ def nonfinite_update_skipped(h: History, knobs: Mapping[str, Any]) -> Diagnosis 
     )
 
 
+@RULES.register("hack_onset")
+def hack_onset(h: History, knobs: Mapping[str, Any]) -> Diagnosis | None:
+    """Entropy or KL to the reference rising faster and faster while the reward rises: the shape of a hack's onset.
+
+    A policy that learns the task narrows (entropy falls) and moves from its
+    reference at a steady pace; one that found an exploit often jumps: its
+    sampled tokens grow surprising, or its distance from the base model
+    accelerates, in the same steps its reward climbs.
+    """
+    reward = _window_means_last(h.values(REWARD), 2)
+    if reward is None or reward[1] - reward[0] < REWARD_ONSET_MIN:
+        return None
+    rising = {name: found for name, minimum in ((ENTROPY, ENTROPY_ONSET_MIN), (KL_REF, KL_ONSET_MIN))
+              if (found := _accelerating(h.values(name), minimum)) is not None}
+    if not rising:
+        return None
+    named = list(knobs.get("onset_rollout_ids") or [])
+    what = "; ".join(f"{name} {a:.3f} -> {b:.3f} -> {c:.3f}" for name, (a, b, c) in rising.items())
+    where = f"rollouts {', '.join(named)} (above the mean reward, highest entropy first)" if named else \
+        "the latest step's highest-reward rollouts"
+    return Diagnosis(
+        "hack_onset", Severity.WARNING,
+        f"{what} over the last {3 * ONSET_WINDOW} steps (windows of {ONSET_WINDOW}), rising faster each window, "
+        f"while {REWARD} rose {reward[1] - reward[0]:+.2f}: the pattern of a reward hack's onset",
+        f"read {where} in MLflow: check each solves its task the intended way; declare what it must not do as "
+        "advanced.tripwires, and set advanced.kl_coef > 0 to hold the policy near its reference",
+        {"signals": {name: list(v) for name, v in rising.items()}, "reward_rise": reward[1] - reward[0],
+         "rollouts": named},
+    )
+
+
 @RULES.register("tripwire")
 def tripwire(h: History, knobs: Mapping[str, Any]) -> Diagnosis | None:
     """A rollout of the latest step (training or validation) did what a tripwire forbids: name the wire and rollouts."""
@@ -388,6 +426,25 @@ def _healthy(h: History) -> bool:
     return all(_mean(v) <= limit for name, limit in checks if (v := h.values(name)[-WINDOW:]))
 
 
+def _window_means_last(values: Sequence[float], n: int) -> list[float] | None:
+    """The means of the last ``n`` windows of ``ONSET_WINDOW`` steps, oldest first (None: too few steps)."""
+    if len(values) < n * ONSET_WINDOW:
+        return None
+    tail = list(values)[-n * ONSET_WINDOW:]
+    return [_mean(tail[i * ONSET_WINDOW:(i + 1) * ONSET_WINDOW]) for i in range(n)]
+
+
+def _accelerating(values: Sequence[float], minimum: float) -> tuple[float, float, float] | None:
+    """Three window means when the last rise is at least ``minimum`` and ``ONSET_ACCEL`` times the one before."""
+    means = _window_means_last(values, 3)
+    if means is None:
+        return None
+    a, b, c = means
+    if c - b >= minimum and c - b >= ONSET_ACCEL * max(b - a, 0.0):
+        return a, b, c
+    return None
+
+
 def _window_means(values: Sequence[float]) -> list[float]:
     return [_mean(values[i: i + WINDOW]) for i in range(len(values) - WINDOW + 1)]
 
@@ -402,12 +459,19 @@ __all__ = [
     "COLLAPSE_PEAK_MIN",
     "COLLAPSE_RATIO",
     "DRIFT_MAX",
+    "ENTROPY",
+    "ENTROPY_ONSET_MIN",
     "FAILED",
     "FAILED_MAX",
     "FLAT_TOL",
+    "KL_ONSET_MIN",
+    "KL_REF",
     "MIN_FLAT_STEPS",
     "NONFINITE_SKIPPED",
+    "ONSET_ACCEL",
+    "ONSET_WINDOW",
     "REWARD",
+    "REWARD_ONSET_MIN",
     "RULES",
     "SATURATION",
     "STALL_MIN_GAIN",

@@ -36,7 +36,8 @@ class StepObserver(Protocol):
     """What the training loop asks of its monitor: a step's metrics in, the findings new at that step out."""
 
     def observe(
-        self, step: int, metrics: Mapping[str, float], suspects: Sequence[str] = (), tripped: Sequence[str] = ()
+        self, step: int, metrics: Mapping[str, float], suspects: Sequence[str] = (),
+        named: Mapping[str, Sequence[str]] | None = None,
     ) -> Sequence[Diagnosis]: ...
 
 
@@ -79,18 +80,20 @@ class DiagnosticsMonitor:
         self._active = {d.rule for d in diagnose(self.history, self.knobs)} if self.history else set()
 
     def observe(
-        self, step: int, metrics: Mapping[str, float], suspects: Sequence[str] = (), tripped: Sequence[str] = ()
+        self, step: int, metrics: Mapping[str, float], suspects: Sequence[str] = (),
+        named: Mapping[str, Sequence[str]] | None = None,
     ) -> list[Diagnosis]:
         """Add one step's metrics; return (and log) the findings that are new at this step.
 
         ``suspects``: rollout ids to name when the reward-hacking rule fires
         (e.g. a validation pass's reward-only disagreements with the strict scorer).
-        ``tripped``: the step's rollouts that tripped a tripwire, named by the ``tripwire`` rule.
+        ``named``: the step's rollouts other rules name, by role (knob ``<role>_rollout_ids``): ``tripped``
+        (the ``tripwire`` rule) and ``onset`` (the ``hack_onset`` rule: high reward, high entropy).
         """
         if suspects:
             self.knobs["top_rollout_ids"] = list(suspects)[:10]
-        if tripped:
-            self.knobs["tripped_rollout_ids"] = list(tripped)[:10]
+        for role, ids in (named or {}).items():
+            self.knobs[f"{role}_rollout_ids"] = list(ids)[:10]
         self.history.append({**metrics, "step": step})
         found = diagnose(self.history, self.knobs)
         new = [d for d in found if d.rule not in self._active]

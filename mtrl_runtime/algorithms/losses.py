@@ -51,6 +51,12 @@ class LossParams:
     kl_coef: float = 0.0
     tis_cap: float | None = None
     aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
+    measure_kl_ref: bool = False  # kl_coef 0: still report kl_ref (the update runs the reference policy too)
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the update must compute the reference policy's logprobs (for the KL term or its metric)."""
+        return self.kl_coef > 0 or self.measure_kl_ref
 
     def __post_init__(self) -> None:
         if self.aggregation not in ("token_mean", "sequence_mean"):
@@ -70,6 +76,7 @@ class LossParams:
             kl_coef=advanced.kl_coef,
             tis_cap=advanced.tis_cap,
             aggregation=advanced.loss_aggregation,
+            measure_kl_ref=advanced.measure_kl_ref,
         )
 
     def bounds(self, default_low: float | None, default_high: float | None) -> tuple[float | None, float | None]:
@@ -148,6 +155,9 @@ def _finish(
         kl_BT = delta.exp() - delta - 1.0
         loss_BT = loss_BT + params.kl_coef * kl_BT
         metrics["kl_ref"] = _masked_mean(kl_BT.detach(), mask)
+    elif ref_logprobs is not None:  # measure_kl_ref: the k3 estimate of KL(current || reference), not trained on
+        delta = (ref_logprobs - logprobs.detach()).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+        metrics["kl_ref"] = _masked_mean(delta.exp() - delta - 1.0, mask)
     log_r = (logprobs.detach() - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # metrics: no graph
     metrics["ratio_mean"] = _masked_mean(log_r.exp(), mask)
     # k3 estimate of KL(behaviour || current), sampled from the behaviour policy
@@ -281,6 +291,9 @@ def nll(
         kl_BT = delta.exp() - delta - 1.0
         loss_BT = loss_BT + params.kl_coef * kl_BT
         metrics["kl_ref"] = _masked_mean(kl_BT.detach(), mask)
+    elif ref_logprobs_BT is not None:  # measure_kl_ref: the k3 estimate of KL(current || reference), not trained on
+        delta = (ref_logprobs_BT - logprobs_BT.detach()).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+        metrics["kl_ref"] = _masked_mean(delta.exp() - delta - 1.0, mask)
     metrics["tokens"] = float(mask.sum())
     return aggregate(loss_BT, mask, params.aggregation, normalizer), metrics
 

@@ -31,7 +31,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("SampledStep", "sample_step", "sampling_metrics", "useful_mask"), "._dynamic_sampling"),
     **dict.fromkeys(("POLICY_FOLDER", "CheckpointState", "Checkpoints", "StepRecord"), "._checkpoint"),
     **dict.fromkeys(("StepReport", "TrainingLoop", "off_policy_bound"), "._loop"),
-    **dict.fromkeys(("reward_function_metrics", "rollout_metrics"), "._metrics"),
+    **dict.fromkeys(("onset_suspects", "reward_function_metrics", "rollout_entropy", "rollout_metrics", "tripwire_counts"), "._metrics"),
     **dict.fromkeys(("ResumePlan", "plan_resume"), "._resume"),
     **dict.fromkeys(("MultiTurnRLTrainer", "TrainingResult"), "._trainer"),
     **dict.fromkeys(("PushedWeights", "SharedWeights", "WeightSync", "shares_model"), "._weights"),

@@ -60,7 +60,7 @@ from ..types import MeasuresTemplateDrift, RecordsTrips, RunTracker, Task
 from ._batch import prepare_batch
 from ._checkpoint import Checkpoints
 from ._dynamic_sampling import SampledStep, sample_step
-from ._metrics import rollout_metrics
+from ._metrics import onset_suspects, rollout_metrics
 from ._resume import ResumePlan
 from ._weights import WeightSync
 from .distributed import ShardedUpdate
@@ -202,12 +202,13 @@ class TrainingLoop:
         raise TripwireStop(step, len(tripped), total, limit, evidence, self.config.run_folder.tripwires)
 
     def _diagnose(
-        self, step: int, metrics: Mapping[str, float], suspects: Sequence[str] = (), tripped: Sequence[str] = ()
+        self, step: int, metrics: Mapping[str, float], suspects: Sequence[str] = (),
+        named: Mapping[str, Sequence[str]] | None = None,
     ) -> tuple[str, ...]:
         """The monitor's new findings at ``step`` (it logs them) as warning lines."""
         if self.monitor is None:
             return ()
-        lines = tuple(f"diagnosis at step {step}: {d}" for d in self.monitor.observe(step, metrics, suspects, tripped))
+        lines = tuple(f"diagnosis at step {step}: {d}" for d in self.monitor.observe(step, metrics, suspects, named))
         for line in lines:
             log.info("mtrl: %s", line)
         return lines
@@ -244,7 +245,8 @@ class TrainingLoop:
         if validated is not None:
             metrics.update(validated.metrics)
         tripped = [r.id for r in batch.rollouts if r.metrics.get("tripwire_tripped")]
-        found = self._diagnose(batch.step, metrics, validated.suspects if validated is not None else (), tripped)
+        named = {"tripped": tripped, "onset": onset_suspects(batch.rollouts)}
+        found = self._diagnose(batch.step, metrics, validated.suspects if validated is not None else (), named)
         self.tracker.log_metrics(batch.step, metrics)
         self.tracker.log_rollouts(batch.rollouts, batch.step)
         self.checkpoints.record(batch.step, prepared.rollout_ids, metrics)

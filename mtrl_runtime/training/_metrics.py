@@ -17,7 +17,11 @@ defaulted rewards, tripped tripwires); ``rollout/tripwires/<wire>`` counts the
 rollouts each tripwire tripped on. ``rollout/tokens/reasoning_mean`` is the
 reasoning tokens a rollout wrote (each turn's ``reasoning_tokens``, what its
 chat format parsed as ``reasoning_content``), and ``reasoning_frac`` their
-share of all generated tokens.
+share of all generated tokens. ``policy/entropy`` is the mean surprisal of
+the tokens the policy sampled (-logprob, from the logprobs recorded at
+generation; no extra pass): at temperature 1 an unbiased estimate of the
+behaviour policy's per-token entropy, and its rise and fall at any other
+temperature. The ``hack_onset`` diagnostics rule reads it.
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
         "rollout/malformed_tool_calls": float(sum(t.malformed_tool_call for t in turns)),
         "rollout/prefix_breaks": float(sum(t.break_reason is not None for t in turns)),
     }
+    surprisal = [-lp for t in turns if t.model is None for lp in t.logprobs]
+    if surprisal:  # no policy token at all (every call failed, or a reference model's): no estimate
+        metrics["policy/entropy"] = sum(surprisal) / len(surprisal)
     for flag in ROLLOUT_FLAGS:
         metrics[f"rollout/flagged/{flag}"] = float(sum(flag in r.flags for r in rollouts))
     for name, count in tripwire_counts(rollouts).items():
@@ -68,6 +75,21 @@ def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     for name, value in reward_function_metrics(rollouts).items():
         metrics[f"rollout/metrics/{name}"] = value
     return metrics
+
+
+def rollout_entropy(rollout: Rollout) -> float | None:
+    """One rollout's mean surprisal per policy token (``policy/entropy``'s per-rollout figure); None without tokens."""
+    values = [-lp for t in rollout.turns if t.model is None for lp in t.logprobs]
+    return sum(values) / len(values) if values else None
+
+
+def onset_suspects(rollouts: Sequence[Rollout], n: int = 5) -> list[str]:
+    """The rollouts that drive a hack-onset pattern: above the step's mean reward, highest entropy first."""
+    if not rollouts:
+        return []
+    mean = _mean([r.total_reward for r in rollouts])
+    scored = [(e, r.id) for r in rollouts if r.total_reward > mean and (e := rollout_entropy(r)) is not None]
+    return [rid for _, rid in sorted(scored, reverse=True)[:n]]
 
 
 def tripwire_counts(rollouts: Sequence[Rollout]) -> dict[str, float]:
@@ -92,4 +114,4 @@ def reward_function_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     return {name: _mean(v) for name, v in sorted(values.items())}
 
 
-__all__ = ["reward_function_metrics", "rollout_metrics", "tripwire_counts"]
+__all__ = ["onset_suspects", "reward_function_metrics", "rollout_entropy", "rollout_metrics", "tripwire_counts"]

@@ -190,7 +190,7 @@ def policy_settings(config: Any, model: str | Path | Any) -> dict[str, Any]:
         alpha=core.lora_alpha,
         dropout=advanced.lora_dropout,
         target_modules=advanced.lora_target_modules,
-        keep_reference=advanced.full_finetune and advanced.kl_coef > 0,
+        keep_reference=advanced.full_finetune and (advanced.kl_coef > 0 or advanced.measure_kl_ref),
         device=advanced.train_device,
         base_dtype=base_dtype,
         seed=core.seed,

@@ -270,7 +270,7 @@ class PolicyUpdate:
         targets_BK = ids_BT[:, 1:][:, keep_K]
         logprobs_BK = self._logprobs(self.policy.model, ids_BT, attention_BT, keep_K, targets_BK, shared, step)
         ref_BK = None
-        if self.settings.loss.kl_coef > 0:
+        if self.settings.loss.needs_reference:
             with torch.no_grad(), self.policy.reference() as reference:
                 ref_BK = self._logprobs(reference, ids_BT, attention_BT, keep_K, targets_BK, shared)
         return self.loss_fn(
