@@ -11,6 +11,10 @@
   SigV4 token is computed locally).
 - ``sagemaker-shared ENDPOINT header|rollout``: the same with one ``wrap_model``-wrapped
   model shared at module level (SageMaker's docstring pattern), reading ``instance["answer"]``.
+- ``sagemaker-langchain ENDPOINT``: a LangGraph agent (``create_react_agent``) on one
+  module-level LangChain ``ChatOpenAI`` whose httpx clients come from SageMaker's LangChain
+  adapter (``sagemaker.train.rft.adapters.langchain.create_http_clients``), as its docstrings
+  teach; ``sagemaker_rft_handler`` and ``app.run()``, no mtrl code; reads ``instance["answer"]``.
 
 With ``MTRL_TEST_SEEN`` set, the two SageMaker agents append what each rollout's agent
 was answered to that file (``_note_seen``): the tests' ground truth of attribution.
@@ -183,6 +187,60 @@ def sagemaker_shared(endpoint: str, url_mode: str) -> None:
     app.run(port=0, host="127.0.0.1", log_level="info")
 
 
+def sagemaker_langchain(endpoint: str) -> None:
+    """SageMaker's LangChain adapter, unmodified: its header-injecting httpx clients under one shared ChatOpenAI.
+
+    The handler is synchronous (``graph.invoke``: the adapter's sync ``httpx.Client``): the adapter's async client
+    registers a plain function as an ``httpx.AsyncClient`` request hook, which httpx awaits, so every async call
+    fails before it is sent, against any server (``test_adapters_sagemaker_langchain``'s last test shows it)."""
+    from bedrock_agentcore import BedrockAgentCoreApp
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from langgraph.prebuilt import ToolNode, create_react_agent
+    from sagemaker.core.token_generator import generate_token
+    from sagemaker.train.rft import sagemaker_rft_handler
+    from sagemaker.train.rft.adapters.langchain import create_http_clients
+
+    app = BedrockAgentCoreApp()
+    http_client, async_client = create_http_clients()
+    llm = ChatOpenAI(model="policy", base_url=f"{endpoint}/v1", api_key=generate_token(region="local"),
+                     http_client=http_client, http_async_client=async_client, max_retries=0)
+    # a tool's exception goes back to the model as its result (LangGraph's documented handle_tool_errors)
+    graph = create_react_agent(llm, tools=ToolNode([tool(lookup), tool(add)], handle_tool_errors=True))
+
+    @app.entrypoint
+    @sagemaker_rft_handler
+    def invoke(payload):
+        instance = payload["instance"]
+        state = {"messages": []}
+        try:
+            state = graph.invoke({"messages": [("user", instance["prompt"])]})
+        finally:
+            _note_seen_langchain(payload["metadata"]["trajectory_id"], state["messages"])
+        if key_of(instance["prompt"]) == CRASH_KEY:
+            raise RuntimeError("langgraph agent crashed on purpose")
+        answer = str(state["messages"][-1].content)
+        return {"reward": 1.0 if f"is {instance['answer']}" in answer else 0.0}
+
+    app.run(port=0, host="127.0.0.1", log_level="info")
+
+
+def _note_seen_langchain(trajectory: str, messages: list) -> None:
+    """``_note_seen`` for LangChain messages: the AI messages' tool-call ids and text."""
+    import json
+    import os
+
+    path = os.environ.get("MTRL_TEST_SEEN")
+    if not path:
+        return
+    replies = [m for m in messages if getattr(m, "type", None) == "ai"]
+    seen = {"rollout_id": trajectory.split(".")[0],
+            "tool_use_ids": [c["id"] for m in replies for c in (m.tool_calls or [])],
+            "texts": [m.content for m in replies if isinstance(m.content, str) and m.content]}
+    with open(path, "a") as f:
+        f.write(json.dumps(seen) + "\n")
+
+
 def _note_seen(trajectory: str, messages: list) -> None:
     """What this rollout's agent was answered (its tool-call ids, its replies' text), one JSON line in the file
     ``MTRL_TEST_SEEN`` names: the tests' ground truth of which replies reached which agent. Unset: nothing."""
@@ -214,5 +272,8 @@ if __name__ == "__main__":
         sagemaker(sys.argv[2])
     elif mode == "sagemaker-shared":
         sagemaker_shared(sys.argv[2], sys.argv[3])
+    elif mode == "sagemaker-langchain":
+        sagemaker_langchain(sys.argv[2])
     else:
-        raise SystemExit(f"unknown mode {mode!r}; expected serve, agentcore, sagemaker or sagemaker-shared")
+        raise SystemExit(f"unknown mode {mode!r}; expected serve, agentcore, sagemaker, sagemaker-shared or "
+                         "sagemaker-langchain")
