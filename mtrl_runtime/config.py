@@ -280,6 +280,10 @@ class AdvancedConfig(_Section):
         low, high = self.reward_range
         if not low <= self.default_reward <= high:
             raise ValueError(f"default_reward {self.default_reward} is outside reward_range [{low}, {high}]")
+        if self.group_judge is not None and self.group_judge.per_turn:
+            raise ValueError("group_judge.per_turn: true: a per-turn judge is audited with `mtrl check reward --judge "
+                             "JUDGE.yaml` (docs/group_judge.md); training on its per-turn scores is not built yet, so "
+                             "a run cannot use it as advanced.group_judge")
         if self.tripwires.enabled and self.tripwires.on_trip == "zero" and not low <= 0.0 <= high:
             raise ValueError(f"tripwires.on_trip: 'zero' gives a tripped rollout reward 0, outside reward_range "
                              f"[{low}, {high}]; widen the range or set on_trip: keep")

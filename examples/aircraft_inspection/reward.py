@@ -18,6 +18,8 @@ import re
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
+from .tools import SOP_ORDER
+
 # name -> the values the SOP allows, in the type the JSON answer must use
 FIELD_VALUES: Mapping[str, tuple[Any, ...]] = MappingProxyType(
     {
@@ -141,6 +143,23 @@ def strict_score(text: str, ground_truth: Mapping[str, Any], fields: Sequence[st
     ))
 
 
+def strict_turn_scores(rollout: Any, task: Any) -> list[float]:
+    """Per-turn labels for auditing a per-turn judge: turn k of the SOP calls its step's tool (``SOP_ORDER[k]``)
+    on the task's aircraft, once; the turn after the last step answers strictly right. 1.0 or 0.0 per turn."""
+    tail = str((task.data or {}).get("tail_number", "")).upper()
+    truth = task.ground_truth
+    fields = tuple(truth) if isinstance(truth, Mapping) else FIELDS
+    scores = []
+    for k, turn in enumerate(sorted(rollout.turns, key=lambda t: t.index)):
+        if k < len(SOP_ORDER):
+            calls = [c.get("function", {}) for c in turn.tool_calls]
+            right = len(calls) == 1 and calls[0].get("name") == SOP_ORDER[k] and tail in str(calls[0].get("arguments"))
+            scores.append(float(right))
+        else:
+            scores.append(strict_score(turn.completion_text, truth, fields) if not turn.tool_calls else 0.0)
+    return scores
+
+
 # --- the deliberately lenient variant -------------------------------------------------
 
 _TAG_BLOCK = re.compile(r"<\s*final[_ ]?output\s*>(.*?)<\s*/\s*final[_ ]?output\s*>", re.I | re.S)
@@ -208,4 +227,5 @@ __all__ = [
     "parse_final_output",
     "reward",
     "strict_score",
+    "strict_turn_scores",
 ]

@@ -40,11 +40,12 @@ from ..evaluation import (
     run_tag,
     select_tasks,
 )
-from ..rewards import GroupJudge, JudgeSpec, refuse_policy_endpoint
+from ..rewards import GroupJudge, JudgeSpec, TurnJudge, refuse_policy_endpoint
 from ..rollouts import open_stack
 from ..types import Rollout, Task
 from ._checklist import CheckItem, Checklist, failed, passed, skipped
 from ._judge import DEFAULT_ORDERS, ajudge_groups, judge_checklist
+from ._turn_judge import TurnScorer, ajudge_turns, turn_judge_checklist
 
 DEFAULT_MAX_TASKS = 16
 DEFAULT_MAX_SAMPLES = 8
@@ -218,16 +219,19 @@ async def acheck_reward(
     output_path: str | Path | None = None,
     judge: JudgeSpec | Mapping[str, Any] | str | Path | None = None,
     judge_orders: int = DEFAULT_ORDERS,
+    strict_turns: TurnScorer | None = None,
 ) -> Checklist:
     """Run ``max_tasks`` x ``samples`` baseline rollouts (training sampling) and check the reward.
 
     ``judge`` (a ``JudgeSpec``, its mapping or file; default: ``advanced.group_judge``): audit that group
-    judge on the rollouts instead (``_judge``), each group judged in ``judge_orders`` orders.
+    judge on the rollouts instead (``_judge``), each group judged in ``judge_orders`` orders. A judge with
+    ``per_turn: true`` is audited turn by turn (``_turn_judge``), against ``strict_turns`` (``fn(rollout, task)``
+    -> one score per assistant turn) or the agent's per-turn rewards.
     """
     cfg = MtrlConfig.coerce(config)
     spec = JudgeSpec.load(judge) if isinstance(judge, (str, Path)) else (
         JudgeSpec.of(judge) if judge is not None else cfg.advanced.group_judge)
-    grader = GroupJudge.from_spec(spec) if spec is not None else None
+    grader = (TurnJudge if spec.per_turn else GroupJudge).from_spec(spec) if spec is not None else None
     if grader is not None and judge_orders < 1:
         raise ValueError(f"judge_orders: expected >= 1 (orders each group is judged in), got {judge_orders}")
     # the coordinator takes any reward within the hard bound here, so the checklist can name the ones out of range
@@ -240,6 +244,9 @@ async def acheck_reward(
         if grader is not None:  # before any rollout: the policy must not judge itself
             refuse_policy_endpoint(grader.base_url, stack.endpoint, "judge base_url")
         side = await run_side(stack.dispatcher(), plan, label="baseline", group_prefix=f"check-reward-{run_tag()}")
+    if isinstance(grader, TurnJudge):
+        judged = await ajudge_turns(grader, side.rollouts, plan.task_map, judge_orders, cfg.core.seed)
+        return turn_judge_checklist(judged, plan.task_map, strict_turns=strict_turns)
     if grader is not None:
         groups = await ajudge_groups(grader, side.rollouts, plan.task_map, judge_orders, cfg.core.seed)
         return judge_checklist(groups, plan.task_map, strict_scorer=strict_scorer,

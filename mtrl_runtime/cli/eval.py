@@ -169,6 +169,10 @@ def _check_args(p: argparse.ArgumentParser) -> None:
                         help="audit this group judge (base_url, model, rubric...) on the baseline rollouts instead")
     reward.add_argument("--judge-orders", type=int, default=3, metavar="N",
                         help="with --judge: orders each group is judged in, for position bias (default 3)")
+    reward.add_argument("--strict-turns", metavar="MODULE:FUNCTION",
+                        help="with a per-turn judge (per_turn: true): fn(rollout, task) -> one strict score per "
+                             "assistant turn, the labels the judge is audited against (default: the agent's "
+                             "per-turn rewards)")
     env = sub.add_parser("env", help="check determinism and isolation of the environment, list the tools")
     _common(env)
     env.add_argument("--task", action="append", dest="task_ids", help="a task id to use (twice for two tasks)")
@@ -191,7 +195,9 @@ def _check(args: argparse.Namespace) -> int:
         checklist = check_reward(agent, args.dataset, config, strict_scorer=_scorer(args.strict),
                                  max_tasks=args.max_tasks, samples=args.samples,
                                  reward_range=tuple(args.reward_range), split=args.split, output_path=args.output,
-                                 judge=args.judge, judge_orders=args.judge_orders)
+                                 judge=args.judge, judge_orders=args.judge_orders,
+                                 strict_turns=load_agent(args.strict_turns, "--strict-turns") if args.strict_turns
+                                 else None)
     else:
         checklist = check_env(agent, args.dataset, config, task_ids=args.task_ids, split=args.split,
                               output_path=args.output)

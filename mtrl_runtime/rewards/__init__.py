@@ -23,6 +23,8 @@ _LAZY = {
     "GroupJudge": "._judge", "JudgeCall": "._judge", "JudgeError": "._judge", "JudgeVerdict": "._judge",
     "AGENT_REWARD": "._judged", "AGENT_REWARD_DEFAULTED": "._judged", "JUDGED": "._judged",
     "JudgedRewards": "._judged", "judged_rewards": "._judged", "refuse_policy_endpoint": "._judged",
+    "DEFAULT_TURN_TEMPLATE": "._turn_judge", "TurnJudge": "._turn_judge", "TurnView": "._turn_judge",
+    "turn_judge_messages": "._turn_judge", "turns_of": "._turn_judge",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
@@ -31,6 +33,7 @@ __all__ = [
     "AGENT_REWARD_DEFAULTED",
     "DEFAULT_PROMPT_TEMPLATE",
     "DEFAULT_RUBRIC",
+    "DEFAULT_TURN_TEMPLATE",
     "GroupJudge",
     "JUDGED",
     "JudgeCall",
@@ -42,6 +45,8 @@ __all__ = [
     "JudgedRewards",
     "RewardFn",
     "Trajectory",
+    "TurnJudge",
+    "TurnView",
     "judge_messages",
     "judged_rewards",
     "labels",
@@ -50,4 +55,6 @@ __all__ = [
     "refuse_policy_endpoint",
     "score_trajectory",
     "trajectory_of",
+    "turn_judge_messages",
+    "turns_of",
 ]

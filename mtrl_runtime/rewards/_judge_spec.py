@@ -68,6 +68,9 @@ class JudgeSpec(BaseModel):
     max_tokens: int = Field(default=2048, ge=16, le=131072)
     timeout_s: float = Field(default=120.0, gt=0.0)
     attempts: int = Field(default=2, ge=1, le=10)  # tries per group on a transport error or a 429/5xx answer
+    # true: the judge scores each assistant turn of one rollout (TurnJudge, process rewards for
+    # group_based_per_turn), audited by `mtrl check reward --judge`; false: it scores a whole group
+    per_turn: bool = False
     max_chars_per_message: int = Field(default=4000, ge=100)  # a longer message is cut (and says so) in the prompt
 
     @field_validator("base_url")
