@@ -280,10 +280,6 @@ class AdvancedConfig(_Section):
         low, high = self.reward_range
         if not low <= self.default_reward <= high:
             raise ValueError(f"default_reward {self.default_reward} is outside reward_range [{low}, {high}]")
-        if self.group_judge is not None and self.group_judge.per_turn:
-            raise ValueError("group_judge.per_turn: true: a per-turn judge is audited with `mtrl check reward --judge "
-                             "JUDGE.yaml` (docs/group_judge.md); training on its per-turn scores is not built yet, so "
-                             "a run cannot use it as advanced.group_judge")
         if self.tripwires.enabled and self.tripwires.on_trip == "zero" and not low <= 0.0 <= high:
             raise ValueError(f"tripwires.on_trip: 'zero' gives a tripped rollout reward 0, outside reward_range "
                              f"[{low}, {high}]; widen the range or set on_trip: keep")
@@ -295,6 +291,16 @@ class MtrlConfig(_Section):
 
     core: CoreConfig = Field(default_factory=CoreConfig)
     advanced: AdvancedConfig = Field(default_factory=AdvancedConfig)
+
+    @model_validator(mode="after")
+    def _per_turn_judge(self) -> "MtrlConfig":
+        """A per-turn judge gives per-turn rewards: only group_based_per_turn trains on them turn by turn."""
+        judge = self.advanced.group_judge
+        if judge is not None and judge.per_turn and self.core.advantage_method != "group_based_per_turn":
+            raise ValueError(f"advanced.group_judge.per_turn: true scores each turn, but core.advantage_method is "
+                             f"{self.core.advantage_method!r}; use group_based_per_turn, or a group judge "
+                             "(per_turn: false)")
+        return self
 
     @model_validator(mode="after")
     def _vllm_rules(self) -> "MtrlConfig":

@@ -101,3 +101,67 @@ def test_per_turn_is_checked_at_load_and_cannot_train_yet():
     with pytest.raises(ConfigError, match=r"per_turn.*'often'"):
         MtrlConfig.from_dict({"advanced": {"group_judge": {"base_url": "http://j:1/v1", "model": "j",
                                                            "per_turn": "often"}}})
+
+
+def test_per_turn_judge_config_needs_group_based_per_turn():
+    judge = {"base_url": "http://j:1/v1", "model": "j", "per_turn": True}
+    with pytest.raises(ConfigError, match=r"advanced.group_judge.per_turn: true .* 'group_based'"):
+        MtrlConfig.from_dict({"advanced": {"group_judge": judge}})
+    ok = MtrlConfig.from_dict({"core": {"advantage_method": "group_based_per_turn"}, "advanced": {"group_judge": judge}})
+    assert ok.advanced.group_judge.per_turn
+
+
+TRAIN = [{"id": f"train-{n}", "prompt": f"question {n}", "ground_truth": 42} for n in "ab"]
+TURN_SCORES = {"ANSWER 42": 0.9, "ANSWER 7": 0.2}
+
+
+@pytest.mark.timeout(300)
+def test_training_stores_the_per_turn_judges_scores_as_turn_rewards(tmp_path, tiny_tok, tiny_model_dir, served):
+    """group_based_per_turn on a per-turn judge: each turn's score is its stored reward; a tripwire's zero stands."""
+    import json
+    import re
+
+    import torch
+
+    import _eval_agents as agents
+    from mtrl_runtime.engines import ScriptedEngine
+    from mtrl_runtime.store import SQLiteStore
+    from mtrl_runtime.training import MultiTurnRLTrainer
+
+    torch.set_num_threads(1)
+    prompts: list[str] = []
+
+    def judge(request, prompt: str) -> str:
+        prompts.append(prompt)
+        found = re.findall(r'<turn id="(s\d+)">\n(.*?)\n</turn>', prompt, re.DOTALL)
+        return json.dumps({"scores": [{"id": label, "score": TURN_SCORES[text.strip()]} for label, text in found]})
+
+    url = served(ScriptedEngine(tiny_tok, judge), MtrlConfig.from_dict(
+        {"advanced": {"server": {"inference_mode": True}}})).url + "/v1"
+    count: dict[str, int] = {}
+
+    def policy(request, prompt: str) -> str:
+        task = next(t["id"] for t in TRAIN if t["prompt"] in prompt)
+        count[task] = count.get(task, 0) + 1
+        return "ANSWER 42" if count[task] % 2 else "ANSWER 7"
+
+    config = MtrlConfig.from_dict({
+        "core": {"run_dir": str(tmp_path / "run"), "model": str(tiny_model_dir), "group_size": 2,
+                 "train_batch_size": 2, "max_steps": 1, "val_every": 0, "max_turns": 2, "lora_rank": 4,
+                 "lora_alpha": 8, "sampling_params": {"max_tokens": 16}, "advantage_method": "group_based_per_turn"},
+        "advanced": {"checkpoint_every": 0, "rollout_timeout_s": 30,
+                     "group_judge": {"base_url": url, "model": "turn-judge", "per_turn": True}},
+    })
+    result = MultiTurnRLTrainer(agent_env=agents.make_agent(agents.answer_score, tools=[]), training_dataset=TRAIN,
+                                config=config, engine=ScriptedEngine(tiny_tok, policy), tracking=False
+                                ).train(progress=False)
+    assert result.final_step == 1 and len(prompts) == 4  # one request per rollout: 2 tasks x 2 rollouts
+    store = SQLiteStore(tmp_path / "run" / "trajectories.db")
+    try:
+        for r in [r for r in store.rollouts() if r.step is not None]:
+            answer = r.turns[-1].completion_text
+            assert r.turn_rewards == (TURN_SCORES[answer],) and r.reward is None  # the judge's score, per turn
+            assert r.metrics["agent_reward"] == float(answer == "ANSWER 42") and r.metrics["judged"] == 1.0
+            assert [c.model for c in r.model_calls] == ["turn-judge"]
+    finally:
+        store.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from ..tripwires import TripwireWatch, trip_metrics
+from ..tripwires import TRIPWIRE_ZEROED, TripwireWatch, trip_metrics
 from ..types import RolloutEvent, TrajectoryStore
 from ._counters import CoordinatorCounters
 from ._live import LiveRollouts
@@ -80,6 +80,8 @@ class RolloutEnds:
         if ending.default_reward:
             metrics["reward_defaulted"] = 1.0
             reward = 0.0 if zero else self.default_reward
+            if zero:
+                metrics[TRIPWIRE_ZEROED] = 1.0
             await self.store.aset_reward(rollout_id, reward, None, metrics, defaulted=True)
             self.counters.rewards_defaulted += 1
         elif zero:
@@ -111,7 +113,7 @@ class RolloutEnds:
         if stored is None:
             return
         turns = None if stored.turn_rewards is None else tuple(0.0 for _ in stored.turn_rewards)
-        merged = {**stored.metrics, **metrics, "agent_reward": stored.total_reward}
+        merged = {**stored.metrics, **metrics, "agent_reward": stored.total_reward, TRIPWIRE_ZEROED: 1.0}
         await self.store.aset_reward(rollout_id, 0.0 if turns is None else None, turns, merged, defaulted=False)
 
 

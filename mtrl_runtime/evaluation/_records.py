@@ -15,7 +15,7 @@ from ..types import Rollout, Turn
 from ._metrics import EvalRecord
 
 # Metrics the coordinator adds to a rollout itself; the rest came from the reward function.
-COORDINATOR_METRICS = frozenset({"hit_turn_limit", "reward_defaulted", "tripwire_tripped"})
+COORDINATOR_METRICS = frozenset({"hit_turn_limit", "reward_defaulted", "tripwire_tripped", "tripwire_zeroed"})
 
 
 def record_of(rollout: Rollout, success_threshold: float) -> EvalRecord:

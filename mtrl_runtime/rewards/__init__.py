@@ -23,6 +23,7 @@ _LAZY = {
     "GroupJudge": "._judge", "JudgeCall": "._judge", "JudgeError": "._judge", "JudgeVerdict": "._judge",
     "AGENT_REWARD": "._judged", "AGENT_REWARD_DEFAULTED": "._judged", "JUDGED": "._judged",
     "JudgedRewards": "._judged", "judged_rewards": "._judged", "refuse_policy_endpoint": "._judged",
+    "TurnJudgedRewards": "._judged",
     "DEFAULT_TURN_TEMPLATE": "._turn_judge", "TurnJudge": "._turn_judge", "TurnView": "._turn_judge",
     "turn_judge_messages": "._turn_judge", "turns_of": "._turn_judge",
 }
@@ -46,6 +47,7 @@ __all__ = [
     "RewardFn",
     "Trajectory",
     "TurnJudge",
+    "TurnJudgedRewards",
     "TurnView",
     "judge_messages",
     "judged_rewards",

@@ -108,7 +108,7 @@ def reward_function_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     values: dict[str, list[float]] = {}
     for rollout in rollouts:
         for name, value in rollout.metrics.items():
-            if name.startswith(TRIP_METRIC_PREFIX) or name == "tripwire_tripped":  # counted above, not the reward's
+            if name.startswith(TRIP_METRIC_PREFIX) or name in ("tripwire_tripped", "tripwire_zeroed"):  # not the reward's
                 continue
             values.setdefault(name, []).append(float(value))
     return {name: _mean(v) for name, v in sorted(values.items())}

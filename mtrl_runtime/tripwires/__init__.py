@@ -10,7 +10,7 @@ reward is zeroed (or kept), and the evidence goes to
 """
 
 from ._settings import TripwireSettings, load_code_wires
-from ._watch import KEPT_ROLLOUTS, TRIP_METRIC_PREFIX, TripwireStop, TripwireWatch, trip_metrics
+from ._watch import KEPT_ROLLOUTS, TRIP_METRIC_PREFIX, TRIPWIRE_ZEROED, TripwireStop, TripwireWatch, trip_metrics
 from ._wires import (
     EVIDENCE_CHARS,
     WIRE_KINDS,
@@ -30,6 +30,7 @@ from ._wires import (
 __all__ = [
     "EVIDENCE_CHARS",
     "KEPT_ROLLOUTS",
+    "TRIPWIRE_ZEROED",
     "TRIP_METRIC_PREFIX",
     "WIRE_KINDS",
     "AnswerLeak",

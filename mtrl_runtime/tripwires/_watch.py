@@ -135,6 +135,7 @@ def trip_metrics(trips: Sequence[Trip]) -> dict[str, float]:
 
 
 TRIP_METRIC_PREFIX = "tripwire/"
+TRIPWIRE_ZEROED = "tripwire_zeroed"  # 1.0: on_trip zero set the reward to 0; a group judge keeps it there
 
 
 
@@ -157,4 +158,4 @@ class TripwireStop(RuntimeError):
         super().__init__("\n".join(lines))
 
 
-__all__ = ["KEPT_ROLLOUTS", "TRIP_METRIC_PREFIX", "TripwireStop", "TripwireWatch", "trip_metrics"]
+__all__ = ["KEPT_ROLLOUTS", "TRIPWIRE_ZEROED", "TRIP_METRIC_PREFIX", "TripwireStop", "TripwireWatch", "trip_metrics"]
