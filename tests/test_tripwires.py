@@ -254,3 +254,49 @@ def test_training_counts_trips_per_step_reports_them_and_stops_over_the_rate(tmp
     traces = mlflow.search_traces(locations=[run.info.experiment_id], return_type="list", flush=True)
     tagged = {t.info.tags["mtrl.rollout_id"] for t in traces if t.info.tags.get("mtrl.tripwires") == "wrong_key"}
     assert tagged == tripped
+
+
+def test_evaluation_reports_the_tripped_share_and_each_wire():
+    from mtrl_runtime.evaluation import eval_metrics, record_of
+    from mtrl_runtime.types import RolloutStatus
+    from mtrl_runtime.types import Rollout as R
+
+    def rollout(i: int, metrics: dict) -> R:
+        return R(id=f"r{i}", task_id=f"t{i % 2}", group_id="g", status=RolloutStatus.COMPLETED, reward=0.0,
+                 metrics=metrics)
+
+    records = [record_of(rollout(0, {"tripwire_tripped": 2.0, "tripwire/leak": 1.0, "tripwire/pot": 1.0,
+                                     "tripwire_zeroed": 1.0, "agent_reward": 1.0}), 1.0),
+               record_of(rollout(1, {"tripwire_tripped": 1.0, "tripwire/leak": 1.0}), 1.0),
+               record_of(rollout(2, {}), 1.0), record_of(rollout(3, {"field_acc": 0.5}), 1.0)]
+    m = eval_metrics(records, [1])
+    assert m["val/tripwires/tripped_frac"] == 0.5 and (m["val/tripwires/leak"], m["val/tripwires/pot"]) == (2.0, 1.0)
+    assert not any(k.startswith("val/metrics/tripwire") for k in m)  # never averaged as the reward's own metrics
+    assert "val/tripwires/tripped_frac" not in eval_metrics(records[2:], [1])
+
+
+def test_a_judge_never_lifts_a_tripwires_zero(tmp_path):
+    import asyncio
+
+    from mtrl_runtime.rewards import JudgedRewards, JudgeVerdict
+    from mtrl_runtime.rewards import JudgeCall
+    from mtrl_runtime.store import SQLiteStore, hash_token
+    from mtrl_runtime.types import Rollout as R
+    from mtrl_runtime.types import RolloutStatus
+
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        store.put_task(TASK)
+        for rid, metrics in (("zeroed", {"tripwire_tripped": 1.0, "tripwire_zeroed": 1.0, "agent_reward": 1.0}),
+                             ("clean", {})):
+            store.create_rollout(R(id=rid, task_id=TASK.id, group_id="g"), hash_token("x"))
+            store.set_reward(rid, 0.0 if rid == "zeroed" else 1.0, None, metrics)
+        verdict = JudgeVerdict((0.8,), ("",), JudgeCall("judge", 0.0, 0.1, 1, 1), "{}")
+        rewards = JudgedRewards(judge=None, store=store)  # type: ignore[arg-type]  # _store never asks the judge
+        for rid in ("zeroed", "clean"):
+            asyncio.run(rewards._store(store.get_rollout(rid), 0.8, verdict))
+        zeroed, clean = store.get_rollout("zeroed"), store.get_rollout("clean")
+        assert (zeroed.reward, zeroed.metrics["agent_reward"], zeroed.metrics["judged"]) == (0.0, 1.0, 1.0)
+        assert (clean.reward, clean.metrics["agent_reward"]) == (0.8, 1.0)
+    finally:
+        store.close()
