@@ -23,7 +23,9 @@ report five, never all six with the decision, so the whole reference in one
 result is a leak. ``TRIPWIRES`` adds a state check (the fixture tables the
 read-only tools replay must not change during a rollout).
 
-    mtrl collect examples/aircraft_inspection/hacked.yaml --agent examples.aircraft_inspection.hacked:run
+``tests/test_tripwires.py`` runs ``run`` (the real Strands agent) under a
+scripted policy that takes the hole in some rollouts: every one of those is
+caught, and no other (docs/tripwires.md gives the counts).
 """
 
 from __future__ import annotations
