@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from ..tripwires import TRIPWIRE_ZEROED, TripwireWatch, trip_metrics
+from ..tripwires import TRIPWIRE_ZEROED, TripwireWatch, trip_metrics, unreported_calls
 from ..types import RolloutEvent, TrajectoryStore
 from ._counters import CoordinatorCounters
 from ._live import LiveRollouts
@@ -100,12 +100,13 @@ class RolloutEnds:
         """Close the rollout's tripwire watch: the answer wires read its last reply, the state wires check again."""
         if self.trips is None:
             return ()
-        answer = None
-        if self.trips.reads_answers:
+        answer, unreported = None, []
+        if self.trips.reads_turns:
             stored = self.store.get_rollout(rollout_id, with_turns=True)
             turns = sorted(stored.turns, key=lambda t: t.index) if stored is not None else []
             answer = turns[-1].completion_text if turns else None
-        return self.trips.close(rollout_id, answer)
+            unreported = unreported_calls(stored) if stored is not None else []
+        return self.trips.close(rollout_id, answer, unreported)
 
     async def _zero_reward(self, rollout_id: str, metrics: dict[str, float]) -> None:
         """``on_trip: zero``: reward 0 (each turn's, for per-turn rewards), the agent's own kept as ``agent_reward``."""

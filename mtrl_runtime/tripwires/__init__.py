@@ -10,7 +10,7 @@ reward is zeroed (or kept), and the evidence goes to
 """
 
 from ._settings import TripwireSettings, load_code_wires
-from ._watch import KEPT_ROLLOUTS, TRIP_METRIC_PREFIX, TRIPWIRE_ZEROED, TripwireStop, TripwireWatch, trip_metrics
+from ._watch import KEPT_ROLLOUTS, TRIP_METRIC_PREFIX, TRIPWIRE_ZEROED, TripwireStop, TripwireWatch, trip_metrics, unreported_calls
 from ._wires import (
     EVIDENCE_CHARS,
     WIRE_KINDS,
@@ -49,4 +49,5 @@ __all__ = [
     "contains_reference",
     "load_code_wires",
     "trip_metrics",
+    "unreported_calls",
 ]

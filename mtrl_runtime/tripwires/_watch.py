@@ -19,9 +19,9 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
-from ..types import Task, ToolCall
+from ..types import Rollout, Task, ToolCall
 from ._settings import TripwireSettings
 from ._wires import AnswerWire, CallWire, StateWire, Trip
 
@@ -52,8 +52,10 @@ class TripwireWatch:
         self._lock = threading.Lock()
 
     @property
-    def reads_answers(self) -> bool:
-        return bool(self.answer_wires)
+    def reads_turns(self) -> bool:
+        """Whether closing a rollout needs its turns: the answer wires read the last reply, the call wires the
+        calls the model asked for that no adapter reported."""
+        return bool(self.answer_wires or self.call_wires)
 
     def open(self, rollout_id: str, task: Task) -> None:
         """Start watching a new rollout: its state checksums now."""
@@ -78,13 +80,23 @@ class TripwireWatch:
                 watched.trips.extend(found)
         return found
 
-    def close(self, rollout_id: str, answer: str | None = None) -> tuple[Trip, ...]:
-        """The rollout ended: run the answer and state wires; every trip of the rollout, recorded if any."""
+    def close(self, rollout_id: str, answer: str | None = None, unreported: Sequence[ToolCall] = ()) -> tuple[Trip, ...]:
+        """The rollout ended: run the answer and state wires; every trip of the rollout, recorded if any.
+
+        ``unreported``: the tool calls the model asked for that no adapter reported (an agent without mtrl's
+        adapters, SageMaker's): the call wires run on them too, their results read from the conversation.
+        """
         with self._lock:
             watched = self._open.pop(rollout_id, None)
         if watched is None:
             return ()
         trips = list(watched.trips)
+        for call in unreported:
+            for wire in self.call_wires:
+                evidence = wire.check_call(call, watched.task)
+                if evidence is not None:
+                    trips.append(Trip(wire.name, wire.kind, evidence + " (asked by the model; no adapter reported it)",
+                                      call.name, call.turn_index))
         for wire in self.answer_wires if answer else ():
             evidence = wire.check_answer(answer, watched.task)
             if evidence is not None:
@@ -123,6 +135,42 @@ class TripwireWatch:
             f.write(json.dumps(record, default=str) + "\n")
 
 
+def unreported_calls(rollout: Rollout) -> list[ToolCall]:
+    """The tool calls the rollout's model asked for (its turns) that no adapter reported, each with the result the
+    conversation's later ``tool`` message gave it (None when none came)."""
+    reported = {c.call_id for c in rollout.tool_calls if c.call_id}
+    reported_by_value = {_key(c.name, c.arguments) for c in rollout.tool_calls}  # an adapter's report without an id
+    turns = sorted(rollout.turns, key=lambda t: t.index)
+    results: dict[str, Any] = {}
+    for turn in turns:
+        for message in turn.messages:
+            if message.get("role") == "tool" and message.get("tool_call_id"):
+                results[str(message["tool_call_id"])] = message.get("content")
+    out = []
+    for turn in turns:
+        for call in turn.tool_calls:
+            call_id = str(call.get("id") or "")
+            if call_id and call_id in reported:
+                continue
+            function = call.get("function") or {}
+            arguments: Any = function.get("arguments")
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except ValueError:
+                    pass
+            name = str(function.get("name", ""))
+            if _key(name, arguments) in reported_by_value:
+                continue
+            out.append(ToolCall(rollout_id=rollout.id, name=name, arguments=arguments,
+                                call_id=call_id or None, result=results.get(call_id), turn_index=turn.index))
+    return out
+
+
+def _key(name: str, arguments: Any) -> tuple[str, str]:
+    return name, json.dumps(arguments, sort_keys=True, default=str)
+
+
 def trip_metrics(trips: Sequence[Trip]) -> dict[str, float]:
     """The rollout metrics a rollout's trips become: the flag ``tripwire_tripped`` and ``tripwire/<wire>`` counts."""
     if not trips:
@@ -158,4 +206,5 @@ class TripwireStop(RuntimeError):
         super().__init__("\n".join(lines))
 
 
-__all__ = ["KEPT_ROLLOUTS", "TRIPWIRE_ZEROED", "TRIP_METRIC_PREFIX", "TripwireStop", "TripwireWatch", "trip_metrics"]
+__all__ = ["KEPT_ROLLOUTS", "TRIPWIRE_ZEROED", "TRIP_METRIC_PREFIX", "TripwireStop", "TripwireWatch", "trip_metrics",
+           "unreported_calls"]
