@@ -18,6 +18,7 @@ from ._bedrock import UncapturedBedrockCall, instrument_bedrock
 from ._client import RolloutError, describe_error
 from ._context import AgentTask, RolloutContext, current_rollout, rollout_scope
 from ._decorator import RolloutTimeout, instrument, is_decorated, rollout
+from ._gemini import instrument_gemini
 from ._litellm import UncapturedLiteLLMCall, instrument_litellm
 from ._openai import instrument_openai
 from ._reward import aupdate_reward, record_tool_call, update_reward
@@ -51,6 +52,7 @@ __all__ = [
     "instrument",
     "instrument_anthropic",
     "instrument_bedrock",
+    "instrument_gemini",
     "instrument_litellm",
     "instrument_openai",
     "is_decorated",

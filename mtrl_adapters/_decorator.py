@@ -25,6 +25,7 @@ from typing import Any, Callable, TypeVar
 from ._aiobotocore import instrument_aiobotocore
 from ._anthropic import instrument_anthropic
 from ._bedrock import instrument_bedrock
+from ._gemini import instrument_gemini
 from ._litellm import instrument_litellm
 from .mcp import instrument_mcp
 from ._client import RolloutError, describe_error
@@ -66,11 +67,12 @@ def rollout(
 
 
 def instrument() -> None:
-    """Install the model-call redirects (openai, anthropic, botocore, aiobotocore), LiteLLM's guard when it is
-    loaded, and the tool-call capture of the frameworks loaded: LangChain's callbacks, Strands' hooks on every
-    Agent built inside a rollout, and the names of the MCP servers their tools come from (``mtrl_adapters.mcp``)."""
+    """Install the model-call redirects (openai, anthropic, google-genai, botocore, aiobotocore), LiteLLM's guard
+    when it is loaded, and the tool-call capture of the frameworks loaded: LangChain's callbacks, Strands' hooks on
+    every Agent built inside a rollout, and the names of the MCP servers their tools come from (``mtrl_adapters.mcp``)."""
     instrument_openai()
     instrument_anthropic()
+    instrument_gemini()
     instrument_bedrock()
     instrument_aiobotocore()
     instrument_litellm()

@@ -20,6 +20,7 @@ PROTOCOLS: dict[str, str] = {
     "openai_responses": ".openai_responses",
     "anthropic_messages": ".anthropic_messages",
     "bedrock_converse": ".bedrock_converse",
+    "gemini": ".gemini",
 }
 
 

@@ -23,6 +23,7 @@ from ._bedrock_schemas import ConverseRequest
 from ._eventstream import CONTENT_TYPE as EVENT_STREAM
 from ._messages_input import MessagesRequest
 from ._responses_input import ResponsesRequest
+from ...wires.gemini import GenerateContentRequest
 
 _MESSAGE = {"type": "string", "description": "what is wrong, naming the field and the value"}
 _ANTHROPIC_ERROR = {
@@ -34,6 +35,9 @@ _ANTHROPIC_ERROR = {
 }
 _BEDROCK_ERROR = {"type": "object", "properties": {"message": _MESSAGE}, "required": ["message"],
                   "description": "the exception's name is in the x-amzn-ErrorType header, as botocore reads it"}
+_GOOGLE_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["code", "message", "status"],
+    "properties": {"code": {"type": "integer"}, "message": _MESSAGE, "status": {"type": "string"}}}}}
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ DOCS: dict[str, ProtocolDoc] = {
                                       _ANTHROPIC_ERROR),
     "bedrock_converse": ProtocolDoc(ConverseRequest, "Bedrock Converse", ("application/json", EVENT_STREAM.decode()),
                                     _BEDROCK_ERROR),
+    "gemini": ProtocolDoc(GenerateContentRequest, "Gemini generateContent", ("application/json", "text/event-stream"),
+                          _GOOGLE_ERROR),
 }
 _PARAMETER = re.compile(r"{(\w+)}")
 

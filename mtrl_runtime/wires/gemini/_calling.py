@@ -1,0 +1,142 @@
+"""The Gemini wire of a reference endpoint: ``POST <url>/v1beta/models/<model>:generateContent``.
+
+``url`` is the API's root (https://generativelanguage.googleapis.com, or
+any server of the protocol: mtrl's own). Chat messages become ``contents``:
+system messages the ``systemInstruction``; a user message a ``user`` turn
+of one text part; an assistant message a ``model`` turn of its reasoning
+(a ``thought`` part), its text and one ``functionCall`` part per call (the
+call's id kept); each tool result a ``functionResponse`` part (``name``
+from the call it answers; ``response`` ``{"output": text}``, or
+``{"error": text}`` when the agent flagged it failed, as Gemini's API
+reference asks) in a ``user`` turn. Consecutive parts of one role share one
+turn. Sampling: ``temperature``, ``topP``, ``maxOutputTokens``,
+``stopSequences`` and ``seed`` in ``generationConfig``; a required call is
+``functionCallingConfig`` mode ANY (with the one allowed name for a named
+function). The reply's thought parts become ``reasoning_content``; a reply
+with calls ends ``tool_calls`` (Gemini writes STOP). The key goes as
+``x-goog-api-key``; the check reads the model list at ``<url>/v1beta/models``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ...types import ChatOptions, SamplingParams
+from .._shared import ReferenceReply, arguments_object, tool_call
+from ._maps import API_VERSION, FINISH
+
+
+class GeminiWire:
+    """``POST <url>/v1beta/models/<model>:generateContent``; the model list at ``<url>/v1beta/models``."""
+
+    def chat_url(self, base: str, model: str) -> str:
+        return f"{base}/{API_VERSION}/models/{model}:generateContent"
+
+    def models_url(self, base: str) -> str | None:
+        return f"{base}/{API_VERSION}/models"
+
+    def headers(self, api_key: str | None, method: str, url: str, content: bytes) -> dict[str, str]:
+        return {"x-goog-api-key": api_key} if api_key else {}
+
+    def request_body(self, model: str, messages: list[dict[str, Any]], tools: list[Mapping[str, Any]],
+                     sampling: SamplingParams, options: ChatOptions) -> dict[str, Any]:
+        system: list[str] = []
+        contents: list[dict[str, Any]] = []
+        names: dict[str, str] = {}  # call id -> function name (a functionResponse names its function)
+        for message in messages:
+            role = message["role"]
+            if role == "system":
+                system.append(message.get("content") or "")
+            elif role == "assistant":
+                parts: list[dict[str, Any]] = []
+                if message.get("reasoning_content"):
+                    parts.append({"text": message["reasoning_content"], "thought": True})
+                if isinstance(message.get("content"), str) and message["content"]:
+                    parts.append({"text": message["content"]})
+                for call in message.get("tool_calls") or ():
+                    names[call.get("id")] = call["function"]["name"]
+                    parts.append({"functionCall": {"id": call.get("id"), "name": call["function"]["name"],
+                                                   "args": arguments_object(call["function"]["arguments"]) or {}}})
+                _append(contents, "model", parts)
+            elif role == "tool":
+                call_id = message.get("tool_call_id")
+                key = "error" if message.get("status") == "error" else "output"
+                result = {"id": call_id, "name": message.get("name") or names.get(call_id, ""),
+                          "response": {key: message.get("content") or ""}}
+                _append(contents, "user", [{"functionResponse": result}])
+            else:
+                content = message.get("content")
+                _append(contents, "user", [{"text": content}] if isinstance(content, str) and content else [])
+        config: dict[str, Any] = {"temperature": sampling.temperature, "maxOutputTokens": sampling.max_tokens}
+        if sampling.top_p < 1.0:
+            config["topP"] = sampling.top_p
+        if sampling.stop:
+            config["stopSequences"] = list(sampling.stop)
+        if sampling.seed is not None:
+            config["seed"] = sampling.seed
+        body: dict[str, Any] = {"contents": contents, "generationConfig": config}
+        if any(system):
+            body["systemInstruction"] = {"parts": [{"text": "\n\n".join(s for s in system if s)}]}
+        if tools:
+            body["tools"] = [{"functionDeclarations": [_declaration(t) for t in tools]}]
+            if options.tool_choice != "auto":
+                calling: dict[str, Any] = {"mode": "ANY"}
+                if options.tool_choice == "function":
+                    calling["allowedFunctionNames"] = [options.tool_name]
+                body["toolConfig"] = {"functionCallingConfig": calling}
+        return body
+
+    def parse_reply(self, payload: Any) -> ReferenceReply:
+        """A ``GenerateContentResponse``: its first candidate's text, thought and functionCall parts."""
+        candidates = payload.get("candidates") if isinstance(payload, Mapping) else None
+        if not isinstance(candidates, list) or not candidates or not isinstance(candidates[0], Mapping):
+            blocked = payload.get("promptFeedback") if isinstance(payload, Mapping) else None
+            raise ValueError(f"no candidates (promptFeedback: {blocked!r:.200})" if blocked else "no candidates")
+        candidate = candidates[0]
+        parts = (candidate.get("content") or {}).get("parts") or []
+        texts: list[str] = []
+        thoughts: list[str] = []
+        calls: list[dict[str, Any]] = []
+        for i, part in enumerate(parts):
+            if not isinstance(part, Mapping):
+                raise ValueError(f"candidates[0].content.parts[{i}] is not an object")
+            call = part.get("functionCall")
+            if isinstance(call, Mapping):
+                if not isinstance(call.get("name"), str):
+                    raise ValueError(f"candidates[0].content.parts[{i}].functionCall has no name")
+                calls.append(tool_call(str(call.get("id") or f"call_{i}"), call["name"], call.get("args")))
+            elif isinstance(part.get("text"), str):
+                (thoughts if part.get("thought") else texts).append(part["text"])
+        content = "".join(texts)
+        reasoning = "\n".join(thoughts) or None
+        message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
+        if calls:
+            message["tool_calls"] = calls
+        reason = FINISH.to_chat(candidate.get("finishReason"), bool(calls))
+        if calls and reason == "stop":
+            reason = "tool_calls"
+        return ReferenceReply(message, reason, content, reasoning)
+
+
+def _append(contents: list[dict[str, Any]], role: str, parts: list[dict[str, Any]]) -> None:
+    """Add ``parts`` as a ``role`` turn, joining the previous one when it has the same role."""
+    if not parts:
+        return
+    if contents and contents[-1]["role"] == role:
+        contents[-1]["parts"].extend(parts)
+    else:
+        contents.append({"role": role, "parts": list(parts)})
+
+
+def _declaration(tool: Mapping[str, Any]) -> dict[str, Any]:
+    fn = tool.get("function") or {}
+    out: dict[str, Any] = {"name": fn.get("name"),
+                           "parametersJsonSchema": fn.get("parameters") or {"type": "object", "properties": {}}}
+    if fn.get("description"):
+        out["description"] = fn["description"]
+    return out
+
+
+__all__ = ["GeminiWire"]

@@ -1,0 +1,44 @@
+"""Gemini's finish reasons and error statuses, once for both directions (serving and calling).
+
+Gemini has no finish reason of its own for tool calls: a turn that ends in
+``functionCall`` parts ends ``STOP`` (the caller reads the parts). The
+content filters (``SAFETY``, ``RECITATION``, ``BLOCKLIST``,
+``PROHIBITED_CONTENT``, ``SPII``, ``IMAGE_SAFETY``) are one chat reason,
+``content_filter``. A refusal is Google's error shape (``error.code``,
+``error.message``, ``error.status``), its status the canonical code name of
+the HTTP status (google.rpc.Code, as the Gemini API's troubleshooting page
+lists them).
+"""
+
+from __future__ import annotations
+
+from .._shared import FinishReasons
+
+# Read from a reply: each finish reason's chat reason (STOP with functionCall parts: tool_calls, see _calling).
+# Written in an answer: a chat reason's first native one (tool_calls: STOP, the default).
+FINISH = FinishReasons((("STOP", "stop"), ("MAX_TOKENS", "length"), ("SAFETY", "content_filter"),
+                        ("RECITATION", "content_filter"), ("BLOCKLIST", "content_filter"),
+                        ("PROHIBITED_CONTENT", "content_filter"), ("SPII", "content_filter"),
+                        ("IMAGE_SAFETY", "content_filter"), ("LANGUAGE", "stop"), ("OTHER", "stop"),
+                        ("MALFORMED_FUNCTION_CALL", "stop")), default="STOP")
+
+# google.rpc.Code names by HTTP status
+ERROR_STATUSES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    408: "DEADLINE_EXCEEDED",
+    409: "ABORTED",
+    413: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    501: "UNIMPLEMENTED",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+API_VERSION = "v1beta"  # the version google-genai and ADK call on the Gemini API
+
+__all__ = ["API_VERSION", "ERROR_STATUSES", "FINISH"]
