@@ -38,7 +38,7 @@ def _common(p: argparse.ArgumentParser, deployed: bool = False) -> None:
     p.add_argument("--output", help="where reports and trajectories go (default: under the run folder)")
 
 
-REFERENCE_PROTOCOLS = ("openai", "anthropic", "bedrock")  # coordinator's reference WIRES (a test keeps them equal)
+REFERENCE_PROTOCOLS = ("openai", "anthropic", "bedrock", "gemini")  # coordinator's reference WIRES (a test keeps them equal)
 
 
 def _config(args: argparse.Namespace) -> Any:

@@ -14,9 +14,11 @@ on (``algorithms.samples`` refuses it).
 The endpoint speaks one of ``WIRES`` (``ReferenceModel.protocol``):
 ``openai`` (chat completions; ``url`` is the ``.../v1`` base OpenAI
 clients take), ``anthropic`` (Messages; ``url`` is the API's root, e.g.
-https://api.anthropic.com) or ``bedrock`` (Converse; ``url`` is the
+https://api.anthropic.com), ``bedrock`` (Converse; ``url`` is the
 runtime's root, e.g. https://bedrock-runtime.us-east-1.amazonaws.com; an
-API key, or SigV4 with AWS credentials). Each wire module says what it
+API key, or SigV4 with AWS credentials) or ``gemini`` (generateContent;
+``url`` is the API's root, e.g. https://generativelanguage.googleapis.com).
+Each wire module says what it
 forwards and how it signs. The
 agent's ``chat_template_kwargs`` (``enable_thinking``...) are variables of
 the policy's own chat template: they are not sent, and counted
@@ -42,11 +44,13 @@ from ._reference_anthropic import AnthropicMessagesWire
 from ._reference_bedrock import BedrockConverseWire
 from ._reference_openai import OpenAIChatWire
 from ._reference_wire import ReferenceReply, ReferenceWire
+from ..wires.gemini import GeminiWire
 
 WIRES: Registry[ReferenceWire] = Registry("reference protocol")
 WIRES.register("openai")(OpenAIChatWire())
 WIRES.register("anthropic")(AnthropicMessagesWire())
 WIRES.register("bedrock")(BedrockConverseWire())
+WIRES.register("gemini")(GeminiWire())
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _BODY_SHOWN = 300  # characters of an endpoint's unexpected answer quoted in an error
