@@ -10,7 +10,7 @@ extras="strands,langgraph"
 # conflicts"), so pip settles on releases that satisfy them all: openai 2.x (Strands' OpenAIModel), hence
 # openai-agents 0.20, and anthropic 0.x (Strands' AnthropicModel). Users install one extra and keep current SDKs.
 if [ "${1:-}" = "dev" ]; then
-  extras="$extras,agentcore,ray,anthropic,strands-anthropic,strands-litellm,openai-agents,bedrock,datasets,mcp,langgraph-mcp,dev"
+  extras="$extras,agentcore,ray,anthropic,strands-anthropic,strands-litellm,openai-agents,bedrock,gemini,datasets,mcp,langgraph-mcp,dev"
 fi
 python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

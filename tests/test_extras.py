@@ -71,6 +71,7 @@ CURRENT = {
     "langchain-openai": "1.7.4",
     "langchain-anthropic": "1.7.10",
     "langchain-aws": "1.9.1",
+    "google-genai": "3.6.1",
     "boto3": "1.44.8",
     "botocore": "1.44.8",
     "bedrock-agentcore": "1.25.0",
