@@ -92,9 +92,13 @@ OPERATIONS = [
     "POST /model/{model_id}/converse-stream",
     "POST /rollouts/{rollout_id}/model/{model_id}/converse",
     "POST /rollouts/{rollout_id}/model/{model_id}/converse-stream",
+    *(f"POST {prefix}/{version}/models/{{model}}:{method}" for prefix in ("", "/rollouts/{rollout_id}")
+      for version in ("v1beta", "v1") for method in ("generateContent", "streamGenerateContent")),
 ]
 HEADER_ATTRIBUTED = {"/v1/chat/completions", "/v1/responses", "/v1/messages", "/model/{model_id}/converse",
-                     "/model/{model_id}/converse-stream"}
+                     "/model/{model_id}/converse-stream",
+                     *(f"/{v}/models/{{model}}:{m}" for v in ("v1beta", "v1")
+                       for m in ("generateContent", "streamGenerateContent"))}
 _turn = itertools.count()
 TALLY: Counter[str] = Counter()  # "<operation> <mode> -> <status>": requests sent
 
