@@ -21,22 +21,28 @@ built:
 A Vertex AI client (``vertexai=True``) inside a rollout is refused before
 it sends: its credential is an OAuth token added after the request is built,
 and its paths are Vertex's; use the Gemini API client (an API key, any
-value) for the policy. A call the rule passes through (a judge) is left as
-it was and reaches its own endpoint. Outside a rollout context the wrapper
-calls the original unchanged. It is installed only when called (the
-``rollout`` decorator calls it), never at import; without google-genai it
-does nothing.
+value) for the policy. A generate call the rule passes through (a judge)
+runs with no rollout current (``_selective.passing_by``), so it is left as
+it was and reaches its own endpoint with the user's key; it is recorded on
+the rollout as a non-policy model call (latency, tokens from its
+``usageMetadata``, a stream's once read, its error), by wrappers of the
+client's four request methods (``request``, ``async_request`` and their
+streamed forms). Outside a rollout context the wrappers call the originals
+unchanged.
+It is installed only when called (the ``rollout`` decorator calls it), never
+at import; without google-genai it does nothing.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from ._context import RolloutContext, current_rollout
-from ._selective import is_policy_call
+from ._selective import is_policy_call, passing_by
 from .wire import HEADER_ROLLOUT_ID
 
 _INSTALL_LOCK = threading.Lock()
@@ -82,7 +88,123 @@ def instrument_gemini() -> bool:
         setattr(_build_request, _MARK, True)
         _build_request.__mtrl_original__ = original  # type: ignore[attr-defined]
         _api_client.BaseApiClient._build_request = _build_request
+        for name, wrap in _PASSING.items():
+            method = getattr(_api_client.BaseApiClient, name)
+            wrapped = wrap(method)
+            setattr(wrapped, _MARK, True)
+            wrapped.__mtrl_original__ = method  # type: ignore[attr-defined]
+            setattr(_api_client.BaseApiClient, name, wrapped)
         return True
+
+
+def _passing(self: Any, path: str) -> tuple[Any, str | None] | None:
+    """(the rollout, the model) when a generate call inside a rollout is not the policy's; else None."""
+    ctx = current_rollout()
+    if ctx is None or not path.split("?")[0].endswith(_GENERATE):
+        return None
+    model = model_of(path)
+    return None if is_policy_call(ctx, "gemini", model, self._http_options.base_url) else (ctx, model)
+
+
+def _usage(call: Any, body: Any) -> None:
+    """The tokens of one response (or stream chunk) body, from its ``usageMetadata``."""
+    try:
+        usage = json.loads(body).get("usageMetadata") if body else None
+    except (TypeError, ValueError, AttributeError):
+        return
+    if isinstance(usage, dict):
+        call.tokens(usage.get("promptTokenCount"), usage.get("candidatesTokenCount"))
+
+
+def _wrap_request(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def request(self: Any, http_method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        passing = _passing(self, path)
+        if passing is None:
+            return original(self, http_method, path, *args, **kwargs)
+        with passing_by(passing[0], "gemini", passing[1]) as call:
+            response = original(self, http_method, path, *args, **kwargs)
+        _usage(call, response.body)
+        call.done()
+        return response
+
+    return request
+
+
+def _wrap_async_request(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def async_request(self: Any, http_method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        passing = _passing(self, path)
+        if passing is None:
+            return await original(self, http_method, path, *args, **kwargs)
+        with passing_by(passing[0], "gemini", passing[1]) as call:
+            response = await original(self, http_method, path, *args, **kwargs)
+        _usage(call, response.body)
+        call.done()
+        return response
+
+    return async_request
+
+
+def _wrap_request_streamed(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def request_streamed(self: Any, http_method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        passing = _passing(self, path)
+        if passing is None:
+            yield from original(self, http_method, path, *args, **kwargs)
+            return
+        chunks = original(self, http_method, path, *args, **kwargs)  # a generator: it sends on its first step
+        with passing_by(passing[0], "gemini", passing[1]) as call:
+            call.stream = True
+            first = next(chunks, None)
+        call.done()  # recorded now (a stream never read further still shows); completed as it is read
+        error = None
+        try:
+            if first is not None:
+                _usage(call, first.body)
+                yield first
+            for chunk in chunks:
+                _usage(call, chunk.body)
+                yield chunk
+        except Exception as exc:
+            error = exc
+            raise
+        finally:
+            call.done(error)
+
+    return request_streamed
+
+
+def _wrap_async_request_streamed(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def async_request_streamed(self: Any, http_method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        passing = _passing(self, path)
+        if passing is None:
+            return await original(self, http_method, path, *args, **kwargs)
+        with passing_by(passing[0], "gemini", passing[1]) as call:
+            call.stream = True
+            chunks = await original(self, http_method, path, *args, **kwargs)  # sent: the response is open
+        call.done()
+
+        async def observed() -> Any:
+            error = None
+            try:
+                async for chunk in chunks:
+                    _usage(call, chunk.body)
+                    yield chunk
+            except Exception as exc:
+                error = exc
+                raise
+            finally:
+                call.done(error)
+
+        return observed()
+
+    return async_request_streamed
+
+
+_PASSING = {"request": _wrap_request, "async_request": _wrap_async_request,
+            "request_streamed": _wrap_request_streamed, "async_request_streamed": _wrap_async_request_streamed}
 
 
 def model_of(path: str) -> str | None:

@@ -242,6 +242,42 @@ def test_clients_outside_a_rollout_are_untouched_and_vertex_is_refused_inside(se
     assert ours.data["generationConfig"]["temperature"] == spec.sampling.temperature  # the rollout's sampling
 
 
+async def test_a_judge_on_gemini_passes_through_recorded_never_trained(served, tiny_tok):
+    """With the policy's model named, a google-genai judge (another model, its own endpoint and key) passes through
+    untouched, whole and streamed, sync and async, and each call is recorded on the rollout as a non-policy call."""
+    judge_key = "judge-real-key"
+    judge = served(ScriptedEngine(tiny_tok, lambda request, prompt: "VERDICT good"), MtrlConfig.from_dict(
+        {"advanced": {"server": {"inference_mode": True, "api_key": judge_key}}}))
+    handle = served(ScriptedEngine(tiny_tok, lambda request, prompt: "policy answer"))
+    policy_client = genai.Client(api_key="user-real-key")
+    judge_client = genai.Client(api_key=judge_key, http_options={"base_url": judge.url})
+    [spec] = specs(handle, tasks(1))
+
+    @rollout(policy_models=["policy-model"])
+    async def run(task):
+        answer = await policy_client.aio.models.generate_content(model="policy-model", contents=task.prompt)
+        verdicts = [judge_client.models.generate_content(model="gemini-judge", contents=answer.text).text,
+                    "".join(c.text or "" for c in judge_client.models.generate_content_stream(model="gemini-judge",
+                                                                                             contents="again")),
+                    (await judge_client.aio.models.generate_content(model="gemini-judge", contents="x")).text]
+        streamed = ""
+        async for chunk in await judge_client.aio.models.generate_content_stream(model="gemini-judge", contents="y"):
+            streamed += chunk.text or ""
+        await afinish_episode(task, 1)
+        return answer.text, verdicts + [streamed]
+
+    with rollout_scope(spec):
+        answer, verdicts = await run(spec.task)
+    assert answer == "policy answer" and verdicts == ["VERDICT good"] * 4
+    stored = handle.store.get_rollout(spec.rollout_id)
+    assert [t.completion_text for t in stored.turns] == ["policy answer"]  # only the policy's call is a turn
+    calls = stored.model_calls
+    assert [(c.protocol, c.model, c.stream, c.status) for c in calls] == [
+        ("gemini", "gemini-judge", False, "success"), ("gemini", "gemini-judge", True, "success"),
+        ("gemini", "gemini-judge", False, "success"), ("gemini", "gemini-judge", True, "success")]
+    assert all(c.input_tokens and c.output_tokens for c in calls), calls
+
+
 # ---------------------------------------------------------------------------------------------- the wire
 @pytest.fixture
 def handle(served, tiny_tok):
