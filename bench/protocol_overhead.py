@@ -2,8 +2,8 @@
 
 One ``mtrl serve`` on the scripted engine (so the model costs nothing), the
 same conversation (a system prompt, a user message, two tools) sent as an
-OpenAI chat completion, an OpenAI Responses call and an Anthropic Messages
-call, each the first turn of a fresh rollout, from 1 and from 32 concurrent
+OpenAI chat completion, an OpenAI Responses call, an Anthropic Messages
+call and a Gemini generateContent call, each the first turn of a fresh rollout, from 1 and from 32 concurrent
 clients. The load generator is ``endpoint_overhead``'s (raw keep-alive
 HTTP/1.1, one connection per client). In each setting the three protocols
 run in ``--rounds`` interleaved rounds (``_rounds``: the order rotated every
@@ -47,6 +47,12 @@ BODIES = {
         "model": "policy", "system": SYSTEM, "messages": [{"role": "user", "content": USER}], "max_tokens": 64,
         "tools": [{"name": t["function"]["name"], "description": t["function"]["description"],
                    "input_schema": t["function"]["parameters"]} for t in TOOLS],
+    }),
+    "gemini": ("v1beta/models/policy:generateContent", {
+        "systemInstruction": {"parts": [{"text": SYSTEM}]}, "contents": [{"role": "user", "parts": [{"text": USER}]}],
+        "generationConfig": {"maxOutputTokens": 64},
+        "tools": [{"functionDeclarations": [{"name": t["function"]["name"], "description": t["function"]["description"],
+                                             "parametersJsonSchema": t["function"]["parameters"]} for t in TOOLS]}],
     }),
 }
 SETTINGS = {"clients_1": 1, "clients_32": 32}

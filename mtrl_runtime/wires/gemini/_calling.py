@@ -9,7 +9,11 @@ call's id kept); each tool result a ``functionResponse`` part (``name``
 from the call it answers; ``response`` ``{"output": text}``, or
 ``{"error": text}`` when the agent flagged it failed, as Gemini's API
 reference asks) in a ``user`` turn. Consecutive parts of one role share one
-turn. Sampling: ``temperature``, ``topP``, ``maxOutputTokens``,
+turn. The reasoning of earlier turns is not sent back (Gemini reads thought
+parts only with the signature it wrote, which chat messages do not carry),
+and the first call of each model turn carries the thought signature Google
+documents for a history from elsewhere, ``skip_thought_signature_validator``
+(Gemini 3 refuses a replayed call without one). Sampling: ``temperature``, ``topP``, ``maxOutputTokens``,
 ``stopSequences`` and ``seed`` in ``generationConfig``; a required call is
 ``functionCallingConfig`` mode ANY (with the one allowed name for a named
 function). The reply's thought parts become ``reasoning_content``; a reply
@@ -24,6 +28,8 @@ from typing import Any, Mapping
 from ...types import ChatOptions, SamplingParams
 from .._shared import ReferenceReply, arguments_object, tool_call
 from ._maps import API_VERSION, FINISH
+
+SKIP_SIGNATURE = "skip_thought_signature_validator"  # Google's documented signature for calls it did not write
 
 
 class GeminiWire:
@@ -49,14 +55,15 @@ class GeminiWire:
                 system.append(message.get("content") or "")
             elif role == "assistant":
                 parts: list[dict[str, Any]] = []
-                if message.get("reasoning_content"):
-                    parts.append({"text": message["reasoning_content"], "thought": True})
                 if isinstance(message.get("content"), str) and message["content"]:
                     parts.append({"text": message["content"]})
-                for call in message.get("tool_calls") or ():
+                for i, call in enumerate(message.get("tool_calls") or ()):
                     names[call.get("id")] = call["function"]["name"]
-                    parts.append({"functionCall": {"id": call.get("id"), "name": call["function"]["name"],
-                                                   "args": arguments_object(call["function"]["arguments"]) or {}}})
+                    part: dict[str, Any] = {"functionCall": {"id": call.get("id"), "name": call["function"]["name"],
+                                                             "args": arguments_object(call["function"]["arguments"]) or {}}}
+                    if i == 0:
+                        part["thoughtSignature"] = SKIP_SIGNATURE
+                    parts.append(part)
                 _append(contents, "model", parts)
             elif role == "tool":
                 call_id = message.get("tool_call_id")
@@ -139,4 +146,4 @@ def _declaration(tool: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["GeminiWire"]
+__all__ = ["SKIP_SIGNATURE", "GeminiWire"]

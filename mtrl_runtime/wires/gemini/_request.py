@@ -19,7 +19,9 @@ Contents become chat messages: ``systemInstruction`` the system message; a
 user turn's text parts a user message and each ``functionResponse`` a
 ``tool`` message (in part order); a model turn's ``thought`` parts its
 ``reasoning_content``, its other text parts its content, each
-``functionCall`` a tool call (``args`` as JSON arguments). A function call
+``functionCall`` a tool call (``args`` as JSON arguments); a
+``thoughtSignature`` is read past (a part holding only one adds nothing).
+A function call
 without an ``id`` (the Gemini API leaves it out; ADK strips its own) gets
 ``call_<content>_<part>``, the same id every time the history is sent; a
 ``functionResponse`` without one answers the earliest unanswered call of
@@ -275,6 +277,8 @@ def _model(parts: list[dict[str, Any]], index: int, where: str) -> dict[str, Any
             calls.append({"id": _string(call_id, f"{at}.functionCall.id"), "type": "function",
                           "function": {"name": _string(call.get("name"), f"{at}.functionCall.name"),
                                        "arguments": orjson.dumps(args).decode()}})
+        elif _signature_only(part):
+            continue
         elif _field(part, "thought") is True:
             thoughts.append(_text(part, at))
         else:
@@ -329,6 +333,12 @@ def _tool_result(result: Any, calls: list[dict[str, Any]], at: str) -> dict[str,
     else:
         text = orjson.dumps(response).decode()
     return tool_message(_string(call_id, f"{at}.id"), text, failed, name=name)
+
+
+def _signature_only(part: Any) -> bool:
+    """A part that holds a thought signature and no content (Gemini may close a thought run with one)."""
+    return isinstance(part, dict) and _field(part, "thoughtSignature") is not None and not part.get("text") and not any(
+        _field(part, kind) is not None for kind in ("functionCall", "functionResponse", *_PART_DATA))
 
 
 def _text(part: Any, at: str) -> str:
