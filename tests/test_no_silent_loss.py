@@ -222,10 +222,15 @@ def _many_calls_bodies(n: int) -> dict[str, tuple[str, dict[str, Any], list[str]
                                               for i in range(n)]},
             {"role": "user", "content": [{"toolResult": {"toolUseId": f"t{i}", "content": [{"text": "r"}]}}
                                          for i in range(n)]}]}, ["messages", f"{n} tool calls"]),
+        "gemini": ("v1beta/models/m:generateContent", {"contents": [
+            {"role": "user", "parts": [{"text": "hi"}]},
+            {"role": "model", "parts": [{"functionCall": {"id": f"t{i}", "name": "f", "args": {}}} for i in range(n)]},
+            {"role": "user", "parts": [{"functionResponse": {"id": f"t{i}", "name": "f", "response": {"output": "r"}}}
+                                       for i in range(n)]}]}, ["contents", f"{n} tool calls"]),
     }
 
 
-@pytest.mark.parametrize("protocol", ["chat", "responses", "messages", "converse"])
+@pytest.mark.parametrize("protocol", ["chat", "responses", "messages", "converse", "gemini"])
 def test_tool_calls_per_message_are_bounded_with_a_400_naming_the_limit(served, tiny_tok, protocol):
     """Before: 10,000 calls in one message were served, the event loop frozen for seconds while they were."""
     handle = served(ScriptedEngine(tiny_tok, lambda request, prompt: "ok"), _config(max_tool_calls=4, max_messages=8))

@@ -333,6 +333,7 @@ def test_bad_gemini_requests_are_400s_in_googles_shape_naming_the_field(handle):
         error = response.json()["error"]
         assert error["code"] == 400 and error["status"] == "INVALID_ARGUMENT", error
         assert error["details"][0]["fieldViolations"][0]["field"] == param, (body, error)
+        assert response.headers["x-should-retry"] == "false"
         for word in words:
             assert word in error["message"], (word, error)
     bad_alt = httpx.post(f"{handle.url}{_path(rollout.rollout_id, 'streamGenerateContent')}?alt=proto",

@@ -70,6 +70,19 @@ def arguments_object(arguments: Any) -> Any:
     return arguments
 
 
+def assistant_reply(texts: list[str], thoughts: list[str], calls: list[dict[str, Any]], stop: Any,
+                    finish: "FinishReasons") -> ReferenceReply:
+    """The OpenAI assistant message of a reply read as text, reasoning and tool-call blocks; ``stop`` read by ``finish``."""
+    content = "".join(texts)
+    reasoning = "\n".join(thoughts) or None
+    message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return ReferenceReply(message, finish.to_chat(stop, bool(calls)), content, reasoning)
+
+
 def tool_message(call_id: str, text: str, failed: bool, name: str | None = None) -> dict[str, Any]:
     """The chat ``tool`` message of one tool result: ``text`` unchanged, ``status: error`` when ``failed``."""
     message: dict[str, Any] = {"role": "tool", "tool_call_id": call_id, "content": text}
@@ -80,4 +93,4 @@ def tool_message(call_id: str, text: str, failed: bool, name: str | None = None)
     return message
 
 
-__all__ = ["FinishReasons", "ReferenceReply", "Wire", "arguments_object", "tool_call", "tool_message"]
+__all__ = ["FinishReasons", "ReferenceReply", "Wire", "arguments_object", "assistant_reply", "tool_call", "tool_message"]

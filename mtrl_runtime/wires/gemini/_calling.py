@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ...types import ChatOptions, SamplingParams
-from .._shared import ReferenceReply, arguments_object, tool_call
+from .._shared import ReferenceReply, arguments_object, assistant_reply, tool_call
 from ._maps import API_VERSION, FINISH
 
 SKIP_SIGNATURE = "skip_thought_signature_validator"  # Google's documented signature for calls it did not write
@@ -114,17 +114,7 @@ class GeminiWire:
                 calls.append(tool_call(str(call.get("id") or f"call_{i}"), call["name"], call.get("args")))
             elif isinstance(part.get("text"), str):
                 (thoughts if part.get("thought") else texts).append(part["text"])
-        content = "".join(texts)
-        reasoning = "\n".join(thoughts) or None
-        message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
-        if reasoning is not None:
-            message["reasoning_content"] = reasoning
-        if calls:
-            message["tool_calls"] = calls
-        reason = FINISH.to_chat(candidate.get("finishReason"), bool(calls))
-        if calls and reason == "stop":
-            reason = "tool_calls"
-        return ReferenceReply(message, reason, content, reasoning)
+        return assistant_reply(texts, thoughts, calls, candidate.get("finishReason"), FINISH)
 
 
 def _append(contents: list[dict[str, Any]], role: str, parts: list[dict[str, Any]]) -> None:

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from .._shared import FinishReasons
 
-# Read from a reply: each finish reason's chat reason (STOP with functionCall parts: tool_calls, see _calling).
-# Written in an answer: a chat reason's first native one (tool_calls: STOP, the default).
-FINISH = FinishReasons((("STOP", "stop"), ("MAX_TOKENS", "length"), ("SAFETY", "content_filter"),
+# Read from a reply: each finish reason's chat reason; STOP and the rest (LANGUAGE, OTHER, MALFORMED_FUNCTION_CALL...)
+# are left out, so they read as tool_calls when the reply holds calls, else stop. Written in an answer: a chat reason's first native one (stop, tool_calls: STOP, the default).
+FINISH = FinishReasons((("MAX_TOKENS", "length"), ("SAFETY", "content_filter"),
                         ("RECITATION", "content_filter"), ("BLOCKLIST", "content_filter"),
                         ("PROHIBITED_CONTENT", "content_filter"), ("SPII", "content_filter"),
-                        ("IMAGE_SAFETY", "content_filter"), ("LANGUAGE", "stop"), ("OTHER", "stop"),
-                        ("MALFORMED_FUNCTION_CALL", "stop")), default="STOP")
+                        ("IMAGE_SAFETY", "content_filter")), default="STOP")
 
 # google.rpc.Code names by HTTP status
 ERROR_STATUSES = {

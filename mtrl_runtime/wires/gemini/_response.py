@@ -91,8 +91,9 @@ def error_payload(exc: MtrlError) -> dict[str, Any]:
 
 
 def gemini_error_body(exc: MtrlError) -> tuple[bytes, dict[str, str]]:
-    """A refusal as the Gemini API writes one (google-genai raises ``ClientError`` / ``ServerError`` from it)."""
-    return orjson.dumps(error_payload(exc)), {}
+    """A refusal as the Gemini API writes one (google-genai raises ``ClientError`` / ``ServerError`` from it); a 4xx
+    is final and says so with ``x-should-retry: false``, as every protocol's refusal does."""
+    return orjson.dumps(error_payload(exc)), {"x-should-retry": "false"} if exc.status < 500 else {}
 
 
 __all__ = ["chunk", "error_payload", "function_call", "gemini_error_body", "generate_content_response",
