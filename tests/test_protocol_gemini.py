@@ -218,7 +218,10 @@ def test_clients_outside_a_rollout_are_untouched_and_vertex_is_refused_inside(se
     handle = _serve(served)
     client = genai.Client(api_key="user-real-key")
     built = client._api_client._build_request("post", f"models/{MODEL}:generateContent", {"contents": []})
-    assert built.url == f"https://generativelanguage.googleapis.com/v1beta/models/{MODEL}:generateContent"
+    google = "https://generativelanguage.googleapis.com"
+    version = built.url.removeprefix(google + "/").split("/")[0]
+    assert version in ("v1beta", "v1")  # google-genai 2.x calls v1beta, 3.x v1: mtrl serves both
+    assert built.url == f"{google}/{version}/models/{MODEL}:generateContent"
     assert built.headers["x-goog-api-key"] == "user-real-key"
     spec, other = specs(handle, tasks(2))
     vertex = genai.Client(vertexai=True, project="p", location="us-central1")
@@ -236,7 +239,7 @@ def test_clients_outside_a_rollout_are_untouched_and_vertex_is_refused_inside(se
         ours = inside(spec.task)
     with rollout_scope(other), pytest.raises(RuntimeError, match="Vertex AI client"):
         on_vertex(other.task)
-    assert ours.url == f"{handle.url}/rollouts/{spec.rollout_id}/v1beta/models/{MODEL}:generateContent"
+    assert ours.url == f"{handle.url}/rollouts/{spec.rollout_id}/{version}/models/{MODEL}:generateContent"
     assert ours.headers["x-goog-api-key"] == spec.token and ours.headers["x-mtrl-rollout-id"] == spec.rollout_id
     assert "user-real-key" not in json.dumps(ours.headers)
     assert ours.data["generationConfig"]["temperature"] == spec.sampling.temperature  # the rollout's sampling

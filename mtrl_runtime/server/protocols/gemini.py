@@ -1,6 +1,6 @@
 """Gemini: ``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent``, streamed and not.
 
-Also under ``/v1/`` (google-genai's ``api_version="v1"``) and under
+Also under ``/v1/`` (what google-genai 3 calls by default) and under
 ``/rollouts/{rollout_id}/...``, where ``mtrl_adapters`` sends the calls of a
 google-genai client made inside a rollout (and so Google ADK's ``Gemini``
 model). Each call goes through the one capture path (``Coordinator.chat``)

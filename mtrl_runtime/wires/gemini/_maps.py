@@ -38,6 +38,6 @@ ERROR_STATUSES = {
     504: "DEADLINE_EXCEEDED",
 }
 
-API_VERSION = "v1beta"  # the version google-genai and ADK call on the Gemini API
+API_VERSION = "v1beta"  # what a reference is called on (google-genai 2.x and ADK call it; 3.x calls v1)
 
 __all__ = ["API_VERSION", "ERROR_STATUSES", "FINISH"]
