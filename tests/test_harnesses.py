@@ -1,4 +1,4 @@
-"""Harness CLIs run unchanged as rollouts: Claude Code, Codex CLI and opencode, from the npm registry, pinned.
+"""Harness CLIs run unchanged as rollouts: Claude Code, Codex CLI, opencode and gemini-cli, from the npm registry, pinned.
 
 Each runs headless in its rollout's bubblewrap sandbox against a training coordinator (the scripted engine
 drives real tool use: the harness really runs a shell command that writes a file), pointed at the rollout with only
@@ -35,6 +35,7 @@ CALLS = {  # each harness's own shell tool, as it declares it
     "claude_code": ("Bash", {"command": COMMAND, "description": "Write the file"}),
     "codex": ("exec_command", {"cmd": COMMAND}),
     "opencode": ("bash", {"command": COMMAND, "description": "Write the file"}),
+    "gemini_cli": ("run_shell_command", {"command": COMMAND, "description": "Write the file"}),
 }
 
 root_dir = pytest.fixture(sandbox_root)

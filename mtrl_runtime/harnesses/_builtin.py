@@ -76,8 +76,10 @@ def _opencode(call: HarnessCall) -> Launch:
 
 
 def _gemini_cli(call: HarnessCall) -> Launch:
-    settings = {"privacy": {"usageStatisticsEnabled": False}, "general": {"disableAutoUpdate": True,
-                                                                          "disableUpdateNag": True}}
+    settings = {"privacy": {"usageStatisticsEnabled": False},
+                "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+                # the key in GEMINI_API_KEY (no Google login), and the sandbox's folder trusted so --yolo holds
+                "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}}}
     return Launch(
         ("gemini", "-p", call.prompt, "--yolo", "--model", call.model),
         {"GOOGLE_GEMINI_BASE_URL": call.base_url, "GEMINI_API_KEY": call.token},

@@ -33,7 +33,9 @@ from starlette.routing import Route
 from ...coordinator import ChatResult, Coordinator
 from ...errors import BadRequest
 from ...types import SamplingParams
-from ...wires.gemini import GeminiEvents, GenerateContentRequest, chat_messages, gemini_error_body, generate_content_response
+from ...wires.gemini import (
+    GeminiEvents, GenerateContentRequest, chat_messages, gemini_error_body, generate_content_response,
+)
 from .._asgi import Receive, Send, send_body
 from .._http import validate
 from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop, sampling

@@ -59,8 +59,9 @@ class GeminiWire:
                     parts.append({"text": message["content"]})
                 for i, call in enumerate(message.get("tool_calls") or ()):
                     names[call.get("id")] = call["function"]["name"]
+                    args = arguments_object(call["function"]["arguments"]) or {}
                     part: dict[str, Any] = {"functionCall": {"id": call.get("id"), "name": call["function"]["name"],
-                                                             "args": arguments_object(call["function"]["arguments"]) or {}}}
+                                                             "args": args}}
                     if i == 0:
                         part["thoughtSignature"] = SKIP_SIGNATURE
                     parts.append(part)

@@ -15,7 +15,8 @@ from __future__ import annotations
 from .._shared import FinishReasons
 
 # Read from a reply: each finish reason's chat reason; STOP and the rest (LANGUAGE, OTHER, MALFORMED_FUNCTION_CALL...)
-# are left out, so they read as tool_calls when the reply holds calls, else stop. Written in an answer: a chat reason's first native one (stop, tool_calls: STOP, the default).
+# are left out, so they read as tool_calls when the reply holds calls, else stop. Written in an answer: a chat
+# reason's first native one (stop, tool_calls: STOP, the default).
 FINISH = FinishReasons((("MAX_TOKENS", "length"), ("SAFETY", "content_filter"),
                         ("RECITATION", "content_filter"), ("BLOCKLIST", "content_filter"),
                         ("PROHIBITED_CONTENT", "content_filter"), ("SPII", "content_filter"),

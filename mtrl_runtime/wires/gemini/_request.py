@@ -6,11 +6,13 @@ proto names in snake_case are accepted too). Known fields are validated (a
 wrong JSON type is refused, never coerced; the error names the field and the
 value). ``safetySettings``, ``serviceTier``, ``labels`` and
 ``mediaResolution`` change nothing for the policy and are accepted and
-ignored. Refused with a 400 naming the field: any other field, parts that
-are not text or function calls and results (``inlineData``, ``fileData``,
-``executableCode``...), tools other than ``functionDeclarations``
-(``googleSearch``, ``codeExecution``...), ``cachedContent``, ``topK``, a
-``candidateCount`` above 1, structured output (``responseSchema``,
+ignored. ``topK`` is accepted and not applied (the policy samples with
+temperature and topP; gemini-cli sends ``topK: 64`` with every call, as
+chat completions clients send vLLM's ``top_k``). Refused with a 400 naming
+the field: any other field, parts that are not text or function calls and
+results (``inlineData``, ``fileData``, ``executableCode``...), tools other
+than ``functionDeclarations`` (``googleSearch``, ``codeExecution``...),
+``cachedContent``, a ``candidateCount`` above 1, structured output (``responseSchema``,
 ``responseJsonSchema``, a ``responseMimeType`` other than ``text/plain``),
 penalties and logprobs, and a ``model`` turn last (the policy answers whole
 turns).
@@ -49,7 +51,6 @@ from .._shared import tool_message
 _IGNORED = "accepted and ignored"
 _PART_DATA = ("inlineData", "fileData", "executableCode", "codeExecutionResult", "toolCall", "toolResponse")
 _UNSUPPORTED_GENERATION = {
-    "topK": "the policy samples with temperature and topP only",
     "responseSchema": "structured output is not supported; describe the format in the prompt",
     "responseJsonSchema": "structured output is not supported; describe the format in the prompt",
     "presencePenalty": "penalties are not supported",
@@ -101,6 +102,7 @@ class GenerationConfig(BaseModel):
     responseMimeType: Literal["text/plain"] | None = _alias("responseMimeType")
     responseModalities: list[Literal["TEXT"]] | None = _alias("responseModalities")
     thinkingConfig: ThinkingConfig | None = _alias("thinkingConfig")
+    topK: int | None = Field(default=None, ge=0, validation_alias=AliasChoices("topK", "top_k"))  # not applied
     mediaResolution: str | None = _alias("mediaResolution")  # accepted and ignored: no media
     enableEnhancedCivicAnswers: bool | None = _alias("enableEnhancedCivicAnswers")  # accepted and ignored
 
@@ -111,7 +113,8 @@ class GenerationConfig(BaseModel):
             for key in data:
                 camel = _camel(key)
                 if camel in _UNSUPPORTED_GENERATION:
-                    raise ValueError(f"{camel}: not supported (got {data[key]!r:.80}); {_UNSUPPORTED_GENERATION[camel]}")
+                    why = _UNSUPPORTED_GENERATION[camel]
+                    raise ValueError(f"{camel}: not supported (got {data[key]!r:.80}); {why}")
         if isinstance(data, dict) and any(not s for s in data.get("stopSequences") or data.get("stop_sequences") or ()
                                           if isinstance(s, str)):
             raise ValueError("stopSequences must not hold empty strings")
