@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import itertools
 import json
 import threading
 from typing import Any, Callable
@@ -116,6 +117,13 @@ def _usage(call: Any, body: Any) -> None:
         call.tokens(usage.get("promptTokenCount"), usage.get("candidatesTokenCount"))
 
 
+def _answered(call: Any, response: Any) -> Any:
+    """Record a whole answer's call (its tokens read from the body) and hand the answer on."""
+    _usage(call, response.body)
+    call.done()
+    return response
+
+
 def _wrap_request(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def request(self: Any, http_method: str, path: str, *args: Any, **kwargs: Any) -> Any:
@@ -124,9 +132,7 @@ def _wrap_request(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, http_method, path, *args, **kwargs)
         with passing_by(passing[0], "gemini", passing[1]) as call:
             response = original(self, http_method, path, *args, **kwargs)
-        _usage(call, response.body)
-        call.done()
-        return response
+        return _answered(call, response)
 
     return request
 
@@ -139,9 +145,7 @@ def _wrap_async_request(original: Callable[..., Any]) -> Callable[..., Any]:
             return await original(self, http_method, path, *args, **kwargs)
         with passing_by(passing[0], "gemini", passing[1]) as call:
             response = await original(self, http_method, path, *args, **kwargs)
-        _usage(call, response.body)
-        call.done()
-        return response
+        return _answered(call, response)
 
     return async_request
 
@@ -160,10 +164,7 @@ def _wrap_request_streamed(original: Callable[..., Any]) -> Callable[..., Any]:
         call.done()  # recorded now (a stream never read further still shows); completed as it is read
         error = None
         try:
-            if first is not None:
-                _usage(call, first.body)
-                yield first
-            for chunk in chunks:
+            for chunk in itertools.chain(() if first is None else (first,), chunks):
                 _usage(call, chunk.body)
                 yield chunk
         except Exception as exc:
