@@ -432,7 +432,8 @@ def test_tool_result_status_error_and_reasoning_history_reach_the_prompt(bedrock
 
 
 def test_bad_input_is_a_validation_exception_naming_the_field_and_value(bedrock_served, aws):
-    handle = bedrock_served()
+    # maxTokens above the cap is refused only where the run says so (the default serves it up to the cap)
+    handle = bedrock_served(config=MtrlConfig.from_dict({"advanced": {"server": {"max_tokens_over_cap": "refuse"}}}))
     [spec, other] = specs(handle, tasks(3)[1:])
     url = f"{handle.url}/rollouts/{spec.rollout_id}/model/{MODEL_ID}/converse"
     auth = {"Authorization": f"Bearer {spec.token}"}
