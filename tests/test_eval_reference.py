@@ -353,7 +353,7 @@ def test_cli_bad_reference_flags_are_named(tmp_path, flags, message, monkeypatch
 
 def test_cli_protocol_choices_are_the_reference_wires():
     from mtrl_runtime.cli.eval import REFERENCE_PROTOCOLS
-    from mtrl_runtime.coordinator._reference import WIRES
+    from mtrl_runtime.coordinator._reference import REFERENCE_WIRES as WIRES
 
     assert sorted(REFERENCE_PROTOCOLS) == WIRES.names()
 

@@ -501,7 +501,7 @@ def test_event_stream_framing_is_what_botocore_checks():
     """Each message's two CRC32s are the ones botocore verifies: one flipped payload byte is refused."""
     from botocore.eventstream import ChecksumMismatch, EventStreamBuffer
 
-    from mtrl_runtime.server.protocols._eventstream import event
+    from mtrl_runtime.wires.bedrock_converse.eventstream import event
 
     raw = event("contentBlockDelta", b'{"delta":{"text":"hi"},"contentBlockIndex":0}')
     buffer = EventStreamBuffer()

@@ -11,13 +11,15 @@ as a ``Turn`` whose ``model`` is the reference's name and whose token ids
 are empty: a closed endpoint gives none, and such a turn is never trained
 on (``algorithms.samples`` refuses it).
 
-The endpoint speaks one of ``WIRES`` (``ReferenceModel.protocol``):
-``openai`` (chat completions; ``url`` is the ``.../v1`` base OpenAI
-clients take), ``anthropic`` (Messages; ``url`` is the API's root, e.g.
-https://api.anthropic.com) or ``bedrock`` (Converse; ``url`` is the
-runtime's root, e.g. https://bedrock-runtime.us-east-1.amazonaws.com; an
-API key, or SigV4 with AWS credentials). Each wire module says what it
-forwards and how it signs. The
+The endpoint speaks one of the protocols in ``wires.WIRES`` that can be
+called (``REFERENCE_WIRES``, by ``ReferenceModel.protocol``, each wire's
+``reference_name``): ``openai`` (chat completions; ``url`` is the
+``.../v1`` base OpenAI clients take), ``anthropic`` (Messages; ``url`` is
+the API's root, e.g. https://api.anthropic.com) or ``bedrock`` (Converse;
+``url`` is the runtime's root, e.g.
+https://bedrock-runtime.us-east-1.amazonaws.com; an API key, or SigV4 with
+AWS credentials). Each wire's calling module says what it forwards and how
+it signs; this module is the HTTP client and knows no protocol. The
 agent's ``chat_template_kwargs`` (``enable_thinking``...) are variables of
 the policy's own chat template: they are not sent, and counted
 (``reference_template_kwargs_dropped``). The API key is read from an
@@ -38,15 +40,20 @@ import httpx
 from ..errors import BadRequest, EngineFailure, MtrlError, ServerBusy
 from ..registry import Registry
 from ..types import ChatOptions, SamplingParams
-from ._reference_anthropic import AnthropicMessagesWire
-from ._reference_bedrock import BedrockConverseWire
-from ._reference_openai import OpenAIChatWire
-from ._reference_wire import ReferenceReply, ReferenceWire
+from ..wires import WIRES, CallingWire, ReferenceReply
 
-WIRES: Registry[ReferenceWire] = Registry("reference protocol")
-WIRES.register("openai")(OpenAIChatWire())
-WIRES.register("anthropic")(AnthropicMessagesWire())
-WIRES.register("bedrock")(BedrockConverseWire())
+
+def _reference_wires() -> Registry[CallingWire]:
+    """The callable protocols of ``WIRES``, by the name a reference model's ``protocol`` takes."""
+    wires: Registry[CallingWire] = Registry("reference protocol")
+    for name in WIRES:
+        wire = WIRES.get(name)
+        if wire.calling is not None and wire.reference_name is not None:
+            wires.register(wire.reference_name)(wire.calling)
+    return wires
+
+
+REFERENCE_WIRES = _reference_wires()
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _BODY_SHOWN = 300  # characters of an endpoint's unexpected answer quoted in an error
@@ -72,8 +79,9 @@ class ReferenceModel:
         key_env = self.api_key_env
         if key_env is not None and not (isinstance(key_env, str) and _ENV_NAME.match(key_env)):
             raise ValueError(f"reference api_key_env: expected an environment variable name, got {self.api_key_env!r}")
-        if self.protocol not in WIRES:
-            raise ValueError(f"reference protocol: {self.protocol!r} is not supported; known: {', '.join(WIRES)}")
+        if self.protocol not in REFERENCE_WIRES:
+            raise ValueError(f"reference protocol: {self.protocol!r} is not supported; "
+                             f"known: {', '.join(REFERENCE_WIRES)}")
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
             raise ValueError(f"reference timeout_s: expected seconds > 0, got {self.timeout_s!r}")
 
@@ -92,8 +100,8 @@ class ReferenceModel:
         return cls(**value)
 
     @property
-    def wire(self) -> ReferenceWire:
-        return WIRES.get(self.protocol)
+    def wire(self) -> CallingWire:
+        return REFERENCE_WIRES.get(self.protocol)
 
     def api_key(self, environ: Mapping[str, str] = os.environ) -> str | None:
         """The key from ``api_key_env`` (None when no variable is named); a named variable that is unset is an error."""
@@ -196,4 +204,4 @@ def _endpoint_error(url: str, response: httpx.Response) -> MtrlError:
     return EngineFailure(text, param="model")
 
 
-__all__ = ["WIRES", "ReferenceClient", "ReferenceModel", "ReferenceReply", "check_reference"]
+__all__ = ["REFERENCE_WIRES", "ReferenceClient", "ReferenceModel", "ReferenceReply", "check_reference"]

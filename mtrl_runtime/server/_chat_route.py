@@ -6,7 +6,7 @@ no Request or Response objects, the body validated once (pydantic, errors
 naming the field and the value) and the answer written as bytes in one
 response. That saves about 0.15 ms of CPU a call. A streamed call
 (``stream: true``) is written event by event as its tokens are generated
-(``_chat_stream``). The OpenAPI document
+(``wires.openai_chat.ChunkEvents``). The OpenAPI document
 describes both paths (``openapi_paths``), as FastAPI would.
 
 A call is attributed to a rollout by the path prefix ``/rollouts/{id}/v1``
@@ -27,12 +27,10 @@ from starlette.routing import BaseRoute, Match, NoMatchFound
 
 from ..coordinator import Coordinator
 from ..errors import BadRequest, MtrlError
+from ..wires.openai_chat import ChatCompletionRequest, ChunkEvents, completion_json
 from ._asgi import ClientGone, Receive, Send, read_body, request_headers, send_body
-from ._chat_payloads import completion_json
-from ._chat_stream import ChunkEvents
 from ._attribution import attribute_call, scope_peer
 from ._http import OFF_LOOP_BYTES, BodyLimits, decode_json, error_body, openapi_body, validate
-from ._schemas import ChatCompletionRequest
 from ._streaming import stream_answer
 
 CHAT_PATH = "/v1/chat/completions"

@@ -12,23 +12,13 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
 from ..errors import BadRequest, MtrlError, PayloadTooLarge
+from ..wires.openai_chat import error_body
 
 M = TypeVar("M", bound=BaseModel)
 
 
 def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json", headers=headers)
-
-
-def error_body(exc: MtrlError) -> tuple[bytes, dict[str, str]]:
-    """OpenAI's error shape and headers: clients read ``error.message``; ``param`` names the field at fault.
-
-    A 4xx is final (a 409 for an ended rollout or max_turns would be the same
-    on a retry), so it tells OpenAI-style clients not to retry; an engine
-    failure (5xx) may pass, and clients retry it as usual.
-    """
-    payload = {"error": {"message": exc.message, "type": exc.code, "param": exc.param, "code": exc.status}}
-    return orjson.dumps(payload), {"x-should-retry": "false"} if exc.status < 500 else {}
 
 
 def error_response(exc: MtrlError) -> Response:

@@ -23,6 +23,7 @@ from typing import Any, Callable, TypeVar
 from ...coordinator import Coordinator
 from ...errors import BadRequest, MtrlError
 from ...types import SamplingParams
+from ...wires import EVENTS, sse
 from .._asgi import ClientGone, Receive, Send, read_body, request_headers, send_body
 from .._attribution import attribute_call, header, scope_peer
 from .._http import OFF_LOOP_BYTES, BodyLimits, decode_json
@@ -30,7 +31,6 @@ from .._streaming import EventWriter, Run, stream_answer
 
 T = TypeVar("T")
 JSON = b"application/json"
-EVENTS = b"text/event-stream"
 
 Answer = Callable[["Call"], Any]  # async: (call) -> (body bytes, content type), or Streamed
 ErrorBody = Callable[[MtrlError], tuple[bytes, dict[str, str]]]
@@ -167,11 +167,6 @@ def sampling(
         max_tokens_requested=max_tokens is not None,
         max_tokens_asked=asked,
     )
-
-
-def sse(event: str, payload: bytes) -> bytes:
-    """One server-sent event with a named type."""
-    return b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n"
 
 
 __all__ = ["Call", "EVENTS", "JSON", "ProtocolEndpoint", "Streamed", "check_counts", "check_tool_calls", "off_loop",

@@ -9,7 +9,7 @@ per tool call (``call_id`` is the call's id, echoed back by
 ends with ``response.incomplete`` as OpenAI's does. Streamed events carry the
 ``sequence_number`` the SDK reads. ``response_events`` writes a finished
 response's events at once; the route streams them as tokens are decoded
-(``_responses_stream``).
+(``_stream``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 
 import orjson
 
-from ...coordinator import ChatResult
-from ._endpoint import sse
-from ._responses_input import NAMESPACE_SEPARATOR
+from ...types import ChatResult
+from .._shared import sse
+from ._request import NAMESPACE_SEPARATOR
 
 
 def output_items(result: ChatResult, item_id: str) -> list[dict[str, Any]]:
