@@ -31,7 +31,9 @@ def route_error_response(method: str, path: str, status: int, headers: Mapping[s
     if status == 404:
         message, code, param = f"{method} {path}: no such route", "not_found", "path"
     elif status == 405:
-        message, code, param = f"{method} {path}: method not allowed", "method_not_allowed", "method"
+        allowed = (headers or {}).get("Allow") or (headers or {}).get("allow")
+        takes = f"; this route takes {allowed} only" if allowed else ""
+        message, code, param = f"{method} {path}: method not allowed{takes}", "method_not_allowed", "method"
     else:
         message, code, param = f"{method} {path}: HTTP {status}", "http_error", None
     payload = {"error": {"message": message, "type": code, "param": param, "code": status}}

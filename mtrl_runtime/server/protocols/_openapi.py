@@ -45,6 +45,8 @@ class ProtocolDoc:
 
 
 DOCS: dict[str, ProtocolDoc] = {
+    "openai_chat": ProtocolDoc(WIRES.get("openai_chat").request, "OpenAI chat completion",
+                               ("application/json", "text/event-stream")),
     "openai_responses": ProtocolDoc(WIRES.get("openai_responses").request, "OpenAI Responses",
                                     ("application/json", "text/event-stream")),
     "anthropic_messages": ProtocolDoc(WIRES.get("anthropic_messages").request, "Anthropic Messages",
