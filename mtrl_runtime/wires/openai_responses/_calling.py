@@ -24,21 +24,16 @@ from typing import Any, Mapping
 
 from ...types import ChatOptions, SamplingParams
 from .._shared import ReferenceReply, arguments_object, arguments_text, assistant_reply, tool_call
+from ..openai_chat import OpenAIChatWire
 from ._maps import INCOMPLETE
 from ._request import NAMESPACE_SEPARATOR
 
 
-class OpenAIResponsesWire:
-    """``POST <url>/responses``; the model list at ``<url>/models``."""
+class OpenAIResponsesWire(OpenAIChatWire):
+    """``POST <url>/responses``; the model list and the key as chat completions has them (the same ``.../v1``)."""
 
     def chat_url(self, base: str, model: str) -> str:
         return base + "/responses"
-
-    def models_url(self, base: str) -> str | None:
-        return base + "/models"
-
-    def headers(self, api_key: str | None, method: str, url: str, content: bytes) -> dict[str, str]:
-        return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def request_body(self, model: str, messages: list[dict[str, Any]], tools: list[Mapping[str, Any]],
                      sampling: SamplingParams, options: ChatOptions) -> dict[str, Any]:
