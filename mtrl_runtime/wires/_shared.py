@@ -51,6 +51,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
+from pydantic import BaseModel
+
 from ..types import ChatOptions, SamplingParams
 
 EVENTS = b"text/event-stream"
@@ -100,7 +102,7 @@ class Wire:
     """
 
     name: str
-    request: Any
+    request: type[BaseModel]
     calling: CallingWire | None = None
     reference_name: str | None = None
 
