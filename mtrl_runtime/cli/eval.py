@@ -38,7 +38,9 @@ def _common(p: argparse.ArgumentParser, deployed: bool = False) -> None:
     p.add_argument("--output", help="where reports and trajectories go (default: under the run folder)")
 
 
-REFERENCE_PROTOCOLS = ("openai", "responses", "anthropic", "bedrock")  # coordinator's reference WIRES (a test keeps them equal)
+# the names of coordinator._reference.REFERENCE_WIRES, spelled here so that --help imports no runtime (a test keeps
+# them equal)
+REFERENCE_PROTOCOLS = ("openai", "responses", "anthropic", "bedrock")
 
 
 def _config(args: argparse.Namespace) -> Any:

@@ -11,15 +11,12 @@ as a ``Turn`` whose ``model`` is the reference's name and whose token ids
 are empty: a closed endpoint gives none, and such a turn is never trained
 on (``algorithms.samples`` refuses it).
 
-The endpoint speaks one of the protocols in ``wires.WIRES`` that can be
+The endpoint speaks one of the protocols of ``wires.WIRES`` that can be
 called (``REFERENCE_WIRES``, by ``ReferenceModel.protocol``, each wire's
-``reference_name``): ``openai`` (chat completions; ``url`` is the
-``.../v1`` base OpenAI clients take), ``anthropic`` (Messages; ``url`` is
-the API's root, e.g. https://api.anthropic.com) or ``bedrock`` (Converse;
-``url`` is the runtime's root, e.g.
-https://bedrock-runtime.us-east-1.amazonaws.com; an API key, or SigV4 with
-AWS credentials). Each wire's calling module says what it forwards and how
-it signs; this module is the HTTP client and knows no protocol. The
+``reference_name``: ``openai``, ``responses``, ``anthropic``, ``bedrock``).
+Each wire's calling module (``wires/<protocol>/_calling.py``) says what its
+URL is, what it forwards and how it signs; this module is the HTTP client
+and knows no protocol. The
 agent's ``chat_template_kwargs`` (``enable_thinking``...) are variables of
 the policy's own chat template: they are not sent, and counted
 (``reference_template_kwargs_dropped``). The API key is read from an
@@ -141,7 +138,7 @@ class ReferenceClient:
         """Fail at once when the endpoint cannot be reached or refuses the key (a GET of its model list).
 
         Raises ``ConnectionError`` naming the URL. A 404 (no model list served) is accepted: the endpoint answered.
-        A wire without a model list (Bedrock's runtime) is only connected to: any answer will do.
+        A wire without a model list (``models_url`` None) is only connected to: any answer will do.
         """
         reference = self.reference
         wire, base = reference.wire, reference.url.rstrip("/")
