@@ -158,6 +158,19 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class ChatResult:
+    """One answered model call in the chat shape every wire protocol translates from: the OpenAI assistant
+    ``message`` (content, ``tool_calls``, ``reasoning_content``), its ``finish_reason`` (``stop``, ``length``,
+    ``tool_calls``, ``content_filter``), the prompt's ids and the generation behind it."""
+
+    message: dict[str, Any]
+    finish_reason: str
+    prompt_ids: tuple[int, ...]
+    generation: Generation
+    completion_text: str
+
+
+@dataclass(frozen=True)
 class TokenDelta:
     """Token-out as it is decoded: the ids sampled since the previous delta and their behaviour logprobs.
 
@@ -826,6 +839,7 @@ __all__ = [
     "AttributionBroken",
     "BreakReason",
     "ChatOptions",
+    "ChatResult",
     "CommandResult",
     "DeadlinePassed",
     "ExecutorEnded",

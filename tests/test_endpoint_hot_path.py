@@ -14,7 +14,7 @@ import pytest
 from mtrl_runtime.coordinator import Coordinator
 from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
 from mtrl_runtime.server import create_app, start_server
-from mtrl_runtime.server._chat_route import chat_path_rollout
+from mtrl_runtime.server.protocols.openai_chat import chat_path_rollout
 from mtrl_runtime.store import SQLiteStore, hash_token
 from mtrl_runtime.types import Rollout, Task, Turn
 

@@ -154,6 +154,25 @@ def test_an_anthropic_messages_reference(tmp_path, tiny_tok, reference):
     assert sum("<tool_response>" in prompt for _, prompt in reference.solver.calls) == 2
 
 
+def test_an_openai_responses_reference(tmp_path, tiny_tok, reference):
+    """The reference speaks OpenAI Responses (here mtrl's own /v1/responses, store false); the agent OpenAI chat."""
+    evaluator = MultiTurnRLEvaluator(
+        agent_env=agents.make_agent(agents.answer_score), dataset=TASKS[:2], config=config(tmp_path),
+        engine=ScriptedEngine(tiny_tok, Failing()), strict_scorer=agents.strict_answer, max_samples=1, tracking=False,
+        reference=ReferenceModel(url=reference.url + "/v1", model="solver-1", api_key_env=KEY_ENV,
+                                 protocol="responses"),
+    )
+    result = evaluator.evaluate()
+    assert result.reference.metrics["val/strict/success_rate"] == 1.0
+    assert result.base.metrics["val/strict/success_rate"] == 0.0
+    for rollout in result.reference.rollouts:
+        assert [t.model for t in rollout.turns] == ["solver-1", "solver-1"]
+        call = rollout.turns[0].tool_calls[0]
+        assert call["function"] == {"name": "lookup", "arguments": '{"key": "A1"}'} and call["id"]
+    # the reference saw the tool's result: its second call rendered it (the policy's format, on its side)
+    assert sum("<tool_response>" in prompt for _, prompt in reference.solver.calls) == 2
+
+
 def test_a_bedrock_converse_reference_with_an_api_key(tmp_path, tiny_tok, reference):
     """The reference speaks Bedrock Converse (mtrl's own /model/{id}/converse), a Bedrock API key as Bearer."""
     evaluator = MultiTurnRLEvaluator(
@@ -353,7 +372,7 @@ def test_cli_bad_reference_flags_are_named(tmp_path, flags, message, monkeypatch
 
 def test_cli_protocol_choices_are_the_reference_wires():
     from mtrl_runtime.cli.eval import REFERENCE_PROTOCOLS
-    from mtrl_runtime.coordinator._reference import WIRES
+    from mtrl_runtime.coordinator._reference import REFERENCE_WIRES as WIRES
 
     assert sorted(REFERENCE_PROTOCOLS) == WIRES.names()
 

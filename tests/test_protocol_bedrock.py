@@ -402,7 +402,7 @@ def test_stream_events_reasoning_text_and_forced_tool_choice(bedrock_served, aws
 
 def test_tool_result_status_error_and_reasoning_history_reach_the_prompt(bedrock_served, aws):
     """An assistant turn's reasoning and an error tool result, as Strands echoes them, in the recorded messages
-    (the result's text unchanged, its failure flag kept: server/protocols/_tool_results.py)."""
+    (the result's text unchanged, its failure flag kept: wires/_shared.py)."""
     handle = bedrock_served()
     client = _client()
     [spec] = specs(handle, tasks(2)[1:])
@@ -502,7 +502,7 @@ def test_event_stream_framing_is_what_botocore_checks():
     """Each message's two CRC32s are the ones botocore verifies: one flipped payload byte is refused."""
     from botocore.eventstream import ChecksumMismatch, EventStreamBuffer
 
-    from mtrl_runtime.server.protocols._eventstream import event
+    from mtrl_runtime.wires.bedrock_converse.eventstream import event
 
     raw = event("contentBlockDelta", b'{"delta":{"text":"hi"},"contentBlockIndex":0}')
     buffer = EventStreamBuffer()

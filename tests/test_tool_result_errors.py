@@ -1,4 +1,4 @@
-"""One rule for a failed tool result in every protocol (server/protocols/_tool_results.py).
+"""One rule for a failed tool result in every protocol (wires/_shared.py).
 
 The model sees the result's text exactly as the agent sent it; Anthropic's
 ``is_error`` and Bedrock's ``status: "error"`` are kept on the stored

@@ -38,7 +38,9 @@ def _common(p: argparse.ArgumentParser, deployed: bool = False) -> None:
     p.add_argument("--output", help="where reports and trajectories go (default: under the run folder)")
 
 
-REFERENCE_PROTOCOLS = ("openai", "anthropic", "bedrock", "gemini")  # coordinator's reference WIRES (a test keeps them equal)
+# the names of coordinator._reference.REFERENCE_WIRES, spelled here so that --help imports no runtime (a test keeps
+# them equal)
+REFERENCE_PROTOCOLS = ("openai", "responses", "anthropic", "bedrock", "gemini")
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -70,7 +72,8 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference-api-key-env", metavar="VAR",
                    help="the environment variable holding --reference-url's API key (never written anywhere)")
     p.add_argument("--reference-protocol", choices=REFERENCE_PROTOCOLS, default="openai",
-                   help="what --reference-url speaks: OpenAI chat completions (default), Anthropic Messages (the URL "
+                   help="what --reference-url speaks: OpenAI chat completions (default), OpenAI Responses (the "
+                        "same .../v1 URL), Anthropic Messages (the URL "
                         "is the API root, e.g. https://api.anthropic.com) or Bedrock Converse (the runtime's root, "
                         "e.g. https://bedrock-runtime.us-east-1.amazonaws.com; an API key, or AWS credentials)")
     p.add_argument("--heartbeat", type=float, default=30.0, metavar="SECONDS",

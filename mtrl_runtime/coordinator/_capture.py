@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from ..chat import (
@@ -32,8 +32,8 @@ from ..chat.formats import ChatFormat, opened_reasoning, resolve_format
 from ..errors import AnswerFailure, BadRequest, Conflict, EngineFailure, MtrlError
 from ..seeds import derived_seed, turn_seed
 from ..types import (
-    ChatOptions, Generation, GenerationRequest, ModelCall, PolicyEngine, SamplingParams, StreamingEngine,
-    TrajectoryStore, Turn, TurnLimitHit,
+    ChatOptions, ChatResult, Generation, GenerationRequest, ModelCall, PolicyEngine, SamplingParams,
+    StreamingEngine, TrajectoryStore, Turn, TurnLimitHit,
 )
 from ._counters import CoordinatorCounters
 from ._live import LiveRollout, LiveRollouts, VerifiedToken
@@ -41,17 +41,6 @@ from ._owner import call_owner, check_owner
 from ._stream import ChatStream, StreamClosed
 
 _log = logging.getLogger("mtrl.coordinator")
-
-
-@dataclass(frozen=True)
-class ChatResult:
-    """One answered model call, ready to be written as an OpenAI response."""
-
-    message: dict[str, Any]
-    finish_reason: str
-    prompt_ids: tuple[int, ...]
-    generation: Generation
-    completion_text: str
 
 
 Respond = Callable[[ChatResult], Awaitable[Any]]

@@ -67,7 +67,7 @@ class RolloutEnds:
         if refused:  # the model called a tool its request did not declare; the agent refused it (no tool ran)
             metrics["tool_calls_undeclared"] = float(refused)
             self.counters.tool_calls_undeclared += refused
-        if live.failed_results:  # the failure flags tool results carried (server.protocols._tool_results)
+        if live.failed_results:  # the failure flags tool results carried (wires._shared: the tool-result rule)
             metrics["tool_results_failed"] = float(len(live.failed_results))
             self.counters.tool_results_failed += len(live.failed_results)
         if live.unserved_tool_calls:  # calls whose hosted tools were not offered to the policy (Responses)

@@ -11,15 +11,12 @@ as a ``Turn`` whose ``model`` is the reference's name and whose token ids
 are empty: a closed endpoint gives none, and such a turn is never trained
 on (``algorithms.samples`` refuses it).
 
-The endpoint speaks one of ``WIRES`` (``ReferenceModel.protocol``):
-``openai`` (chat completions; ``url`` is the ``.../v1`` base OpenAI
-clients take), ``anthropic`` (Messages; ``url`` is the API's root, e.g.
-https://api.anthropic.com), ``bedrock`` (Converse; ``url`` is the
-runtime's root, e.g. https://bedrock-runtime.us-east-1.amazonaws.com; an
-API key, or SigV4 with AWS credentials) or ``gemini`` (generateContent;
-``url`` is the API's root, e.g. https://generativelanguage.googleapis.com).
-Each wire module says what it
-forwards and how it signs. The
+The endpoint speaks one of the protocols of ``wires.WIRES`` that can be
+called (``REFERENCE_WIRES``, by ``ReferenceModel.protocol``, each wire's
+``reference_name``: ``openai``, ``responses``, ``anthropic``, ``bedrock``).
+Each wire's calling module (``wires/<protocol>/_calling.py``) says what its
+URL is, what it forwards and how it signs; this module is the HTTP client
+and knows no protocol. The
 agent's ``chat_template_kwargs`` (``enable_thinking``...) are variables of
 the policy's own chat template: they are not sent, and counted
 (``reference_template_kwargs_dropped``). The API key is read from an
@@ -40,17 +37,20 @@ import httpx
 from ..errors import BadRequest, EngineFailure, MtrlError, ServerBusy
 from ..registry import Registry
 from ..types import ChatOptions, SamplingParams
-from ._reference_anthropic import AnthropicMessagesWire
-from ._reference_bedrock import BedrockConverseWire
-from ._reference_openai import OpenAIChatWire
-from ._reference_wire import ReferenceReply, ReferenceWire
-from ..wires.gemini import GeminiWire
+from ..wires import WIRES, CallingWire, ReferenceReply
 
-WIRES: Registry[ReferenceWire] = Registry("reference protocol")
-WIRES.register("openai")(OpenAIChatWire())
-WIRES.register("anthropic")(AnthropicMessagesWire())
-WIRES.register("bedrock")(BedrockConverseWire())
-WIRES.register("gemini")(GeminiWire())
+
+def _reference_wires() -> Registry[CallingWire]:
+    """The callable protocols of ``WIRES``, by the name a reference model's ``protocol`` takes."""
+    wires: Registry[CallingWire] = Registry("reference protocol")
+    for name in WIRES:
+        wire = WIRES.get(name)
+        if wire.calling is not None and wire.reference_name is not None:
+            wires.register(wire.reference_name)(wire.calling)
+    return wires
+
+
+REFERENCE_WIRES = _reference_wires()
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _BODY_SHOWN = 300  # characters of an endpoint's unexpected answer quoted in an error
@@ -76,8 +76,9 @@ class ReferenceModel:
         key_env = self.api_key_env
         if key_env is not None and not (isinstance(key_env, str) and _ENV_NAME.match(key_env)):
             raise ValueError(f"reference api_key_env: expected an environment variable name, got {self.api_key_env!r}")
-        if self.protocol not in WIRES:
-            raise ValueError(f"reference protocol: {self.protocol!r} is not supported; known: {', '.join(WIRES)}")
+        if self.protocol not in REFERENCE_WIRES:
+            raise ValueError(f"reference protocol: {self.protocol!r} is not supported; "
+                             f"known: {', '.join(REFERENCE_WIRES)}")
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
             raise ValueError(f"reference timeout_s: expected seconds > 0, got {self.timeout_s!r}")
 
@@ -96,8 +97,8 @@ class ReferenceModel:
         return cls(**value)
 
     @property
-    def wire(self) -> ReferenceWire:
-        return WIRES.get(self.protocol)
+    def wire(self) -> CallingWire:
+        return REFERENCE_WIRES.get(self.protocol)
 
     def api_key(self, environ: Mapping[str, str] = os.environ) -> str | None:
         """The key from ``api_key_env`` (None when no variable is named); a named variable that is unset is an error."""
@@ -137,7 +138,7 @@ class ReferenceClient:
         """Fail at once when the endpoint cannot be reached or refuses the key (a GET of its model list).
 
         Raises ``ConnectionError`` naming the URL. A 404 (no model list served) is accepted: the endpoint answered.
-        A wire without a model list (Bedrock's runtime) is only connected to: any answer will do.
+        A wire without a model list (``models_url`` None) is only connected to: any answer will do.
         """
         reference = self.reference
         wire, base = reference.wire, reference.url.rstrip("/")
@@ -200,4 +201,4 @@ def _endpoint_error(url: str, response: httpx.Response) -> MtrlError:
     return EngineFailure(text, param="model")
 
 
-__all__ = ["WIRES", "ReferenceClient", "ReferenceModel", "ReferenceReply", "check_reference"]
+__all__ = ["REFERENCE_WIRES", "ReferenceClient", "ReferenceModel", "ReferenceReply", "check_reference"]

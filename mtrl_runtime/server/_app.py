@@ -20,7 +20,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..config import ServerConfig
 from ..coordinator import Coordinator
 from ..errors import BadRequest, MtrlError
-from ._chat_route import ChatCompletionsRoute, openapi_paths
 from ._compat_routes import build_compat_router
 from ._docs import add_docs_routes
 from ._headers import header_deadline_protocol
@@ -47,16 +46,15 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         openapi_url=None, docs_url=None, redoc_url=None,  # served by _docs, behind the API key when one is set
     )
     app.state.coordinator = coordinator
-    app.router.routes.append(ChatCompletionsRoute(coordinator))
-    # the protocols' plain routes beside the hot route: matching them through include_router's wrappers
-    # cost 0.1 ms a call (bench/bedrock_overhead.py)
+    # the protocols' plain routes (chat completions first: the hot route), straight in the app's router:
+    # matching them through include_router's wrappers cost 0.1 ms a call (bench/bedrock_overhead.py)
     for router in build_routers(coordinator):
         app.router.routes.extend(router.routes)
     app.include_router(build_openai_router(coordinator))
     app.include_router(build_rollout_router(coordinator))
     if coordinator.server_config.sagemaker_compat:
         app.include_router(build_compat_router(coordinator))
-    install_openapi(app, {**openapi_paths(), **protocol_openapi_paths()})
+    install_openapi(app, protocol_openapi_paths())
     server_cfg = coordinator.server_config
     add_docs_routes(app, server_cfg.api_key)
     app.add_middleware(BodyGuard, body_timeout_s=server_cfg.body_timeout_s,

@@ -12,23 +12,13 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
 from ..errors import BadRequest, MtrlError, PayloadTooLarge
+from ..wires.openai_chat import error_body
 
 M = TypeVar("M", bound=BaseModel)
 
 
 def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json", headers=headers)
-
-
-def error_body(exc: MtrlError) -> tuple[bytes, dict[str, str]]:
-    """OpenAI's error shape and headers: clients read ``error.message``; ``param`` names the field at fault.
-
-    A 4xx is final (a 409 for an ended rollout or max_turns would be the same
-    on a retry), so it tells OpenAI-style clients not to retry; an engine
-    failure (5xx) may pass, and clients retry it as usual.
-    """
-    payload = {"error": {"message": exc.message, "type": exc.code, "param": exc.param, "code": exc.status}}
-    return orjson.dumps(payload), {"x-should-retry": "false"} if exc.status < 500 else {}
 
 
 def error_response(exc: MtrlError) -> Response:
@@ -41,7 +31,9 @@ def route_error_response(method: str, path: str, status: int, headers: Mapping[s
     if status == 404:
         message, code, param = f"{method} {path}: no such route", "not_found", "path"
     elif status == 405:
-        message, code, param = f"{method} {path}: method not allowed", "method_not_allowed", "method"
+        allowed = (headers or {}).get("Allow") or (headers or {}).get("allow")
+        takes = f"; this route takes {allowed} only" if allowed else ""
+        message, code, param = f"{method} {path}: method not allowed{takes}", "method_not_allowed", "method"
     else:
         message, code, param = f"{method} {path}: HTTP {status}", "http_error", None
     payload = {"error": {"message": message, "type": code, "param": param, "code": status}}

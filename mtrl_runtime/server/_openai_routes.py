@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes other than chat completions (``_chat_route``): models and health."""
+"""OpenAI-compatible routes other than chat completions (``protocols.openai_chat``): models and health."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@
 and writes each text delta as soon as it is decoded, with ASGI
 ``more_body=True`` sends (no content-length: the body ends when the call
 does). The protocol's ``EventWriter`` turns the deltas and the final
-``ChatResult`` into its own events (chat completions: ``_chat_stream``;
-the other protocols: ``protocols/``).
+``ChatResult`` into its own events (each protocol's, in ``wires``).
 
 The closing events are the call's answer (``Coordinator.chat``'s
 ``respond``): built once every delta decoded so far is written, and before
@@ -30,7 +29,8 @@ import logging
 from typing import Awaitable, Callable, Protocol
 
 from ..chat import TextDelta
-from ..coordinator import ChatResult, ChatStream, CoordinatorCounters, StreamClosed
+from ..coordinator import ChatStream, CoordinatorCounters, StreamClosed
+from ..types import ChatResult
 from ..errors import MtrlError
 from ._asgi import Receive, Send
 

@@ -1,15 +1,66 @@
-"""What every wire protocol shares: the reply of a called endpoint, finish-reason tables, tool results, tool calls."""
+"""What every wire protocol shares: the calling side's seam, tool results, finish-reason tables, event framing.
+
+Calling a real endpoint of a protocol (a reference model, a judge): the
+conversation arrives as normalized OpenAI chat messages (tool-call arguments
+parsed), whatever protocol the agent spoke, and leaves in the endpoint's own
+shape through the protocol's ``CallingWire``; its reply comes back as a
+``ReferenceReply`` (an OpenAI assistant message).
+
+Tool results follow one rule in every protocol: the text reaches the model
+unchanged; a failure flag is recorded.
+
+A protocol may flag a tool result as failed: Anthropic Messages'
+``tool_result.is_error: true``, Bedrock Converse's ``toolResult.status:
+"error"``. OpenAI chat completions (``tool`` messages) and Responses
+(``function_call_output``) have no such flag: their result is its text.
+
+The prompt gets the result's text exactly as the agent sent it, with no
+marker added, because that is what a deployed server of each protocol puts
+in front of the models mtrl trains:
+
+- Anthropic's tool-use docs ("Handle tool calls") put the error itself in
+  the result's ``content`` ("ConnectionError: the weather service API is
+  not available (HTTP 500)") and ``is_error`` beside it; vLLM's
+  ``/v1/messages`` server, which serves open models on this protocol, turns
+  a ``tool_result`` into a ``tool`` message of its text and drops
+  ``is_error``.
+- Bedrock's API reference says ``ToolResultBlock.status`` "is only
+  supported by Amazon Nova and Anthropic Claude 3 and 4 models": for the
+  open-weight models mtrl trains the model sees the content alone.
+- The frameworks already write the failure into the text (Strands:
+  ``"Error: <exception>"``, ``"Unknown tool: <name>"``; LangChain's
+  ``ToolMessage`` the error text), so one agent's failed tool renders the
+  same tokens whichever protocol its model client speaks. (An earlier rule
+  prefixed ``Error:`` to Bedrock's failed results only: Strands'
+  ``"Unknown tool: x"`` then read differently on Bedrock than on OpenAI,
+  and differently from what deployment shows.)
+
+The flag is never dropped: the canonical ``tool`` message keeps
+``"status": "error"`` (``chat.normalize_messages``; ``ChatRenderer.render``
+hides it from the template), so the stored turn's messages (and its MLflow
+span) show which results failed, and a rollout
+that saw failed results ends with the metric ``tool_results_failed`` (each
+failed call counted once, however many turns repeat it) and the
+coordinator counter of that name. A tool call an adapter reported keeps its
+own ``ToolCall.status``.
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Protocol
+
+from pydantic import BaseModel
+
+from ..types import ChatOptions, SamplingParams
+
+EVENTS = b"text/event-stream"
 
 
 @dataclass(frozen=True)
 class ReferenceReply:
-    """One answer of a called endpoint, as the OpenAI assistant message sent back to the agent."""
+    """One answer of the reference endpoint, as the OpenAI assistant message sent back to the agent."""
 
     message: dict[str, Any]
     finish_reason: str
@@ -17,14 +68,87 @@ class ReferenceReply:
     reasoning: str | None
 
 
+class CallingWire(Protocol):
+    """How to call a real endpoint of one protocol; ``base`` is the endpoint's URL without its trailing slash."""
+
+    def chat_url(self, base: str, model: str) -> str: ...
+
+    def models_url(self, base: str) -> str | None:
+        """What the check reads (its model list); None: the check only connects to ``base``."""
+        ...
+
+    def headers(self, api_key: str | None, method: str, url: str, content: bytes) -> dict[str, str]:
+        """The request's credential headers (a signature may cover the URL and the body)."""
+        ...
+
+    def request_body(self, model: str, messages: list[dict[str, Any]], tools: list[Mapping[str, Any]],
+                     sampling: SamplingParams, options: ChatOptions) -> dict[str, Any]: ...
+
+    def parse_reply(self, payload: Any) -> ReferenceReply:
+        """The reply; ValueError naming what is missing."""
+        ...
+
+
 @dataclass(frozen=True)
 class Wire:
-    """One wire protocol: its request schema, how to call a real endpoint of it, the name a reference takes for it."""
+    """One wire protocol, as ``WIRES`` lists it.
+
+    ``request``: the serving side's request schema (a pydantic model, its
+    errors naming the field and the value); ``calling``: how to call a real
+    endpoint of the protocol, None when mtrl only serves it; ``reference_name``:
+    the name a reference model's ``protocol`` takes for it (``openai``,
+    ``anthropic``, ``bedrock``: the names the CLI's ``--reference-protocol``
+    has always taken).
+    """
 
     name: str
-    request: Any
-    calling: Any = None
+    request: type[BaseModel]
+    calling: CallingWire | None = None
     reference_name: str | None = None
+
+
+def arguments_text(arguments: Any) -> str:
+    """Tool-call arguments as the JSON text OpenAI's wire carries."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+def arguments_object(arguments: Any) -> Any:
+    """Tool-call arguments as a JSON value (parsed when they are JSON text)."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments) if arguments else {}
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def tool_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    """An OpenAI tool call from a block of another wire (its arguments as JSON text)."""
+    return {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments or {}, ensure_ascii=False)}}
+
+
+def assistant_reply(texts: list[str], thoughts: list[str], calls: list[dict[str, Any]], stop: Any,
+                    finish: "FinishReasons") -> ReferenceReply:
+    """The OpenAI assistant message of a reply read as text, reasoning and tool-call blocks; ``stop`` read by ``finish``."""
+    content = "".join(texts)
+    reasoning = "\n".join(thoughts) or None
+    message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return ReferenceReply(message, finish.to_chat(stop, bool(calls)), content, reasoning)
+
+
+def append_blocks(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
+    """Add ``blocks`` as a ``role`` message, joining the previous one when it has the same role."""
+    if not blocks:
+        return
+    if turns and turns[-1]["role"] == role:
+        turns[-1]["content"].extend(blocks)
+    else:
+        turns.append({"role": role, "content": list(blocks)})
 
 
 class FinishReasons:
@@ -54,35 +178,6 @@ class FinishReasons:
         return self._native.get(chat, self.default)
 
 
-def tool_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
-    """An OpenAI tool call from a block of another wire (its arguments as JSON text)."""
-    return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments or {}, ensure_ascii=False)}}
-
-
-def arguments_object(arguments: Any) -> Any:
-    """Tool-call arguments as a JSON value (parsed when they are JSON text)."""
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments) if arguments else {}
-        except ValueError:
-            return arguments
-    return arguments
-
-
-def assistant_reply(texts: list[str], thoughts: list[str], calls: list[dict[str, Any]], stop: Any,
-                    finish: "FinishReasons") -> ReferenceReply:
-    """The OpenAI assistant message of a reply read as text, reasoning and tool-call blocks; ``stop`` read by ``finish``."""
-    content = "".join(texts)
-    reasoning = "\n".join(thoughts) or None
-    message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
-    if reasoning is not None:
-        message["reasoning_content"] = reasoning
-    if calls:
-        message["tool_calls"] = calls
-    return ReferenceReply(message, finish.to_chat(stop, bool(calls)), content, reasoning)
-
-
 def tool_message(call_id: str, text: str, failed: bool, name: str | None = None) -> dict[str, Any]:
     """The chat ``tool`` message of one tool result: ``text`` unchanged, ``status: error`` when ``failed``."""
     message: dict[str, Any] = {"role": "tool", "tool_call_id": call_id, "content": text}
@@ -93,4 +188,10 @@ def tool_message(call_id: str, text: str, failed: bool, name: str | None = None)
     return message
 
 
-__all__ = ["FinishReasons", "ReferenceReply", "Wire", "arguments_object", "assistant_reply", "tool_call", "tool_message"]
+def sse(event: str, payload: bytes) -> bytes:
+    """One server-sent event with a named type."""
+    return b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n"
+
+
+__all__ = ["EVENTS", "CallingWire", "FinishReasons", "ReferenceReply", "Wire", "append_blocks", "arguments_object",
+           "arguments_text", "assistant_reply", "sse", "tool_call", "tool_message"]

@@ -1,14 +1,17 @@
-"""Wire protocols besides OpenAI chat completions, as a registry: one module per protocol.
+"""The served wire protocols, as a registry: one route module per protocol, OpenAI chat completions included.
 
-Each module translates its protocol's request into the coordinator's one
-capture path (``Coordinator.chat``: OpenAI-shaped messages and tools, the
-rollout's token checked by ``server._attribution.attribute_call``) and the
-``ChatResult`` back into its protocol's response, streamed and not. A module
+Each module routes its protocol's calls through the shared
+``ProtocolEndpoint`` (``_endpoint``) into the coordinator's one capture path
+(``Coordinator.chat``: OpenAI-shaped messages and tools, the rollout's token
+checked by ``server._attribution.attribute_call``), using its protocol's
+translations in ``wires.<name>`` both ways, streamed and not. A module
 exposes ``build_router(coordinator) -> fastapi.APIRouter`` and ``PATHS``,
 the paths it serves (documented in ``docs/protocols.md``).
 
-``PROTOCOLS`` maps each protocol's name to its module (relative to this
-package), imported when the app is built; every registered protocol is served.
+``PROTOCOLS`` maps each protocol's name (its ``wires.WIRES`` name) to its
+module (relative to this package), imported when the app is built; every
+registered protocol is served, in this order (chat completions, the hot
+route, first).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import importlib
 from typing import Any
 
 PROTOCOLS: dict[str, str] = {
+    "openai_chat": ".openai_chat",
     "openai_responses": ".openai_responses",
     "anthropic_messages": ".anthropic_messages",
     "bedrock_converse": ".bedrock_converse",

@@ -2,7 +2,7 @@
 
 A protocol's endpoint is a Starlette ``Route`` whose app is a ``ProtocolEndpoint``
 (no FastAPI Request objects or dependency solving on a call every model turn
-makes, as for chat completions). One call: ``attribute_call`` names the
+makes). One call: ``attribute_call`` names the
 rollout and the credential before the body is read (a stranger learns no
 schema), the rollout's token is checked, the body is read within the
 server's limits and decoded (on a worker thread past ``OFF_LOOP_BYTES``,
@@ -30,7 +30,6 @@ from .._streaming import EventWriter, Run, stream_answer
 
 T = TypeVar("T")
 JSON = b"application/json"
-EVENTS = b"text/event-stream"
 
 Answer = Callable[["Call"], Any]  # async: (call) -> (body bytes, content type), or Streamed
 ErrorBody = Callable[[MtrlError], tuple[bytes, dict[str, str]]]
@@ -110,26 +109,37 @@ async def off_loop(call: Call, prepare: Callable[..., T], *args: Any) -> T:
     return await asyncio.to_thread(prepare, *args) if call.off_loop else prepare(*args)
 
 
-def check_counts(coordinator: Coordinator, messages: list, tools: list | None, messages_field: str, tools_field: str) -> None:
-    """The server's limits on messages, tools and tool calls per request, named by the protocol's own fields."""
+def check_counts(coordinator: Coordinator, messages: list, tools: list | None, messages_field: str, tools_field: str,
+                 translated: bool = True) -> None:
+    """The server's limits on messages, tools and tool calls per request, named by the protocol's own fields.
+
+    ``translated``: ``messages`` are the chat messages a protocol's request became (the errors say so); False
+    for chat completions, whose messages are the request's own (the errors name ``messages[i]``).
+    """
     cfg = coordinator.server_config
     if len(messages) > cfg.max_messages:
+        after = " after translation" if translated else ""
         raise BadRequest(
-            f"{messages_field}: {len(messages)} messages after translation; the limit is {cfg.max_messages}",
+            f"{messages_field}: {len(messages)} messages{after}; the limit is {cfg.max_messages}",
             param=messages_field,
         )
     if tools and len(tools) > cfg.max_tools:
         raise BadRequest(f"{tools_field}: {len(tools)} tools; the limit is {cfg.max_tools}", param=tools_field)
-    check_tool_calls(coordinator, messages, messages_field)
+    check_tool_calls(coordinator, messages, messages_field, translated)
 
 
-def check_tool_calls(coordinator: Coordinator, messages: list, messages_field: str) -> None:
+def check_tool_calls(coordinator: Coordinator, messages: list, messages_field: str, translated: bool = True) -> None:
     """At most ``max_tool_calls`` tool calls in one assistant message: a 400 naming the message (after translation)
     and the limit. Thousands of calls in one message held the event loop for seconds."""
     limit = coordinator.server_config.max_tool_calls
     for i, message in enumerate(messages):
         calls = message.get("tool_calls")
         if calls and len(calls) > limit:
+            if not translated:
+                raise BadRequest(
+                    f"{messages_field}[{i}].tool_calls: {len(calls)} tool calls in one message; the limit is {limit} "
+                    "(advanced.server.max_tool_calls)", param=f"{messages_field}.{i}.tool_calls",
+                )
             raise BadRequest(
                 f"{messages_field}: message {i} after translation holds {len(calls)} tool calls; the limit is {limit} "
                 "per message (advanced.server.max_tool_calls)", param=messages_field,
@@ -169,10 +179,4 @@ def sampling(
     )
 
 
-def sse(event: str, payload: bytes) -> bytes:
-    """One server-sent event with a named type."""
-    return b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n"
-
-
-__all__ = ["Call", "EVENTS", "JSON", "ProtocolEndpoint", "Streamed", "check_counts", "check_tool_calls", "off_loop",
-           "sampling", "sse"]
+__all__ = ["Call", "JSON", "ProtocolEndpoint", "Streamed", "check_counts", "check_tool_calls", "off_loop", "sampling"]

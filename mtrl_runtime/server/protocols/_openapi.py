@@ -17,13 +17,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ...wires import WIRES
+from ...wires.bedrock_converse.eventstream import CONTENT_TYPE as EVENT_STREAM
 from .._http import openapi_body
 from . import PROTOCOLS, protocol_module
-from ._bedrock_schemas import ConverseRequest
-from ._eventstream import CONTENT_TYPE as EVENT_STREAM
-from ._messages_input import MessagesRequest
-from ._responses_input import ResponsesRequest
-from ...wires.gemini import GenerateContentRequest
 
 _MESSAGE = {"type": "string", "description": "what is wrong, naming the field and the value"}
 _ANTHROPIC_ERROR = {
@@ -51,13 +48,16 @@ class ProtocolDoc:
 
 
 DOCS: dict[str, ProtocolDoc] = {
-    "openai_responses": ProtocolDoc(ResponsesRequest, "OpenAI Responses", ("application/json", "text/event-stream")),
-    "anthropic_messages": ProtocolDoc(MessagesRequest, "Anthropic Messages", ("application/json", "text/event-stream"),
-                                      _ANTHROPIC_ERROR),
-    "bedrock_converse": ProtocolDoc(ConverseRequest, "Bedrock Converse", ("application/json", EVENT_STREAM.decode()),
-                                    _BEDROCK_ERROR),
-    "gemini": ProtocolDoc(GenerateContentRequest, "Gemini generateContent", ("application/json", "text/event-stream"),
-                          _GOOGLE_ERROR),
+    "openai_chat": ProtocolDoc(WIRES.get("openai_chat").request, "OpenAI chat completion",
+                               ("application/json", "text/event-stream")),
+    "openai_responses": ProtocolDoc(WIRES.get("openai_responses").request, "OpenAI Responses",
+                                    ("application/json", "text/event-stream")),
+    "anthropic_messages": ProtocolDoc(WIRES.get("anthropic_messages").request, "Anthropic Messages",
+                                      ("application/json", "text/event-stream"), _ANTHROPIC_ERROR),
+    "bedrock_converse": ProtocolDoc(WIRES.get("bedrock_converse").request, "Bedrock Converse",
+                                    ("application/json", EVENT_STREAM.decode()), _BEDROCK_ERROR),
+    "gemini": ProtocolDoc(WIRES.get("gemini").request, "Gemini generateContent",
+                          ("application/json", "text/event-stream"), _GOOGLE_ERROR),
 }
 _PARAMETER = re.compile(r"{(\w+)}")
 

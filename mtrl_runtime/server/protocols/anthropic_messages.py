@@ -2,12 +2,12 @@
 
 Each call goes through the one capture path (``Coordinator.chat``) and is
 recorded token-in-token-out as a chat completion is: the system prompt and
-content blocks become OpenAI chat messages (``_messages_input``), the answer
-an Anthropic ``message`` or its events (``_messages_output``). The
+content blocks become OpenAI chat messages, the answer an Anthropic
+``message`` or its events (``wires.anthropic_messages``). The
 credential is the ``x-api-key`` header the Anthropic SDK sends (else
 ``Authorization: Bearer``); refusals are in Anthropic's error shape, which
 the SDK reads. A streamed answer leaves as its tokens are generated
-(``_messages_stream``).
+(``MessagesEvents``).
 """
 
 from __future__ import annotations
@@ -19,13 +19,11 @@ import orjson
 from fastapi import APIRouter
 from starlette.routing import Route
 
-from ...coordinator import ChatResult, Coordinator
-from ...types import SamplingParams
+from ...coordinator import Coordinator
+from ...types import ChatResult, SamplingParams
+from ...wires.anthropic_messages import MessagesEvents, MessagesRequest, anthropic_error_body, chat_messages, message_object
 from .._http import validate
 from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop, sampling
-from ._messages_input import MessagesRequest, chat_messages
-from ._messages_output import anthropic_error_body, message_object
-from ._messages_stream import MessagesEvents
 
 PATH = "/v1/messages"
 ROLLOUT_PATH = "/rollouts/{rollout_id}/v1/messages"

@@ -6,12 +6,12 @@ calls of a botocore ``bedrock-runtime`` client made inside a rollout
 attributed like a chat completion (the path prefix or ``x-mtrl-rollout-id``)
 and carries the rollout's token as ``Authorization: Bearer``, in place of
 the AWS signature, which the adapter never computes. The body is
-translated (``_bedrock_translate``) onto ``Coordinator.chat``, the one
+translated (``wires.bedrock_converse``) onto ``Coordinator.chat``, the one
 capture path, so the turn is recorded token-in-token-out like a chat
 completion; ``modelId`` names the model the agent asked for and is not
 checked. ``converse-stream`` answers in Bedrock's event-stream framing
-(``_eventstream``), its events written as the tokens are generated
-(``_converse_stream``, by ``server._streaming``, the stream writer every
+(``wires.bedrock_converse.eventstream``), its events written as the tokens are generated
+(``ConverseEvents``, by ``server._streaming``, the stream writer every
 protocol shares): a client that hangs up stops the generation and no turn is
 recorded.
 
@@ -27,17 +27,14 @@ from __future__ import annotations
 import time
 from typing import Awaitable, Callable
 
-import orjson
 from fastapi import APIRouter
 from starlette.routing import Route
 
-from ...coordinator import ChatResult, ChatStream, Coordinator
-from ...errors import MtrlError
-from ...types import ChatOptions, SamplingParams
+from ...coordinator import ChatStream, Coordinator
+from ...types import ChatOptions, ChatResult, SamplingParams
+from ...wires import bedrock_converse as translate
+from ...wires.bedrock_converse import ConverseEvents, ConverseRequest, error_body, error_type
 from .._http import validate
-from . import _bedrock_translate as translate
-from ._bedrock_schemas import ConverseRequest
-from ._converse_stream import ConverseEvents
 from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop, sampling
 
 PATHS = (
@@ -46,37 +43,6 @@ PATHS = (
     "/rollouts/{rollout_id}/model/{model_id}/converse",
     "/rollouts/{rollout_id}/model/{model_id}/converse-stream",
 )
-# Bedrock's error type for each status mtrl answers with (botocore names the exception after it)
-_ERROR_TYPES = {
-    400: "ValidationException",
-    401: "AccessDeniedException",
-    403: "AccessDeniedException",
-    404: "ResourceNotFoundException",
-    408: "ModelTimeoutException",
-    409: "ConflictException",
-    413: "ValidationException",
-    429: "ThrottlingException",
-    502: "ModelErrorException",
-    503: "ServiceUnavailableException",
-}
-
-
-def error_type(status: int) -> str:
-    """The Bedrock exception name botocore raises for an mtrl error of HTTP ``status``."""
-    return _ERROR_TYPES.get(status, "InternalServerException" if status >= 500 else "ValidationException")
-
-
-def error_body(exc: MtrlError) -> tuple[bytes, dict[str, str]]:
-    """Bedrock's error shape: the type in ``x-amzn-ErrorType``, the sentence in ``message``.
-
-    A 4xx is final and says so with ``x-should-retry: false``, as every protocol's refusal does; a 5xx may pass.
-    """
-    headers = {"x-amzn-errortype": error_type(exc.status)}
-    if exc.status < 500:
-        headers["x-should-retry"] = "false"
-    return orjson.dumps({"message": exc.message}), headers
-
-
 class ConverseProtocol:
     """Translates one Converse call (streamed or not) onto ``Coordinator.chat`` and back."""
 

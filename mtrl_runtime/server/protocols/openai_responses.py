@@ -2,9 +2,8 @@
 
 Each call goes through the one capture path (``Coordinator.chat``) and is
 recorded token-in-token-out as a chat completion is: ``instructions`` become
-the system message, the input items OpenAI chat messages
-(``_responses_input``), the answer a ``response`` object or its events
-(``_responses_output``). Errors are OpenAI's error shape, which the SDK reads.
+the system message, the input items OpenAI chat messages, the answer a ``response`` object
+or its events (``wires.openai_responses``). Errors are OpenAI's error shape, which the SDK reads.
 
 ``previous_response_id`` continues a stored response of the same rollout:
 the new input is appended to that response's input and output (its
@@ -13,7 +12,7 @@ decides whether this response can be continued from; every call is recorded
 for training either way. An unknown id (never stored, stored with
 ``store: false``, another rollout's, or one whose rollout has ended) is a 400
 naming it. A streamed answer leaves as its tokens are generated
-(``_responses_stream``).
+(``ResponsesEvents``).
 """
 
 from __future__ import annotations
@@ -25,15 +24,14 @@ import orjson
 from fastapi import APIRouter
 from starlette.routing import Route
 
-from ...coordinator import ChatResult, Coordinator
+from ...coordinator import Coordinator
 from ...errors import BadRequest
-from .._http import error_body, validate
-from ...types import Generation, SamplingParams
+from ...types import ChatResult, Generation, SamplingParams
+from ...wires.openai_chat import error_body
+from ...wires.openai_responses import ResponsesEvents, ResponsesRequest, input_messages, response_object
+from .._http import validate
 from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop, sampling
 from ._response_history import ResponseHistory
-from ._responses_input import ResponsesRequest, input_messages
-from ._responses_output import response_object
-from ._responses_stream import ResponsesEvents
 
 PATH = "/v1/responses"
 ROLLOUT_PATH = "/rollouts/{rollout_id}/v1/responses"

@@ -1,4 +1,4 @@
-"""A streamed OpenAI Responses answer, written as its tokens are generated (an ``_streaming.EventWriter``).
+"""A streamed OpenAI Responses answer, written as its tokens are generated (the server's ``EventWriter``).
 
 ``response.created`` and ``response.in_progress`` with the first token; a
 ``reasoning`` item (``response.reasoning_text.delta``) and a ``message``
@@ -17,10 +17,10 @@ from typing import Any, Callable
 import orjson
 
 from ...chat import TextDelta
-from ...coordinator import ChatResult
 from ...errors import MtrlError
-from .._http import error_body
-from ._endpoint import EVENTS, sse
+from ...types import ChatResult
+from .._shared import EVENTS, sse
+from ..openai_chat import error_body
 
 
 class ResponsesEvents:

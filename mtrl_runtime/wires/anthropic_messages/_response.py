@@ -10,7 +10,7 @@ parsed arguments). ``stop_reason`` is ``tool_use``, ``max_tokens``,
 ``signature_delta``, ``text_delta``, ``input_json_delta``) /
 ``content_block_stop``, ``message_delta`` (stop reason, output tokens),
 ``message_stop``; the route streams them as tokens are decoded
-(``_messages_stream``).
+(``_stream``).
 """
 
 from __future__ import annotations
@@ -19,25 +19,11 @@ from typing import Any
 
 import orjson
 
-from ...coordinator import ChatResult
 from ...errors import EngineFailure, MtrlError
+from ...types import ChatResult
+from ._maps import ERROR_TYPES, FINISH
 
 SIGNATURE = "mtrl-unsigned"
-
-_STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}
-
-# Anthropic's error types by HTTP status (what the SDK's exception classes are chosen by is the status itself)
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    408: "timeout_error",
-    409: "invalid_request_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-}
 
 
 def content_blocks(result: ChatResult) -> list[dict[str, Any]]:
@@ -64,7 +50,7 @@ def content_blocks(result: ChatResult) -> list[dict[str, Any]]:
 
 def message_object(message_id: str, model: str, result: ChatResult, stop_sequence: str | None = None) -> dict[str, Any]:
     """The ``message``; ``stop_sequence`` is the request's stop sequence that ended the turn, if one did."""
-    stop_reason = "stop_sequence" if stop_sequence is not None else _STOP_REASONS.get(result.finish_reason, "end_turn")
+    stop_reason = "stop_sequence" if stop_sequence is not None else FINISH.to_native(result.finish_reason)
     return {
         "id": message_id,
         "type": "message",
@@ -88,7 +74,7 @@ def anthropic_error_body(exc: MtrlError) -> tuple[bytes, dict[str, str]]:
     A 4xx is final, so ``x-should-retry: false`` stops the SDK's retries (it
     retries 409s otherwise); a 5xx may pass, and is retried as usual.
     """
-    kind = _ERROR_TYPES.get(exc.status, "api_error")
+    kind = ERROR_TYPES.get(exc.status, "api_error")
     payload = {"type": "error", "error": {"type": kind, "message": exc.message, "param": exc.param, "code": exc.status}}
     return orjson.dumps(payload), {"x-should-retry": "false"} if exc.status < 500 else {}
 

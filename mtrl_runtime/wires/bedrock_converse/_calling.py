@@ -1,4 +1,4 @@
-"""The Bedrock Converse wire of a reference endpoint: ``POST <url>/model/<modelId>/converse``.
+"""Calling a Bedrock Converse endpoint (a reference model, a judge): ``POST <url>/model/<modelId>/converse``.
 
 ``url`` is the runtime's root, e.g. https://bedrock-runtime.us-east-1.amazonaws.com.
 The credential is a Bedrock API key when ``api_key_env`` names one
@@ -26,12 +26,11 @@ import re
 from typing import Any, Mapping
 from urllib.parse import quote, urlsplit
 
-from ..types import ChatOptions, SamplingParams
-from ._reference_wire import ReferenceReply, append_blocks, arguments_object, assistant_reply, tool_call
+from ...types import ChatOptions, SamplingParams
+from .._shared import ReferenceReply, append_blocks, arguments_object, assistant_reply, tool_call
+from ._maps import FINISH
 
 _REGION = re.compile(r"^bedrock-runtime(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com")
-_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
-           "content_filtered": "content_filter", "guardrail_intervened": "content_filter"}
 
 
 class BedrockConverseWire:
@@ -116,7 +115,7 @@ class BedrockConverseWire:
                 if isinstance(text, str):
                     thoughts.append(text)
         stop = payload.get("stopReason")
-        return assistant_reply(texts, thoughts, calls, stop, _FINISH)
+        return assistant_reply(texts, thoughts, calls, stop, FINISH)
 
 
 def _texts(content: Any) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""A streamed Anthropic Messages answer, written as its tokens are generated (an ``_streaming.EventWriter``).
+"""A streamed Anthropic Messages answer, written as its tokens are generated (the server's ``EventWriter``).
 
 ``message_start`` as soon as the call is accepted; a ``thinking`` block
 (``thinking_delta``s, closed by the ``signature_delta`` of the fixed marker)
@@ -17,10 +17,10 @@ from typing import Any, Callable
 import orjson
 
 from ...chat import TextDelta
-from ...coordinator import ChatResult
 from ...errors import MtrlError
-from ._endpoint import EVENTS, sse
-from ._messages_output import SIGNATURE, anthropic_error_body
+from ...types import ChatResult
+from .._shared import EVENTS, sse
+from ._response import SIGNATURE, anthropic_error_body
 
 
 class MessagesEvents:

@@ -6,7 +6,7 @@ In: ``system`` becomes a system message; an assistant message's text,
 ``toolResult`` blocks become ``tool`` messages (named after the call they
 answer) and its text blocks a user message, in block order. A tool result
 with ``status: error`` reaches the model as its text, unchanged, and the
-flag is recorded (``_tool_results`` says why: the rule every protocol
+flag is recorded (``wires._shared`` says why: the rule every protocol
 follows). ``toolConfig`` becomes OpenAI function tools; ``toolChoice``
 ``auto`` / ``any`` / ``tool`` become ``auto`` / ``required`` / a named
 function.
@@ -15,7 +15,7 @@ Out: the reply's reasoning, text and tool calls as content blocks (in that
 order), the stop reason (``tool_use``, ``max_tokens``, ``stop_sequence``,
 ``end_turn``), token usage and latency, as one JSON body (``converse``;
 ``converse-stream``'s events are written as the tokens are decoded, by
-``_converse_stream``).
+``_stream``).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from typing import Any
 
 import orjson
 
-from ...coordinator import ChatResult
-from ...errors import BadRequest
-from ...types import ChatOptions
-from ._bedrock_schemas import ConverseRequest, ToolResultBlock
-from ._tool_results import tool_message
+from ...errors import BadRequest, MtrlError
+from ...types import ChatOptions, ChatResult
+from .._shared import tool_message
+from ._maps import FINISH, error_type
+from ._request import ConverseRequest, ToolResultBlock
 
 
 def chat_messages(body: ConverseRequest) -> list[dict[str, Any]]:
@@ -123,10 +123,9 @@ def chat_tools(body: ConverseRequest) -> tuple[list[dict[str, Any]] | None, Chat
 
 def stop_reason(result: ChatResult, body: ConverseRequest, tokenizer: Any) -> str:
     """Bedrock's stop reason for the finished reply."""
-    if result.finish_reason == "tool_calls":
-        return "tool_use"
-    if result.finish_reason == "length":
-        return "max_tokens"
+    native = FINISH.to_native(result.finish_reason)
+    if native != "end_turn":
+        return native
     stops = body.inferenceConfig.stopSequences if body.inferenceConfig is not None else None
     if stops:  # only then is the completion decoded again
         text = tokenizer.decode(list(result.generation.completion_ids))
@@ -166,4 +165,15 @@ def converse_json(result: ChatResult, stop: str, latency_ms: int) -> bytes:
     })
 
 
-__all__ = ["chat_messages", "chat_tools", "content_blocks", "converse_json", "stop_reason", "usage"]
+def error_body(exc: MtrlError) -> tuple[bytes, dict[str, str]]:
+    """Bedrock's error shape: the type in ``x-amzn-ErrorType``, the sentence in ``message``.
+
+    A 4xx is final and says so with ``x-should-retry: false``, as every protocol's refusal does; a 5xx may pass.
+    """
+    headers = {"x-amzn-errortype": error_type(exc.status)}
+    if exc.status < 500:
+        headers["x-should-retry"] = "false"
+    return orjson.dumps({"message": exc.message}), headers
+
+
+__all__ = ["chat_messages", "error_body", "chat_tools", "content_blocks", "converse_json", "stop_reason", "usage"]

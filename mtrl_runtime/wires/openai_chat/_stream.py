@@ -1,6 +1,6 @@
 """A streamed chat completion's ``chat.completion.chunk`` events, written as its tokens are generated.
 
-``_streaming.stream_answer`` runs the call and writes these events as each
+The server's ``stream_answer`` runs the call and writes these events as each
 text delta is decoded. Event order, as OpenAI streams: the role, reasoning and content
 deltas as they come, what is left of the final message's content and
 reasoning, the parsed tool calls (only at the end: a call's text is never
@@ -17,18 +17,19 @@ from typing import Any
 
 import orjson
 
-from ..chat import TextDelta
-from ..coordinator import ChatResult
-from ..errors import MtrlError
-from ._chat_payloads import _logprobs, _usage
-from ._http import error_body
-from ._schemas import ChatCompletionRequest
+from ...chat import TextDelta
+from ...errors import MtrlError
+from ...types import ChatResult
+from .._shared import EVENTS
+from ._errors import error_body
+from ._request import ChatCompletionRequest
+from ._response import logprobs, usage
 
 
 class ChunkEvents:
-    """The ``data:`` events of one streamed completion, as bytes (an ``_streaming.EventWriter``)."""
+    """The ``data:`` events of one streamed completion, as bytes (the server's ``EventWriter``)."""
 
-    content_type = b"text/event-stream"
+    content_type = EVENTS
 
     def __init__(self, cid: str, model: str, tokenizer: Any, body: ChatCompletionRequest) -> None:
         self.base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
@@ -61,12 +62,12 @@ class ChunkEvents:
                   for i, call in enumerate(result.message.get("tool_calls") or [])]
         extra: dict[str, Any] = {}
         if body.wants_logprobs:
-            extra["logprobs"] = _logprobs(self.tokenizer, result)
+            extra["logprobs"] = logprobs(self.tokenizer, result)
         if body.wants_token_ids:
             extra["token_ids"] = list(result.generation.completion_ids)
         events.append(self.chunk({}, result.finish_reason, **extra))
         if body.stream_options is not None and body.stream_options.include_usage:
-            payload = {**self.base, "choices": [], "usage": _usage(result)}
+            payload = {**self.base, "choices": [], "usage": usage(result)}
             if body.wants_token_ids:
                 payload["prompt_token_ids"] = list(result.prompt_ids)
             events.append(b"data: " + orjson.dumps(payload) + b"\n\n")

@@ -1,6 +1,6 @@
-"""A streamed Bedrock ``converse-stream`` answer, written as its tokens are generated (an ``_streaming.EventWriter``).
+"""A streamed Bedrock ``converse-stream`` answer, written as its tokens are generated (the server's ``EventWriter``).
 
-In AWS event-stream framing (``_eventstream``), the events Bedrock sends:
+In AWS event-stream framing (``eventstream``), the events Bedrock sends:
 ``messageStart`` as soon as the first token is generated; a reasoning block
 (``contentBlockDelta`` with ``reasoningContent.text``) and a text block
 (``contentBlockDelta`` with ``text``) as their text is decoded, each closed by
@@ -12,7 +12,7 @@ model says so. At the end each tool call is a ``toolUse`` block
 ``toolUse.input`` is the call's arguments as a JSON string, as Bedrock
 streams it, ``contentBlockStop``), then ``messageStop`` (the stop reason)
 and ``metadata`` (usage and ``latencyMs``). The blocks equal
-``_bedrock_translate.content_blocks`` for the same result (a reply with
+``_translate.content_blocks`` for the same result (a reply with
 neither text nor calls gets its one empty text block).
 
 A failure after the stream opened is an event-stream ``exception`` message
@@ -28,19 +28,11 @@ from typing import Any, Callable
 import orjson
 
 from ...chat import TextDelta
-from ...coordinator import ChatResult
 from ...errors import MtrlError
-from . import _eventstream
-from ._bedrock_translate import usage
-
-# the stream union's exception members, by the HTTP status of mtrl's error (others: internalServerException)
-_STREAM_EXCEPTIONS = {
-    400: "validationException",
-    413: "validationException",
-    429: "throttlingException",
-    502: "modelStreamErrorException",
-    503: "serviceUnavailableException",
-}
+from ...types import ChatResult
+from . import eventstream
+from ._maps import STREAM_EXCEPTIONS
+from ._translate import usage
 
 
 class ConverseEvents:
@@ -50,7 +42,7 @@ class ConverseEvents:
     ``started`` the call's start (``time.perf_counter()``), for ``metadata.metrics.latencyMs``.
     """
 
-    content_type = _eventstream.CONTENT_TYPE
+    content_type = eventstream.CONTENT_TYPE
 
     def __init__(self, stop_reason: Callable[[ChatResult], str], started: float) -> None:
         self.stop_reason = stop_reason
@@ -60,7 +52,7 @@ class ConverseEvents:
         self.opened = False  # some text or reasoning block was written
 
     def opening(self, prompt_tokens: int) -> bytes:
-        return _eventstream.event("messageStart", b'{"role":"assistant"}')
+        return eventstream.event("messageStart", b'{"role":"assistant"}')
 
     def text(self, delta: TextDelta) -> bytes:
         out = b""
@@ -89,8 +81,8 @@ class ConverseEvents:
         return out + _event("metadata", usage=usage(result), metrics={"latencyMs": latency_ms})
 
     def error(self, exc: MtrlError) -> bytes:
-        kind = _STREAM_EXCEPTIONS.get(exc.status, "internalServerException")
-        return _eventstream.exception(kind, orjson.dumps({"message": exc.message}))
+        kind = STREAM_EXCEPTIONS.get(exc.status, "internalServerException")
+        return eventstream.exception(kind, orjson.dumps({"message": exc.message}))
 
     def _delta(self, kind: str, delta: dict[str, Any]) -> bytes:
         """A delta of a ``kind`` block, opening it (and closing the one before) unless it is being written."""
@@ -110,7 +102,7 @@ class ConverseEvents:
 
 
 def _event(kind: str, **fields: Any) -> bytes:
-    return _eventstream.event(kind, orjson.dumps(fields))
+    return eventstream.event(kind, orjson.dumps(fields))
 
 
 __all__ = ["ConverseEvents"]

@@ -1,4 +1,4 @@
-"""Request bodies of the OpenAI-compatible routes.
+"""The OpenAI chat-completions request body.
 
 Known fields are validated (a bad value is a 400 naming the field and the
 value; a wrong JSON type is refused, never coerced); fields that OpenAI
@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from ..types import ChatOptions, SamplingParams
+from ...errors import BadRequest
+from ...types import ChatOptions, SamplingParams
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -140,8 +141,6 @@ class ChatCompletionRequest(BaseModel):
             fn = choice.get("function")
             name = fn.get("name") if isinstance(fn, dict) else None
             if choice.get("type", "function") != "function" or not isinstance(name, str) or not name:
-                from ..errors import BadRequest
-
                 raise BadRequest(
                     f"tool_choice must be {{'type': 'function', 'function': {{'name': ...}}}}, got {choice!r}",
                     param="tool_choice",
@@ -159,8 +158,6 @@ class ChatCompletionRequest(BaseModel):
         if max_tokens > max_tokens_cap and over_cap == "clamp":
             asked, max_tokens = max_tokens, max_tokens_cap
         if max_tokens > max_tokens_cap:
-            from ..errors import BadRequest
-
             raise BadRequest(
                 f"max_tokens: {max_tokens} is above this server's limit of {max_tokens_cap} "
                 "(advanced.server.max_tokens_over_cap: refuse)",

@@ -1,4 +1,4 @@
-"""An answered chat completion as OpenAI's JSON body, built as bytes (its streamed events: ``_chat_stream``)."""
+"""An answered chat completion as OpenAI's JSON body, built as bytes (its streamed events: ``_stream``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import orjson
 
-from ..coordinator import ChatResult
-from ._schemas import ChatCompletionRequest
+from ...types import ChatResult
+from ._request import ChatCompletionRequest
 
 
 def completion_json(cid: str, model: str, tokenizer: Any, body: ChatCompletionRequest, result: ChatResult) -> bytes:
@@ -17,7 +17,7 @@ def completion_json(cid: str, model: str, tokenizer: Any, body: ChatCompletionRe
         "index": 0,
         "message": result.message,
         "finish_reason": result.finish_reason,
-        "logprobs": _logprobs(tokenizer, result) if body.wants_logprobs else None,
+        "logprobs": logprobs(tokenizer, result) if body.wants_logprobs else None,
     }
     payload: dict[str, Any] = {
         "id": cid,
@@ -25,7 +25,7 @@ def completion_json(cid: str, model: str, tokenizer: Any, body: ChatCompletionRe
         "created": int(time.time()),
         "model": model,
         "choices": [choice],
-        "usage": _usage(result),
+        "usage": usage(result),
     }
     if body.wants_token_ids:
         choice["token_ids"] = list(result.generation.completion_ids)
@@ -34,13 +34,13 @@ def completion_json(cid: str, model: str, tokenizer: Any, body: ChatCompletionRe
     return orjson.dumps(payload)
 
 
-def _usage(result: ChatResult) -> dict[str, int]:
+def usage(result: ChatResult) -> dict[str, int]:
     prompt = len(result.prompt_ids)
     completion = len(result.generation.completion_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _logprobs(tokenizer: Any, result: ChatResult) -> dict[str, Any]:
+def logprobs(tokenizer: Any, result: ChatResult) -> dict[str, Any]:
     gen = result.generation
     content = []
     for i, (tid, lp) in enumerate(zip(gen.completion_ids, gen.logprobs)):
@@ -54,4 +54,4 @@ def _logprobs(tokenizer: Any, result: ChatResult) -> dict[str, Any]:
     return {"content": content}
 
 
-__all__ = ["completion_json"]
+__all__ = ["completion_json", "logprobs", "usage"]

@@ -4,12 +4,13 @@ Output items, in the order the model wrote them: a ``reasoning`` item (the
 reasoning text as ``reasoning_text`` content, as open-weight servers return
 it), a ``message`` with one ``output_text`` part, then one ``function_call``
 per tool call (``call_id`` is the call's id, echoed back by
-``function_call_output``). A completion cut by ``max_output_tokens`` is
-``status: "incomplete"`` with ``incomplete_details.reason``, and its stream
+``function_call_output``). A completion cut by ``max_output_tokens`` (or a
+content filter) is ``status: "incomplete"`` with ``incomplete_details.reason``
+(``_maps``), and its stream
 ends with ``response.incomplete`` as OpenAI's does. Streamed events carry the
 ``sequence_number`` the SDK reads. ``response_events`` writes a finished
 response's events at once; the route streams them as tokens are decoded
-(``_responses_stream``).
+(``_stream``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from typing import Any
 
 import orjson
 
-from ...coordinator import ChatResult
-from ._endpoint import sse
-from ._responses_input import NAMESPACE_SEPARATOR
+from ...types import ChatResult
+from .._shared import sse
+from ._maps import INCOMPLETE
+from ._request import NAMESPACE_SEPARATOR
 
 
 def output_items(result: ChatResult, item_id: str) -> list[dict[str, Any]]:
@@ -53,7 +55,7 @@ def response_object(response_id: str, model: str, request: Any, sampling: Any, r
     """The ``response`` object of a finished call (``request`` is the validated ``ResponsesRequest``)."""
     prompt = len(result.prompt_ids)
     completion = len(result.generation.completion_ids)
-    incomplete = result.finish_reason == "length"
+    incomplete = INCOMPLETE.to_native(result.finish_reason)  # "" when the reply ended on its own
     return {
         "id": response_id,
         "object": "response",
@@ -61,7 +63,7 @@ def response_object(response_id: str, model: str, request: Any, sampling: Any, r
         "status": "incomplete" if incomplete else "completed",
         "background": False,
         "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "incomplete_details": {"reason": incomplete} if incomplete else None,
         "instructions": request.instructions,
         "max_output_tokens": request.max_output_tokens,
         "metadata": request.metadata or {},

@@ -1,4 +1,4 @@
-"""The OpenAI chat-completions wire of a reference endpoint (OpenAI, vLLM, SGLang, LiteLLM, any compatible server).
+"""Calling an OpenAI chat-completions endpoint (a reference model, a judge) (OpenAI, vLLM, SGLang, LiteLLM, any compatible server).
 
 The request forwards the conversation, the tools and ``tool_choice``, and
 the rollout's sampling (temperature, top_p, max_tokens, stop, seed). The
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..types import ChatOptions, SamplingParams
-from ._reference_wire import ReferenceReply, arguments_text
+from ...types import ChatOptions, SamplingParams
+from .._shared import ReferenceReply, arguments_text
 
 
 class OpenAIChatWire:

@@ -1,4 +1,4 @@
-"""The Anthropic Messages wire of a reference endpoint: ``POST <url>/v1/messages`` (``url``: https://api.anthropic.com).
+"""Calling an Anthropic Messages endpoint (a reference model, a judge): ``POST <url>/v1/messages`` (``url``: https://api.anthropic.com).
 
 Chat messages become Messages content blocks: system messages the
 ``system`` prompt; an assistant message its text and a ``tool_use`` block
@@ -18,12 +18,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..types import ChatOptions, SamplingParams
-from ._reference_wire import ReferenceReply, append_blocks, arguments_object, assistant_reply, tool_call
-
-API_VERSION = "2023-06-01"
-_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
-           "refusal": "content_filter"}
+from ...types import ChatOptions, SamplingParams
+from .._shared import ReferenceReply, append_blocks, arguments_object, assistant_reply, tool_call
+from ._maps import API_VERSION, FINISH
 
 
 class AnthropicMessagesWire:
@@ -97,7 +94,7 @@ class AnthropicMessagesWire:
                     raise ValueError(f"content[{i}] (tool_use) has no name")
                 calls.append(tool_call(str(block.get("id") or f"toolu_{i}"), block["name"], block.get("input")))
         stop = payload.get("stop_reason")
-        return assistant_reply(texts, thoughts, calls, stop, _FINISH)
+        return assistant_reply(texts, thoughts, calls, stop, FINISH)
 
 
 def _text_blocks(content: Any) -> list[dict[str, Any]]:
@@ -112,4 +109,4 @@ def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["API_VERSION", "AnthropicMessagesWire"]
+__all__ = ["AnthropicMessagesWire"]

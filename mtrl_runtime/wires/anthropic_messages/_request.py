@@ -15,7 +15,7 @@ message (in block order); an assistant message's ``thinking`` blocks its
 ``reasoning_content``, its text blocks its content, each ``tool_use`` a tool
 call (``input`` as JSON arguments, ``id`` as the call id). A
 ``tool_result`` with ``is_error: true`` reaches the model as its text,
-unchanged, and the flag is recorded (``_tool_results`` says why: the rule
+unchanged, and the flag is recorded (``wires._shared`` says why: the rule
 every protocol follows); an ``is_error`` that is not a boolean is refused.
 """
 
@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ...errors import BadRequest
 from ...types import ChatOptions
-from ._tool_results import tool_message
+from .._shared import tool_message
 
 
 class CustomTool(BaseModel):
