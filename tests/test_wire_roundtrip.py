@@ -87,12 +87,12 @@ def _sse(raw: bytes) -> list[tuple[str | None, str]]:
 
 
 def test_every_protocol_is_registered_once_with_its_request_schema():
-    assert WIRES.names() == ["anthropic_messages", "bedrock_converse", "openai_chat", "openai_responses"]
+    assert WIRES.names() == ["anthropic_messages", "bedrock_converse", "gemini", "openai_chat", "openai_responses"]
     for name in WIRES:
         wire = WIRES.get(name)
         assert wire.name == name and hasattr(wire.request, "model_validate")
     assert {WIRES.get(n).reference_name for n in WIRES if WIRES.get(n).calling} == {"openai", "responses", "anthropic",
-                                                                                        "bedrock"}
+                                                                                        "bedrock", "gemini"}
 
 
 @pytest.mark.parametrize("wire, pairs", [
