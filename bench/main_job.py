@@ -66,7 +66,10 @@ def summarize(log: str) -> dict[str, Any]:
                                   "change": float(m["change"])} for m in ROW.finditer(log)}
     if "strict task success" not in table:
         raise ValueError("the log has no 'strict task success' row: the evaluation did not finish")
-    load = re.search(r"load average ([\d.]+) / ([\d.]+) / ([\d.]+)", text)
+    load = re.search(r"load average ([\d.]+) / ([\d.]+) / ([\d.]+)", text)  # a demo before the sampled load
+    flat = re.sub(r"\s+", " ", text)
+    sampled = re.search(r"load while it ran \(1-min average, (\d+) samples every (\d+) s\): median ([\d.]+), "
+                        r"peak ([\d.]+), above (\d+) in (\d+)% of the samples(?:; other processes' CPU (\d+)%)?", flat)
     precision = re.search(r"precision: (weights \w+, update \w+ \((?:[^()]|\([^()]*\))*\))", re.sub(r"\s+", " ", text))
     return {
         "seconds": {key: _seconds(timing[key]) for key in
@@ -78,7 +81,13 @@ def summarize(log: str) -> dict[str, Any]:
         "precision": precision.group(1) if precision else None,
         # what the demo said of the machine at its end (1 / 5 / 15 min), and whether it called it shared
         "demo_load_average": [float(x) for x in load.groups()] if load else None,
-        "demo_says_shared": "the machine was shared" in re.sub(r"\s+", " ", text),
+        # what it sampled through the run (the demo since the load sampler): median and peak 1-min load, the
+        # share of samples above what the demo adds + 1, and other processes' share of the cores' CPU time
+        "demo_load_while_running": None if sampled is None else {
+            "samples": int(sampled[1]), "interval_s": int(sampled[2]), "median": float(sampled[3]),
+            "peak": float(sampled[4]), "above": int(sampled[5]), "share_above": int(sampled[6]) / 100,
+            "others_cpu_share": None if sampled[7] is None else int(sampled[7]) / 100},
+        "demo_says_shared": "the machine was shared" in flat,
         "asynchronous": "asynchronous" in log.split("\n", 1)[0],
     }
 

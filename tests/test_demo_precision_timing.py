@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import ast
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from mtrl_runtime.cli._demo_timing import demo_timing, timing_lines
+from mtrl_runtime.cli._load_sampler import SHARED_CPU_SHARE, LoadSampler, LoadSummary, load_verdict
 from mtrl_runtime.cli._precision import resolve_precision
 from mtrl_runtime.cli.demo import DEMO_RECIPE
 from mtrl_runtime.config import MtrlConfig
@@ -54,25 +56,96 @@ STEPS = [  # time/* of a demo run's step reports (recorded from a quiet 2-core r
 ]
 
 
+def _load(loads, share, cpus=2):
+    return LoadSummary(tuple(loads), interval_s=15.0, wall_s=620.0, cpus=cpus, others_cpu_share=share)
+
+
 def test_the_timing_split_adds_the_steps_and_names_a_quiet_machine():
-    timing = demo_timing(STEPS, training_s=170.0, evaluation_s=450.0, load_avg=(2.1, 2.3, 2.0), cpus=2,
+    timing = demo_timing(STEPS, training_s=170.0, evaluation_s=450.0, load=_load([2.1, 2.3, 2.0, 3.4], 0.04),
                          own_threads=2)
     assert (timing.rollouts_s, timing.update_s, timing.other_s, timing.total_s) == (100.5, 60.5, 9.0, 620.0)
-    first, machine, verdict = timing_lines(timing, "precision: weights bf16")
+    first, machine, load, verdict = timing_lines(timing, "precision: weights bf16")
     assert first == ("time: 10.3 min in all = training 2.8 min (2 steps, 85 s a step: rollouts 1.7 min, "
                      "update 1.0 min, other 9 s) + evaluation 7.5 min")
-    assert machine == "machine: 2 CPU cores, load average 2.10 / 2.30 / 2.00 (1 / 5 / 15 min); precision: weights bf16"
-    assert verdict.startswith("the machine was quiet")
+    assert machine == "machine: 2 CPU cores; precision: weights bf16"
+    assert load == ("load while it ran (1-min average, 4 samples every 15 s): median 2.20, peak 3.40, above 3 in "
+                    "25% of the samples; other processes' CPU 4% of the cores' time")
+    assert verdict == ("the machine was quiet (other processes used 4% of the 2 cores' time while it ran): "
+                       "these times are the run's own")
 
 
-def test_a_loaded_machine_is_named_as_the_cause():
-    timing = demo_timing(STEPS, 170.0, 450.0, (9.5, 8.0, 7.2), cpus=2, own_threads=2)
-    assert timing_lines(timing, "p")[2].startswith("the machine was shared: the load was above the ~2")
+def test_a_run_shared_for_most_of_its_time_is_named_shared_though_it_ended_quiet():
+    """The case the load average at the end got wrong: busy for 40 of 45 minutes, alone for the last five."""
+    loads = [9.5] * 160 + [0.4] * 20  # every 15 s
+    timing = demo_timing(STEPS, 170.0, 450.0, _load(loads, 0.62), own_threads=2)
+    lines = timing_lines(timing, "p")
+    assert lines[2].startswith("load while it ran (1-min average, 180 samples every 15 s): median 9.50, peak 9.50, "
+                               "above 3 in 89% of the samples")
+    assert lines[3].startswith("the machine was shared (other processes used 62% of the 2 cores' time while it ran)")
+    # without /proc/stat the sampled median decides, and it says so
+    no_proc = demo_timing(STEPS, 170.0, 450.0, _load(loads, None), own_threads=2)
+    assert timing_lines(no_proc, "p")[3].startswith(
+        "the machine was shared (the median load while it ran was 9.50, against the ~2 it adds by itself)")
+    quiet = demo_timing(STEPS, 170.0, 450.0, _load([2.2, 2.4, 9.0], None), own_threads=2)
+    assert timing_lines(quiet, "p")[3].startswith("the machine was quiet (the median load while it ran was 2.40")
+
+
+def test_the_verdict_threshold_on_other_processes_cpu():
+    assert load_verdict(_load([1.0], SHARED_CPU_SHARE), own_threads=2)[0] is True
+    assert load_verdict(_load([9.0], SHARED_CPU_SHARE - 0.01), own_threads=2)[0] is False  # the CPU share decides
+
+
+def test_the_sampler_samples_through_the_run_and_measures_other_processes_cpu():
+    """Driven readers: a load that rises and falls, and a machine that spent 3 CPU-s of which 1 was this process."""
+    loads = iter([1.0, 5.0, 6.0, 7.0, 0.5] + [0.5] * 100)
+    clock = iter([100.0, 102.0])
+    machine = iter([(50.0, 200.0), (53.0, 204.0)])  # busy, total CPU seconds since boot
+    own = iter([10.0, 11.0])
+    sampler = LoadSampler(0.01, read_load=lambda: next(loads), read_machine_cpu=lambda: next(machine),
+                          read_own_cpu=lambda: next(own), clock=lambda: next(clock), cpus=2)
+    with sampler:
+        deadline = time.monotonic() + 5
+        while len(sampler._loads) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    summary = sampler.stop()  # stopped once: the context manager's summary
+    assert summary.loads[:4] == (1.0, 5.0, 6.0, 7.0) and summary.loads[-1] == 0.5
+    assert summary.wall_s == 2.0 and summary.cpus == 2
+    assert summary.others_cpu_share == pytest.approx(0.5)  # (3 - 1) / 4
+
+
+def test_the_real_sampler_counts_a_process_it_did_not_wait_for_as_another_processes_cpu():
+    """A child that spins for 1.5 s while this process sleeps, reaped only after the sampler stopped."""
+    import subprocess
+
+    spin = "import time\nt = time.time() + 1.5\nwhile time.time() < t: pass"
+    with LoadSampler(0.05) as sampler:
+        child = subprocess.Popen([sys.executable, "-c", spin])
+        time.sleep(1.6)
+    summary = sampler.stop()
+    child.wait()
+    assert len(summary.loads) >= 3 and all(load >= 0 for load in summary.loads)
+    if not Path("/proc/stat").exists():
+        assert summary.others_cpu_share is None
+        return
+    # at least the child's share of two cores' 1.6 s (it spins on one core alone on a quiet machine: ~0.45;
+    # on a busy one other processes take the rest, and the share is higher)
+    assert summary.others_cpu_share is not None and 0.2 <= summary.others_cpu_share <= 1.0, summary
+
+
+def test_a_sampler_refuses_a_bad_interval_and_a_second_start():
+    with pytest.raises(ValueError, match=r"interval_s: expected seconds > 0, got 0"):
+        LoadSampler(0)
+    sampler = LoadSampler(10.0).start()
+    with pytest.raises(RuntimeError, match="already started"):
+        sampler.start()
+    sampler.stop()
+    with pytest.raises(RuntimeError, match="never started"):
+        LoadSampler(1.0).stop()
 
 
 def test_a_step_without_its_timings_is_an_error_naming_the_key():
     with pytest.raises(ValueError, match=r"step_metrics\[1\]: no time/update"):
-        demo_timing([STEPS[0], {"time/rollout": 1.0}], 10.0, 10.0, (0.0, 0.0, 0.0), cpus=2, own_threads=2)
+        demo_timing([STEPS[0], {"time/rollout": 1.0}], 10.0, 10.0, _load([0.0], None), own_threads=2)
 
 
 def test_every_bench_records_the_dtype_it_ran():

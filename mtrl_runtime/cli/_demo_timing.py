@@ -1,8 +1,9 @@
 """Where the demo's time went, and how busy the machine was: the lines ``mtrl demo`` ends with.
 
 A run that took 40 minutes may be a slow run or a shared machine; the split
-(rollouts, update, evaluation) and the load average against the core count
-tell which. The step reports' ``time/rollout`` and ``time/update`` are the
+(rollouts, update, evaluation) and the load sampled through the run
+(``_load_sampler``: the load average every 15 s, and other processes' share of
+the CPU time) tell which. The step reports' ``time/rollout`` and ``time/update`` are the
 trainer's own measurements; the training and evaluation totals are wall time
 around each phase (training's includes setup, checkpoints and what the two
 parts do not cover, shown as "other").
@@ -13,18 +14,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from ._load_sampler import LoadSummary, load_line, load_verdict
+
 
 @dataclass(frozen=True)
 class DemoTiming:
-    """Seconds per phase of one demo run and the machine's load at its end."""
+    """Seconds per phase of one demo run and the machine's load while it ran."""
 
     training_s: float  # wall time of trainer.train()
     rollouts_s: float  # sum of the steps' time/rollout
     update_s: float  # sum of the steps' time/update
     evaluation_s: float  # wall time of the evaluation (base and trained)
     steps: int
-    load_avg: tuple[float, float, float]  # os.getloadavg() at the end: 1, 5, 15 minutes
-    cpus: int
+    load: LoadSummary  # sampled from the start of training to the end of the evaluation
     own_threads: int  # the engine's CPU threads: the load the demo itself adds
 
     @property
@@ -39,7 +41,7 @@ class DemoTiming:
 
 def demo_timing(
     step_metrics: Iterable[Mapping[str, float]], training_s: float, evaluation_s: float,
-    load_avg: tuple[float, float, float], cpus: int, own_threads: int,
+    load: LoadSummary, own_threads: int,
 ) -> DemoTiming:
     """Add up the steps' ``time/rollout`` and ``time/update`` (a step missing one is an error naming it)."""
     metrics = list(step_metrics)
@@ -53,8 +55,7 @@ def demo_timing(
         update_s=sum(m["time/update"] for m in metrics),
         evaluation_s=evaluation_s,
         steps=len(metrics),
-        load_avg=tuple(load_avg),  # type: ignore[arg-type]
-        cpus=cpus,
+        load=load,
         own_threads=own_threads,
     )
 
@@ -66,15 +67,15 @@ def timing_lines(t: DemoTiming, precision: str) -> list[str]:
         f"time: {_minutes(t.total_s)} in all = training {_minutes(t.training_s)} ({t.steps} steps{per_step}: "
         f"rollouts {_minutes(t.rollouts_s)}, update {_minutes(t.update_s)}, other {_minutes(t.other_s)}) "
         f"+ evaluation {_minutes(t.evaluation_s)}",
-        f"machine: {t.cpus} CPU cores, load average {t.load_avg[0]:.2f} / {t.load_avg[1]:.2f} / {t.load_avg[2]:.2f} "
-        f"(1 / 5 / 15 min); {precision}",
+        f"machine: {t.load.cpus} CPU cores; {precision}",
+        load_line(t.load, t.own_threads),
     ]
-    own = min(t.own_threads, t.cpus)
-    if max(t.load_avg[1], t.load_avg[2]) > own + 1:  # the 5 and 15 min averages span most of the run
-        lines.append(f"the machine was shared: the load was above the ~{own} this demo adds by itself, so other "
-                     "processes took CPU time and these times are longer than the run needs on a quiet machine")
+    shared, why = load_verdict(t.load, t.own_threads)
+    if shared:
+        lines.append(f"the machine was shared ({why}): other processes took CPU time, and these times are "
+                     "longer than the run needs on a quiet machine")
     else:
-        lines.append(f"the machine was quiet (load near the ~{own} this demo adds by itself): these times are the run's own")
+        lines.append(f"the machine was quiet ({why}): these times are the run's own")
     return lines
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import time
 from typing import Any, Iterator, Mapping
 
@@ -136,6 +135,7 @@ def _demo(args: argparse.Namespace) -> int:
     from ..evaluation import MultiTurnRLEvaluator
     from ..training import MultiTurnRLTrainer
     from ._demo_timing import demo_timing, timing_lines
+    from ._load_sampler import LoadSampler
     from ._precision import resolve_precision
 
     console = Console()
@@ -149,6 +149,7 @@ def _demo(args: argparse.Namespace) -> int:
     console.print(precision)
     trainer = MultiTurnRLTrainer(agent_env=run, training_dataset=_rows("train", args.fields), config=config,
                                  tracking=not args.no_mlflow)
+    load = LoadSampler(interval_s=15.0).start()  # through training and evaluation, for the closing lines
     started = time.perf_counter()
     with _agent_logs(args.agent_logs):
         result = trainer.train(progress=True)
@@ -168,6 +169,7 @@ def _demo(args: argparse.Namespace) -> int:
     with _agent_logs(args.agent_logs):
         evaluation = evaluator.evaluate()
     evaluation_s = time.perf_counter() - started
+    load_while_running = load.stop()
     base = evaluation.base.metrics if evaluation.base else {}
     trained = evaluation.fine_tuned.metrics if evaluation.fine_tuned else {}
     console.print(_table(base, trained))
@@ -179,8 +181,8 @@ def _demo(args: argparse.Namespace) -> int:
                   f"  mtrl serve --adapter {config.run_dir} --inference\n"
                   f"or export it (a peft adapter; --merged for a standalone model folder vLLM serves too):\n"
                   f"  mtrl export {config.run_dir} {config.run_dir / 'export'} --merged")
-    timing = demo_timing([r.metrics for r in result.reports], training_s, evaluation_s, os.getloadavg(),
-                         os.cpu_count() or 1, int(config.advanced.engine_options.get("num_threads") or 1))
+    timing = demo_timing([r.metrics for r in result.reports], training_s, evaluation_s, load_while_running,
+                         int(config.advanced.engine_options.get("num_threads") or 1))
     for line in timing_lines(timing, precision):
         console.print(line)
     return 0
