@@ -35,11 +35,17 @@ The rules a page follows (docs/guide.md, "Code blocks in these docs", says the s
   ``mlflow ui``; see ``SERVERS``) is started in the background; the test
   waits (bounded) for its health URL, runs the rest of the page against it,
   and stops it when the page is done.
+- A page's servers listen on free ports, not the documented ones, so that
+  two workers (or another process of the machine) can hold 8731 or 5000 at
+  the same time: the documented port of each server the page starts is
+  replaced, in every run block of that page, by a port free when its
+  workspace was made (``Workspace.localize``), and a server command that
+  relies on its default port is given ``--port`` with it. Nothing else of
+  a block changes.
 - Under pytest-xdist (``pytest -n 3``; ``--dist loadgroup`` is in
   pyproject's addopts) each page is one ``xdist_group`` (``PAGE_GROUP``,
   ``tests/_groups.py``): its blocks run in page order on one worker, in one
-  workspace. Pages whose servers listen on the same fixed port share a
-  group, and a page that launches a multi-process job (``torchrun``, ``ray
+  workspace. A page that launches a multi-process job (``torchrun``, ``ray
   start``) joins the group of the suite's other such tests. A block whose
   page's earlier selected blocks did not run in its workspace fails, naming
   them (a page split between workers, or run out of order).
@@ -67,6 +73,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -109,6 +116,12 @@ class Server:
         """The port the server of a block's ``code`` listens on: its ``--port``, else the command's default."""
         flag = re.search(r"--port[ =](\d+)", code)
         return int(flag.group(1)) if flag else self.default_port
+
+    def with_port_flag(self, code: str, port: int) -> str:
+        """``code`` with ``--port PORT`` right after the server's command where it gives no ``--port`` of its own."""
+        if re.search(r"--port[ =]\d+", code):
+            return code
+        return self.pattern.sub(lambda m: f"{m.group(0)} --port {port}", code, count=1)
 
 
 SERVERS = (
@@ -169,26 +182,45 @@ def server_of(block: Block) -> Server | None:
 
 
 def page_groups() -> dict[str, str]:
-    """Each page's ``xdist_group`` (module docstring): the page's own, unless it shares a port or runs a job.
+    """Each page's ``xdist_group`` (module docstring): the page's own, or ``PROCESSES`` if it runs a job.
 
-    Pages whose run blocks start servers on one port share a group (two
-    workers would start both at once); a page whose run blocks start a
-    multi-process job (``JOBS``) is in ``PROCESSES``, with every page that
-    shares a group with it.
+    A page whose run blocks start a multi-process job (``JOBS``) is in
+    ``PROCESSES``. Servers do not join pages: each page's listen on ports of
+    their own (``Workspace.localize``).
     """
     group: dict[str, str] = {}
-    holder: dict[str, str] = {}  # "port N" or PROCESSES -> the group holding it
     for page in PAGES:
         run = [b for b in PAGE_BLOCKS[page] if b.info == "bash" and b.needs is None]
-        claims = {f"port {s.port(b.code)}" for b in run if (s := server_of(b)) is not None}
-        claims |= {PROCESSES for b in run if JOBS.search(b.code)}
-        joined = {holder[c] for c in claims if c in holder}
-        name = PROCESSES if PROCESSES in claims | joined else min(joined, default=f"docs-{page}")
-        for table in (group, holder):
-            table.update({key: name for key, held in table.items() if held in joined})
-        holder.update(dict.fromkeys(claims, name))
-        group[page] = name
+        group[page] = PROCESSES if any(JOBS.search(b.code) for b in run) else f"docs-{page}"
     return group
+
+
+def page_server_ports(page: str) -> set[int]:
+    """The documented ports of the servers ``page``'s run blocks start."""
+    return {s.port(b.code) for b in PAGE_BLOCKS[page] if (s := server_of(b)) is not None}
+
+
+def localize(block: Block, ports: dict[int, int]) -> str:
+    """``block``'s code with each documented server port replaced by its own in ``ports`` (documented -> used).
+
+    A server block that gives no ``--port`` gets ``--port`` with its port;
+    every other mention of a documented port (a URL, a flag) is replaced
+    where it stands as a whole number.
+    """
+    code = block.code
+    server = server_of(block)
+    if server is not None:
+        code = server.with_port_flag(code, ports[server.port(block.code)])
+    for documented, port in ports.items():
+        code = re.sub(rf"(?<![\d.]){documented}(?!\d)", str(port), code)
+    return code
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (the OS's pick for port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 PAGE_GROUP = page_groups()
@@ -256,6 +288,31 @@ def test_a_block_whose_page_lacks_its_install_line_fails_as_it_would_for_a_reade
     assert "No module named 'litellm'" in results["without"].stderr, results["without"].stderr[-3000:]
 
 
+def test_a_page_s_servers_and_their_clients_move_to_the_workspace_s_ports_and_nothing_else_changes():
+    """README's ``mtrl serve`` (default port) and its client, evaluation.md's reference URL, a given --port."""
+    readme = {b.line: b for b in PAGE_BLOCKS["README.md"]}
+    serve = next(b for b in readme.values() if server_of(b) is not None)
+    client = next(b for b in readme.values() if b.info == "python" and "8731" in b.code)
+    assert page_server_ports("README.md") == {8731}
+    ports = {8731: 40123}
+    served = localize(serve, ports)
+    assert served == serve.code.replace("mtrl serve", "mtrl serve --port 40123", 1).replace("8731", "40123")
+    assert localize(client, ports) == client.code.replace("http://127.0.0.1:8731/", "http://127.0.0.1:40123/")
+    given = Block("x.md", 1, "bash", "mtrl serve --engine scripted --port 8747 --inference\ncurl :8747/v1 18747 1.8747\n")
+    assert localize(given, {8747: 40124}) == ("mtrl serve --engine scripted --port 40124 --inference\n"
+                                              "curl :40124/v1 18747 1.8747\n")
+    mlflow = Block("x.md", 1, "bash", "mlflow ui --backend-store-uri sqlite:///m.db   # http://127.0.0.1:5000\n")
+    assert localize(mlflow, {5000: 40125}) == ("mlflow ui --port 40125 --backend-store-uri sqlite:///m.db   "
+                                               "# http://127.0.0.1:40125\n")
+    # a page that starts no server runs exactly as written
+    for page in PAGES:
+        if not page_server_ports(page):
+            assert all(localize(b, {}) == b.code for b in PAGE_BLOCKS[page])
+    # pages share no group for a port any more: README, evaluation.md and guide.md each run on their own
+    assert len({PAGE_GROUP[p] for p in ("README.md", "docs/evaluation.md", "docs/guide.md")}) == 3
+    assert free_port() != 0
+
+
 # ---------------------------------------------------------------- one page's workspace
 
 
@@ -274,6 +331,7 @@ class Workspace:
                 shutil.copy2(src, dst)
         (self.dir / ".venv").symlink_to(VENV)
         self.servers: list[tuple[subprocess.Popen, Path]] = []
+        self.ports = {documented: free_port() for documented in sorted(page_server_ports(page))}
         self.python_ran: dict[int, bool] = {}  # first line of a chain's first block -> its script passed
         self.attempted: set[int] = set()  # lines of the page's blocks that ran (or began to) in this workspace
         self.env = {**os.environ, "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -282,6 +340,10 @@ class Workspace:
         blocked = base / "blocked.json"
         blocked.write_text(json.dumps(blocked_for(page_installs(page, PAGE_BLOCKS[page]))))
         self.env.update({"PYTHONPATH": str(GUARD), "MTRL_DOCS_BLOCKED": str(blocked)})
+
+    def localize(self, block: Block) -> str:
+        """``block``'s code on this workspace's ports (``localize``)."""
+        return localize(block, self.ports)
 
     def run(self, argv: list[str], what: str, timeout: float = BLOCK_TIMEOUT_S) -> str:
         try:
@@ -292,7 +354,8 @@ class Workspace:
         return done.stdout
 
     def start_server(self, block: Block, server: Server) -> None:
-        url = f"http://127.0.0.1:{server.port(block.code)}{server.health}"
+        code = self.localize(block)
+        url = f"http://127.0.0.1:{server.port(code)}{server.health}"
         try:
             httpx.get(url, timeout=1)
         except httpx.HTTPError:
@@ -301,7 +364,7 @@ class Workspace:
             raise AssertionError(f"{block.id}: something already answers {url}; the block's server cannot start")
         log = self.dir / f".docs-server-{block.line}.log"
         script = self.dir / f".docs-block-{block.line}.sh"
-        script.write_text(block.code)
+        script.write_text(code)
         with open(log, "wb") as out:
             proc = subprocess.Popen(["bash", "-eo", "pipefail", str(script)], cwd=self.dir, env=self.env,
                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -441,7 +504,7 @@ def test_block_runs_as_written(block: Block, workspaces, request):
             ws.start_server(block, server)
             return
         script = ws.dir / f".docs-block-{block.line}.sh"
-        script.write_text(block.code)
+        script.write_text(ws.localize(block))
         ws.run(["bash", "-eo", "pipefail", str(script)], block.id)
         return
     above = _continued(block)
@@ -456,7 +519,7 @@ def test_block_runs_as_written(block: Block, workspaces, request):
         return
     chain = python_chain(block)
     script = ws.dir / f"docs_block_{block.line}.py"
-    script.write_text("\n".join(b.code for b in chain))
+    script.write_text("\n".join(ws.localize(b) for b in chain))
     ws.python_ran[block.line] = False
     ws.run([str(VENV / "bin" / "python"), str(script)], " + ".join(b.id for b in chain))
     ws.python_ran[block.line] = True
