@@ -19,6 +19,12 @@ started in the background, whose CPU lands on the test that reaps it).
 The report sums the three per file, lists the tests with the most
 unaccounted time, and gives each worker's busy span, so that a tail left
 by the scheduler shows.
+
+``--durations-out tests/data/suite_durations.json`` also writes each test's
+wall seconds (those of a second or more) for the suite's scheduler, which
+starts the longest work first (tests/_xdist_groups.py)::
+
+    .venv/bin/python scripts/suite_profile.py --durations-out tests/data/suite_durations.json
 """
 
 from __future__ import annotations
@@ -86,12 +92,28 @@ def report(folder: Path, top: int = 20) -> str:
     return "\n".join(lines)
 
 
+def durations(folder: Path, min_s: float = 1.0) -> dict[str, float]:
+    """``{node id: wall seconds}`` of the tests that took ``min_s`` or more (the longest run where one ran twice)."""
+    found: dict[str, float] = {}
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            found[row["id"]] = max(found.get(row["id"], 0.0), row["wall"])
+    if not found:
+        raise SystemExit(f"suite_profile: no records under {folder}; run the suite with -p suite_profile first "
+                         "(PYTHONPATH=scripts)")
+    return {nodeid: round(wall, 1) for nodeid, wall in sorted(found.items()) if wall >= min_s}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", nargs="?", type=Path, default=DEFAULT_DIR)
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--durations-out", type=Path, help="also write {node id: wall s} of the tests of 1 s or more")
     args = parser.parse_args()
     print(report(args.folder, args.top))
+    if args.durations_out:
+        args.durations_out.write_text(json.dumps(durations(args.folder), indent=0) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,18 @@ worker writes the ``{node id: group}`` of the tests it collected with an
 never a silent loss of the groups; ids that do carry xdist's suffix (an
 older pytest, a fixed xdist) are scheduled by it as before.
 
+The scheduler also starts the longest work first. xdist's own order is the
+scopes' test counts, largest first (a docs page, the ``processes`` group),
+then each test in no group in collection order, so a test of 100 s that
+sorts late (``test_training_*``) could start while the other workers had
+nothing left, and its worker end a minute after them. ``DURATIONS``
+(``tests/data/suite_durations.json`` under the rootdir: each test's wall seconds in a full
+profiled run, ``scripts/suite_profile.py --durations-out``; the tests under
+a second are left out) gives each scope the sum of its tests' seconds, and
+the scopes go out longest first (a test the file does not know counts
+``UNKNOWN_S``, and ties keep xdist's order). A missing or stale file only
+changes the order, never which tests run.
+
 tests/conftest.py registers ``GroupPlugin`` when pytest-xdist is loaded.
 """
 
@@ -28,6 +40,24 @@ import pytest
 from xdist.scheduler import LoadGroupScheduling
 
 FOLDER_KEY = "mtrl_xdist_groups"  # workerinput: the folder each worker writes its groups into
+DURATIONS = Path("tests") / "data" / "suite_durations.json"  # under the rootdir: {node id: wall seconds}
+UNKNOWN_S = 0.5  # a test the durations file does not list: it took under a second, or it is new
+
+
+def read_durations(path: Path) -> dict[str, float]:
+    """The recorded wall seconds per node id; empty when the file is missing (the order is then xdist's)."""
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or not all(isinstance(v, (int, float)) for v in data.values()):
+        raise ValueError(f"{path}: expected {{node id: seconds}}, got {type(data).__name__}")
+    return {str(k): float(v) for k, v in data.items()}
+
+
+def longest_first(scopes: dict[str, list[str]], durations: dict[str, float]) -> list[str]:
+    """The scope names, those whose tests are expected to take longest first (ties keep ``scopes``' order)."""
+    expected = {name: sum(durations.get(nodeid, UNKNOWN_S) for nodeid in ids) for name, ids in scopes.items()}
+    return sorted(scopes, key=lambda name: -expected[name])
 
 
 def groups_of(items: list[pytest.Item]) -> dict[str, str]:
@@ -43,10 +73,26 @@ def groups_of(items: list[pytest.Item]) -> dict[str, str]:
 class GroupScheduling(LoadGroupScheduling):
     """``LoadGroupScheduling`` whose groups come from the workers' files (module docstring)."""
 
-    def __init__(self, config: pytest.Config, log: Any, folder: Path) -> None:
+    def __init__(self, config: pytest.Config, log: Any, folder: Path, durations: dict[str, float]) -> None:
         super().__init__(config, log)
         self.folder = folder
         self.groups: dict[str, str] | None = None
+        self.durations = durations
+        self.ordered = False
+
+    def _assign_work_unit(self, node: Any) -> None:
+        """xdist's, with the queue put longest first (module docstring) before the first scope goes out.
+
+        xdist builds the queue and assigns from it in one call (``schedule``);
+        its first assignment is the first moment the whole queue exists.
+        """
+        if not self.ordered:
+            self.ordered = True
+            if self.durations:
+                queue = {name: list(unit) for name, unit in self.workqueue.items()}
+                for name in longest_first(queue, self.durations):
+                    self.workqueue.move_to_end(name)
+        super()._assign_work_unit(node)
 
     def _split_scope(self, nodeid: str) -> str:
         if self.groups is None:  # every worker has finished collecting before the first test is scheduled
@@ -88,7 +134,7 @@ class GroupPlugin:
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> GroupScheduling | None:
         if config.getvalue("dist") != "loadgroup" or self.folder is None:
             return None
-        return GroupScheduling(config, log, self.folder)
+        return GroupScheduling(config, log, self.folder, read_durations(config.rootpath / DURATIONS))
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self.folder is not None:

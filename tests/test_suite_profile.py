@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SANDBOX = '''
@@ -45,3 +47,19 @@ def test_the_profile_splits_each_tests_wall_time_into_its_cpu_its_childrens_and_
     empty = subprocess.run([sys.executable, str(ROOT / "scripts" / "suite_profile.py"), str(tmp_path / "none")],
                            capture_output=True, text=True, timeout=60)
     assert empty.returncode != 0 and "no records under" in empty.stderr and "-p suite_profile" in empty.stderr
+
+
+def test_the_durations_for_the_scheduler_list_the_tests_of_a_second_or_more_at_their_longest(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import suite_profile
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    rows = {"gw0": [("t.py::a", 12.34), ("t.py::b", 0.4)], "gw1": [("t.py::a", 3.0), ("t.py::c", 1.0)]}
+    for worker, tests in rows.items():
+        (tmp_path / f"{worker}.jsonl").write_text("".join(
+            json.dumps({"id": i, "worker": worker, "start": 0.0, "wall": w, "self": 0.0, "children": 0.0}) + "\n"
+            for i, w in tests))
+    assert suite_profile.durations(tmp_path) == {"t.py::a": 12.3, "t.py::c": 1.0}
+    with pytest.raises(SystemExit, match="no records under"):
+        suite_profile.durations(tmp_path / "none")
