@@ -5,15 +5,16 @@ subclasses botocore's client and overrides ``_make_api_call`` with a
 coroutine, so the wrapper ``instrument_bedrock`` puts on botocore's
 ``BaseClient._make_api_call`` never runs for it: without this module its
 calls would reach Bedrock, signed, untrained. ``instrument_aiobotocore()``
-wraps ``aiobotocore.client.AioBaseClient._make_api_call`` the same way: the
-first call of a ``bedrock-runtime`` client inside a rollout registers
+puts the same two layers (``_patches``) on
+``aiobotocore.client.AioBaseClient._make_api_call``, as coroutines: the
+``redirect`` layer makes the first call of a ``bedrock-runtime`` client inside a rollout registers
 ``_bedrock.attach``'s handlers on the client's own event system (aiobotocore
 emits botocore's events and runs plain handlers), so Converse and
 ConverseStream are unsigned, pointed at the rollout and carry its token, and
 ``InvokeModel*`` raises ``UncapturedBedrockCall``.
 
-Selective capture applies as for botocore (``_selective``): with policy
-models named, a Converse call naming another model runs with no rollout
+Selective capture applies as for botocore (``_selective``), its ``selective``
+layer outside the redirect: with policy models named, a Converse call naming another model runs with no rollout
 current (the handlers leave it alone: it reaches its endpoint signed with the
 user's credentials) and is recorded as a non-policy call, with its token
 usage when the answer says it (a stream's is not read). Installed by the
@@ -24,51 +25,56 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import threading
-from typing import Any
+from typing import Any, Callable
 
 from ._bedrock import attach, is_bedrock_runtime
 from ._context import current_rollout
+from ._patches import PATCHES, Patch
 from ._selective import _BEDROCK_MODEL_OPERATIONS, is_policy_call, passing_by
 
-_INSTALL_LOCK = threading.Lock()
-_MARK = "__mtrl_aiobotocore__"
+_OWNER = "aiobotocore.client:AioBaseClient"
 
 
 def instrument_aiobotocore() -> bool:
-    """Install the async wrapper; True if installed now, False if already there or aiobotocore is absent."""
+    """Install the async layers; True if installed now, False if already there or aiobotocore is absent."""
     if importlib.util.find_spec("aiobotocore") is None:
         return False
-    from aiobotocore import client as aio_client
-
-    with _INSTALL_LOCK:
-        original = aio_client.AioBaseClient._make_api_call
-        if getattr(original, _MARK, False):
-            return False
-
-        @functools.wraps(original)
-        async def _make_api_call(self: Any, operation_name: str, api_params: Any) -> Any:
-            ctx = current_rollout()
-            if ctx is None or not is_bedrock_runtime(self):
-                return await original(self, operation_name, api_params)
-            model = api_params.get("modelId") if isinstance(api_params, dict) else None
-            if operation_name not in _BEDROCK_MODEL_OPERATIONS or is_policy_call(
-                    ctx, "bedrock", model if isinstance(model, str) else None, self.meta.endpoint_url):
-                attach(self)
-                return await original(self, operation_name, api_params)
-            with passing_by(ctx, "bedrock", model) as call:
-                result = await original(self, operation_name, api_params)
-            usage = result.get("usage") if isinstance(result, dict) else None
-            if isinstance(usage, dict):
-                call.tokens(usage.get("inputTokens"), usage.get("outputTokens"))
-            call.stream = isinstance(result, dict) and result.get("stream") is not None
-            call.done()
-            return result
-
-        setattr(_make_api_call, _MARK, True)
-        _make_api_call.__mtrl_original__ = original  # type: ignore[attr-defined]
-        aio_client.AioBaseClient._make_api_call = _make_api_call
-        return True
+    return PATCHES.install_all(PATCHES_AIO)
 
 
-__all__ = ["instrument_aiobotocore"]
+def _selective(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def _make_api_call(self: Any, operation_name: str, api_params: Any) -> Any:
+        ctx = current_rollout()
+        if ctx is None or not is_bedrock_runtime(self):
+            return await original(self, operation_name, api_params)
+        model = api_params.get("modelId") if isinstance(api_params, dict) else None
+        if operation_name not in _BEDROCK_MODEL_OPERATIONS or is_policy_call(
+                ctx, "bedrock", model if isinstance(model, str) else None, self.meta.endpoint_url):
+            return await original(self, operation_name, api_params)
+        with passing_by(ctx, "bedrock", model) as call:
+            result = await original(self, operation_name, api_params)
+        usage = result.get("usage") if isinstance(result, dict) else None
+        if isinstance(usage, dict):
+            call.tokens(usage.get("inputTokens"), usage.get("outputTokens"))
+        call.stream = isinstance(result, dict) and result.get("stream") is not None
+        call.done()
+        return result
+
+    return _make_api_call
+
+
+def _redirecting(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def _make_api_call(self: Any, operation_name: str, api_params: Any) -> Any:
+        if current_rollout() is not None and is_bedrock_runtime(self):
+            attach(self)
+        return await original(self, operation_name, api_params)
+
+    return _make_api_call
+
+
+PATCHES_AIO = (Patch(_OWNER, "_make_api_call", "selective", _selective),
+               Patch(_OWNER, "_make_api_call", "redirect", _redirecting))
+
+__all__ = ["PATCHES_AIO", "instrument_aiobotocore"]

@@ -4,7 +4,8 @@ The Anthropic SDK is built like OpenAI's: ``anthropic._base_client.BaseClient._b
 turns a call's options into an HTTP request, once per attempt, for the sync
 and the async client (``Anthropic``, ``AsyncAnthropic``, and so every
 framework built on them: Strands' ``AnthropicModel``, LangChain's
-``ChatAnthropic``). ``instrument_anthropic()`` wraps it; inside a rollout
+``ChatAnthropic``). ``instrument_anthropic()`` installs the ``redirect`` layer
+(``_patches``) on it; inside a rollout
 context the wrapper rewrites the options before the request is built:
 
 * the URL becomes ``{endpoint}/rollouts/{id}/<path>`` (``v1/messages``; the
@@ -26,7 +27,8 @@ import importlib.util
 from typing import Any
 
 from ._context import RolloutContext
-from ._sdk_redirect import relative_path, wrap_build_request
+from ._patches import PATCHES
+from ._sdk_redirect import build_request_patch, relative_path
 from .wire import HEADER_ROLLOUT_ID
 
 _SAMPLED = {"temperature", "top_p", "max_tokens", "seed"}  # the rollout's sampling fields (seed: an mtrl extension)
@@ -36,9 +38,7 @@ def instrument_anthropic() -> bool:
     """Install the redirect; True if installed now, False if already there or anthropic is not installed."""
     if importlib.util.find_spec("anthropic") is None:
         return False
-    from anthropic import _base_client
-
-    return wrap_build_request(_base_client.BaseClient, redirect_anthropic_options)
+    return PATCHES.install(REDIRECT)
 
 
 def redirect_anthropic_options(client: Any, options: Any, ctx: RolloutContext) -> None:
@@ -59,4 +59,6 @@ def redirect_anthropic_options(client: Any, options: Any, ctx: RolloutContext) -
         options.json_data = {**options.json_data, **{k: v for k, v in ctx.sampling.items() if k in _SAMPLED}}
 
 
-__all__ = ["instrument_anthropic", "redirect_anthropic_options"]
+REDIRECT = build_request_patch("anthropic", redirect_anthropic_options)
+
+__all__ = ["REDIRECT", "instrument_anthropic", "redirect_anthropic_options"]

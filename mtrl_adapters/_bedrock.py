@@ -2,9 +2,11 @@
 
 Strands' ``BedrockModel`` and LangChain's ``ChatBedrockConverse`` talk to
 Bedrock through a boto3 ``bedrock-runtime`` client, often one built before
-any rollout and shared by all of them. ``instrument_bedrock()`` wraps
-``botocore.client.BaseClient._make_api_call``, the one method every
-operation of every client goes through: the first time a ``bedrock-runtime``
+any rollout and shared by all of them. ``instrument_bedrock()`` installs the
+``redirect`` layer (``_patches``) on ``botocore.client.BaseClient._make_api_call``,
+the one method every operation of every client goes through (selective
+capture's layer sits outside it, so a call that passes by never gets here
+with a rollout current): the first time a ``bedrock-runtime``
 client makes a call inside a rollout, handlers are registered on that
 client's own event system (``client.meta.events``). They act only while a
 rollout is current, at each call:
@@ -33,11 +35,13 @@ calling it again does nothing.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import threading
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from ._context import RolloutContext, current_rollout
+from ._patches import PATCHES, Patch
 from .wire import HEADER_ROLLOUT_ID
 
 SERVICE = "bedrock-runtime"
@@ -45,9 +49,7 @@ CAPTURED = ("Converse", "ConverseStream")
 UNCAPTURED = ("InvokeModel", "InvokeModelWithResponseStream", "InvokeModelWithBidirectionalStream")
 _CREDENTIAL_HEADERS = ("authorization", "x-amz-security-token", "x-amz-date", "x-amz-content-sha256",
                        HEADER_ROLLOUT_ID)
-_INSTALL_LOCK = threading.Lock()
 _ATTACH_LOCK = threading.Lock()
-_MARK = "__mtrl_rollout_redirect__"
 _ATTACHED = "_mtrl_bedrock_redirect"
 _UNIQUE = "mtrl-bedrock-redirect"
 
@@ -58,25 +60,22 @@ class UncapturedBedrockCall(RuntimeError):
 
 def instrument_bedrock() -> bool:
     """Install the redirect; True if installed now, False if already there or botocore is absent."""
-    try:
-        from botocore import client as botocore_client
-    except ImportError:
+    if importlib.util.find_spec("botocore") is None:
         return False
-    with _INSTALL_LOCK:
-        original = botocore_client.BaseClient._make_api_call
-        if getattr(original, _MARK, False):
-            return False
+    return PATCHES.install(REDIRECT)
 
-        @functools.wraps(original)
-        def _make_api_call(self: Any, operation_name: str, api_params: Any) -> Any:
-            if current_rollout() is not None and is_bedrock_runtime(self):
-                attach(self)
-            return original(self, operation_name, api_params)
 
-        setattr(_make_api_call, _MARK, True)
-        _make_api_call.__mtrl_original__ = original  # type: ignore[attr-defined]
-        botocore_client.BaseClient._make_api_call = _make_api_call
-        return True
+def _redirecting(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _make_api_call(self: Any, operation_name: str, api_params: Any) -> Any:
+        if current_rollout() is not None and is_bedrock_runtime(self):
+            attach(self)
+        return original(self, operation_name, api_params)
+
+    return _make_api_call
+
+
+REDIRECT = Patch("botocore.client:BaseClient", "_make_api_call", "redirect", _redirecting)
 
 
 def is_bedrock_runtime(client: Any) -> bool:
@@ -166,4 +165,4 @@ def redirect_request(request: Any, ctx: RolloutContext) -> None:
     request.headers[HEADER_ROLLOUT_ID] = ctx.rollout_id
 
 
-__all__ = ["UncapturedBedrockCall", "attach", "instrument_bedrock", "is_bedrock_runtime", "redirect_request"]
+__all__ = ["REDIRECT", "UncapturedBedrockCall", "attach", "instrument_bedrock", "is_bedrock_runtime", "redirect_request"]

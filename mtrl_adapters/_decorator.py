@@ -69,7 +69,9 @@ def rollout(
 def instrument() -> None:
     """Install the model-call redirects (openai, anthropic, google-genai, botocore, aiobotocore), LiteLLM's guard
     when it is loaded, and the tool-call capture of the frameworks loaded: LangChain's callbacks, Strands' hooks on
-    every Agent built inside a rollout, and the names of the MCP servers their tools come from (``mtrl_adapters.mcp``)."""
+    every Agent built inside a rollout, and the names of the MCP servers their tools come from (``mtrl_adapters.mcp``).
+    Each is a declared layer of ``_patches.PATCHES``: where two share a method (botocore's ``_make_api_call``:
+    selective capture outside the Bedrock redirect) their order is the set's, not the order of the calls below."""
     instrument_openai()
     instrument_anthropic()
     instrument_gemini()

@@ -14,9 +14,9 @@ LiteLLM (``litellm.completion`` / ``acompletion``, and so Strands'
   and most others. Nothing rewrites those, and each provider's body and
   signing differ, so mtrl does not redirect them.
 
-``instrument_litellm()`` wraps every request method of both handler
-classes: inside a rollout, a request to any URL but the rollout's own
-coordinator endpoint raises :class:`UncapturedLiteLLMCall` before a byte is
+``instrument_litellm()`` puts the ``guard`` layer (``_patches``) on every
+request method of both handler classes: inside a rollout, a request to any
+URL but the rollout's own coordinator endpoint raises :class:`UncapturedLiteLLMCall` before a byte is
 sent, naming the fix. Outside a rollout, and for non-policy calls that
 selective capture lets pass (it runs them with no rollout current), the
 handlers run unchanged. Installed by the ``rollout`` decorator when
@@ -29,7 +29,6 @@ it again does nothing.
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -40,12 +39,12 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from ._context import RolloutContext, current_rollout
+from ._patches import PATCHES, Patch
 
 _HANDLER_MODULE = "litellm.llms.custom_httpx.http_handler"
 _HANDLERS = ("HTTPHandler", "AsyncHTTPHandler")
 _METHODS = ("get", "post", "put", "patch", "delete", "single_connection_post_request")
-_INSTALL_LOCK = threading.Lock()
-_MARK = "__mtrl_litellm_guard__"
+_HOOK_LOCK = threading.Lock()  # guards sys.meta_path's one _GuardOnImport (the patches are PATCHES')
 
 
 class UncapturedLiteLLMCall(RuntimeError):
@@ -63,7 +62,7 @@ def instrument_litellm() -> bool:
     if "litellm" not in sys.modules:
         _guard_on_import()
         return False
-    return _install(importlib.import_module(_HANDLER_MODULE))
+    return PATCHES.install_all(GUARDS)
 
 
 class _GuardOnImport(importlib.abc.MetaPathFinder):
@@ -88,9 +87,9 @@ class _GuardingLoader(importlib.abc.Loader):
         return self.inner.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
-        self.inner.exec_module(module)
-        _install(module)
-        with _INSTALL_LOCK:
+        self.inner.exec_module(module)  # in sys.modules now: the patches take the module as it stands
+        PATCHES.install_all(GUARDS)
+        with _HOOK_LOCK:
             if self.finder in sys.meta_path:
                 sys.meta_path.remove(self.finder)
 
@@ -98,28 +97,12 @@ class _GuardingLoader(importlib.abc.Loader):
 def _guard_on_import() -> None:
     if importlib.util.find_spec("litellm") is None:
         return
-    with _INSTALL_LOCK:
+    with _HOOK_LOCK:
         if not any(isinstance(finder, _GuardOnImport) for finder in sys.meta_path):
             sys.meta_path.insert(0, _GuardOnImport())
 
 
-def _install(handlers: Any) -> bool:
-    installed = False
-    with _INSTALL_LOCK:
-        for cls in (getattr(handlers, name) for name in _HANDLERS):
-            for method in _METHODS:
-                original = getattr(cls, method, None)
-                if original is None or getattr(original, _MARK, False):
-                    continue
-                guarded = _guard(original, f"{cls.__name__}.{method}")
-                setattr(guarded, _MARK, True)
-                guarded.__mtrl_original__ = original  # type: ignore[attr-defined]
-                setattr(cls, method, guarded)
-                installed = True
-    return installed
-
-
-def _guard(original: Callable[..., Any], where: str) -> Callable[..., Any]:
+def _guard(where: str, original: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(original)
     if inspect.iscoroutinefunction(original):
 
@@ -136,6 +119,12 @@ def _guard(original: Callable[..., Any], where: str) -> Callable[..., Any]:
         return original(*args, **kwargs)
 
     return guarded
+
+
+GUARDS = tuple(  # a method this LiteLLM version lacks is skipped (required=False), as before
+    Patch(f"{_HANDLER_MODULE}:{cls}", method, "guard", functools.partial(_guard, f"{cls}.{method}"), required=False)
+    for cls in _HANDLERS for method in _METHODS
+)
 
 
 def _check(signature: inspect.Signature, args: tuple, kwargs: dict, where: str) -> None:
@@ -167,4 +156,4 @@ def refusal(url: str, ctx: RolloutContext, where: str) -> str:
     )
 
 
-__all__ = ["UncapturedLiteLLMCall", "instrument_litellm", "is_coordinator_url", "refusal"]
+__all__ = ["GUARDS", "UncapturedLiteLLMCall", "instrument_litellm", "is_coordinator_url", "refusal"]

@@ -1,6 +1,7 @@
 """Redirect every ``openai`` client used inside a rollout to the coordinator.
 
-``instrument_openai()`` wraps ``openai._base_client.BaseClient._build_request``,
+``instrument_openai()`` installs the ``redirect`` layer (``_patches``) on
+``openai._base_client.BaseClient._build_request``,
 the one method through which both the sync and the async client turn a
 call's options into an HTTP request (once per attempt, retries included).
 Inside a rollout context the wrapper rewrites the options before the
@@ -23,7 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 from ._context import RolloutContext
-from ._sdk_redirect import relative_path, wrap_build_request
+from ._patches import PATCHES
+from ._sdk_redirect import build_request_patch, relative_path
 from .wire import HEADER_ROLLOUT_ID
 
 _SAMPLED_PATHS = ("chat/completions", "completions", "responses")  # the routes the coordinator samples on
@@ -33,10 +35,10 @@ _MAX_TOKENS_FIELDS = {"responses": "max_output_tokens"}  # the route's name for 
 def instrument_openai() -> bool:
     """Install the redirect; True if installed now, False if already there or openai is absent."""
     try:
-        from openai import _base_client
+        from openai import _base_client  # noqa: F401  (present and importable)
     except ImportError:
         return False
-    return wrap_build_request(_base_client.BaseClient, redirect_options)
+    return PATCHES.install(REDIRECT)
 
 
 def redirect_options(client: Any, options: Any, ctx: RolloutContext) -> None:
@@ -72,4 +74,6 @@ def _with_sampling(body: dict[str, Any], sampling: Any, max_tokens_field: str | 
     return body
 
 
-__all__ = ["instrument_openai", "redirect_options"]
+REDIRECT = build_request_patch("openai", redirect_options)
+
+__all__ = ["REDIRECT", "instrument_openai", "redirect_options"]

@@ -1,32 +1,27 @@
 """The one hook both Stainless-built SDKs (``openai``, ``anthropic``) share: their ``BaseClient._build_request``.
 
 Each SDK turns a call's options into an HTTP request there, once per attempt
-(retries included), for its sync and async clients alike. ``wrap_build_request``
-wraps it once: inside a rollout context the SDK's ``redirect`` rewrites the
-options first; outside one the original runs unchanged.
+(retries included), for its sync and async clients alike. ``build_request_patch``
+declares the SDK's ``redirect`` layer on it (installed through ``_patches``):
+inside a rollout context the SDK's ``redirect`` rewrites the options first;
+outside one the original runs unchanged.
 """
 
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Any, Callable
 
 from ._context import RolloutContext, current_rollout
-
-_INSTALL_LOCK = threading.Lock()
-_MARK = "__mtrl_rollout_redirect__"
+from ._patches import Patch
 
 Redirect = Callable[[Any, Any, RolloutContext], None]  # (client, request options, rollout) -> None, in place
 
 
-def wrap_build_request(base_client: type, redirect: Redirect) -> bool:
-    """Wrap ``base_client._build_request`` with ``redirect``; True if installed now, False if it already was."""
-    with _INSTALL_LOCK:
-        original = base_client._build_request  # type: ignore[attr-defined]
-        if getattr(original, _MARK, False):
-            return False
+def build_request_patch(sdk: str, redirect: Redirect) -> Patch:
+    """The ``redirect`` layer on ``<sdk>._base_client.BaseClient._build_request``, calling ``redirect`` in a rollout."""
 
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def _build_request(self: Any, options: Any, *, retries_taken: int = 0) -> Any:
             ctx = current_rollout()
@@ -34,10 +29,9 @@ def wrap_build_request(base_client: type, redirect: Redirect) -> bool:
                 redirect(self, options, ctx)
             return original(self, options, retries_taken=retries_taken)
 
-        setattr(_build_request, _MARK, True)
-        _build_request.__mtrl_original__ = original  # type: ignore[attr-defined]
-        base_client._build_request = _build_request  # type: ignore[attr-defined]
-        return True
+        return _build_request
+
+    return Patch(f"{sdk}._base_client:BaseClient", "_build_request", "redirect", wrap)
 
 
 def relative_path(client: Any, url: str, sdk: str) -> str:
@@ -57,4 +51,4 @@ def relative_path(client: Any, url: str, sdk: str) -> str:
     )
 
 
-__all__ = ["Redirect", "relative_path", "wrap_build_request"]
+__all__ = ["Redirect", "build_request_patch", "relative_path"]

@@ -21,26 +21,26 @@ rollout's end (``/rollouts/{id}/model_calls/batch``); the coordinator stores
 it apart from turns, so it is shown in the trace and never trained on.
 
 Installed by the ``rollout`` decorator (:func:`instrument_selective`), never
-at import; installing again does nothing.
+at import; installing again does nothing. Each wrapper is the ``selective``
+layer of its method (``_patches``), the outermost: on botocore's
+``_make_api_call`` it sits outside the Bedrock redirect, whatever order the
+two are installed in, so a passing call reaches the redirect with no rollout.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import importlib.util
-import threading
 import time
 from typing import Any, Callable, Iterator
 
 from ._bedrock import is_bedrock_runtime
 from ._context import RolloutContext, activate, current_rollout, deactivate
+from ._patches import PATCHES, Patch
 from ._policy_rule import UnresolvedModelCall, call_kind
 from .wire import ModelCallReport
 
-_INSTALL_LOCK = threading.Lock()
-_MARK = "__mtrl_selective__"
 _SDKS = ("openai", "anthropic")  # Stainless-built SDKs: every call goes through {Sync,Async}APIClient.request
 _BEDROCK_MODEL_OPERATIONS = ("Converse", "ConverseStream", "InvokeModel", "InvokeModelWithResponseStream")
 _ERROR_CHARS = 2000
@@ -65,31 +65,15 @@ def is_policy_call(ctx: RolloutContext, protocol: str, model: str | None, base_u
 def instrument_selective() -> list[str]:
     """Install the pass-through for the SDKs present; returns the protocols installed now."""
     installed = []
-    with _INSTALL_LOCK:
-        for sdk in _SDKS:
-            if importlib.util.find_spec(sdk) is not None and _wrap_sdk(sdk):
-                installed.append(sdk)
-        if importlib.util.find_spec("botocore") is not None and _wrap_botocore():
-            installed.append("bedrock")
+    for sdk in _SDKS:
+        if importlib.util.find_spec(sdk) is not None and PATCHES.install_all(SDK_PATCHES[sdk]):
+            installed.append(sdk)
+    if importlib.util.find_spec("botocore") is not None and PATCHES.install(BEDROCK_PATCH):
+        installed.append("bedrock")
     return installed
 
 
 # ---------------------------------------------------------------------- openai / anthropic
-def _wrap_sdk(sdk: str) -> bool:
-    base = importlib.import_module(f"{sdk}._base_client")
-    done = False
-    for cls, wrap in ((base.SyncAPIClient, _sync_request), (base.AsyncAPIClient, _async_request)):
-        original = cls.request
-        if getattr(original, _MARK, False):
-            continue
-        wrapped = wrap(original, sdk)
-        setattr(wrapped, _MARK, True)
-        wrapped.__mtrl_original__ = original  # type: ignore[attr-defined]
-        cls.request = wrapped
-        done = True
-    return done
-
-
 def _body_model(options: Any) -> str | None:
     body = getattr(options, "json_data", None)
     model = body.get("model") if isinstance(body, dict) else None
@@ -111,7 +95,7 @@ def passing_by(ctx: RolloutContext, protocol: str, model: str | None) -> Iterato
         deactivate(reset)
 
 
-def _sync_request(original: Callable[..., Any], protocol: str) -> Callable[..., Any]:
+def _sync_request(protocol: str, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def request(self: Any, cast_to: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
         ctx = current_rollout()
@@ -125,7 +109,7 @@ def _sync_request(original: Callable[..., Any], protocol: str) -> Callable[..., 
     return request
 
 
-def _async_request(original: Callable[..., Any], protocol: str) -> Callable[..., Any]:
+def _async_request(protocol: str, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def request(self: Any, cast_to: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
         ctx = current_rollout()
@@ -139,14 +123,15 @@ def _async_request(original: Callable[..., Any], protocol: str) -> Callable[...,
     return request
 
 
+SDK_PATCHES = {
+    sdk: (Patch(f"{sdk}._base_client:SyncAPIClient", "request", "selective", functools.partial(_sync_request, sdk)),
+          Patch(f"{sdk}._base_client:AsyncAPIClient", "request", "selective", functools.partial(_async_request, sdk)))
+    for sdk in _SDKS
+}
+
+
 # ---------------------------------------------------------------------- bedrock (botocore)
-def _wrap_botocore() -> bool:
-    from botocore import client as botocore_client
-
-    original = botocore_client.BaseClient._make_api_call
-    if getattr(original, _MARK, False):
-        return False
-
+def _botocore_call(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _make_api_call(self: Any, operation_name: str, api_params: Any) -> Any:
         ctx = current_rollout()
@@ -168,10 +153,10 @@ def _wrap_botocore() -> bool:
         call.done()
         return result
 
-    setattr(_make_api_call, _MARK, True)
-    _make_api_call.__mtrl_original__ = original  # type: ignore[attr-defined]
-    botocore_client.BaseClient._make_api_call = _make_api_call
-    return True
+    return _make_api_call
+
+
+BEDROCK_PATCH = Patch("botocore.client:BaseClient", "_make_api_call", "selective", _botocore_call)
 
 
 class _ObservedEventStream:
@@ -297,4 +282,4 @@ def _first(usage: Any, *names: str) -> Any:
     return None
 
 
-__all__ = ["UnresolvedModelCall", "instrument_selective", "is_policy_call", "passing_by"]
+__all__ = ["BEDROCK_PATCH", "SDK_PATCHES", "UnresolvedModelCall", "instrument_selective", "is_policy_call", "passing_by"]

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import threading
 from typing import Any, Callable, TypeVar
 
 from strands import Agent
@@ -57,12 +56,11 @@ except ImportError as exc:  # the rollout decorator imports this module whenever
                       f"{version('strands-agents')} is installed: pip install 'strands-agents>=1.51'") from exc
 
 from ._context import current_rollout
+from ._patches import PATCHES, Patch
 from .mcp import declared_server_name, mcp_source, warn_unnamed
 
 A = TypeVar("A")
 
-_INSTALL_LOCK = threading.Lock()
-_MARK = "__mtrl_rollout_hooks__"  # on the installed Agent.__init__ wrapper
 _REGISTERED = "_mtrl_hooks"  # on a HookRegistry: the MtrlHooks whose callbacks it holds
 
 
@@ -166,36 +164,31 @@ def agent_factory(factory: Callable[..., A]) -> Callable[..., A]:
 def instrument_strands() -> bool:
     """Give every Strands Agent built inside a rollout :class:`MtrlHooks`; True if installed now.
 
-    Wraps ``Agent.__init__`` once (the original is kept on the wrapper as
-    ``__mtrl_original__``; :func:`uninstall_strands` puts it back). Strands
-    offers no process-wide hook: its registry, and the ``AgentInitializedEvent``
-    it fires, belong to each Agent, made inside ``__init__``.
+    Puts the ``hooks`` layer (``_patches``) on ``Agent.__init__`` once (the
+    original is kept on the wrapper as ``__mtrl_original__``;
+    :func:`uninstall_strands` puts it back). Strands offers no process-wide
+    hook: its registry, and the ``AgentInitializedEvent`` it fires, belong to
+    each Agent, made inside ``__init__``.
     """
-    with _INSTALL_LOCK:
-        original = Agent.__init__
-        if getattr(original, _MARK, False):
-            return False
-
-        @functools.wraps(original)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            original(self, *args, **kwargs)
-            if current_rollout() is not None:
-                attach(self)
-
-        setattr(__init__, _MARK, True)
-        __init__.__mtrl_original__ = original  # type: ignore[attr-defined]
-        Agent.__init__ = __init__  # type: ignore[method-assign]
-        return True
+    return PATCHES.install(HOOKS)
 
 
 def uninstall_strands() -> bool:
     """Put Strands' own ``Agent.__init__`` back (for tests); True if the wrapper was installed."""
-    with _INSTALL_LOCK:
-        wrapper = Agent.__init__
-        if not getattr(wrapper, _MARK, False):
-            return False
-        Agent.__init__ = wrapper.__mtrl_original__  # type: ignore[attr-defined,method-assign]
-        return True
+    return PATCHES.uninstall(HOOKS)
+
+
+def _hooking(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if current_rollout() is not None:
+            attach(self)
+
+    return __init__
+
+
+HOOKS = Patch(Agent, "__init__", "hooks", _hooking)
 
 
 def _source(tool: Any) -> str | None:

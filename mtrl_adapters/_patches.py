@@ -1,0 +1,237 @@
+"""The one way mtrl_adapters replaces a method of a client library: declared patches, composed in a declared order.
+
+Redirecting an SDK's calls to the coordinator, or letting a non-policy call
+pass by, means replacing a method of the SDK's class (openai's
+``BaseClient._build_request``, botocore's ``BaseClient._make_api_call``,
+Strands' ``Agent.__init__``, ...). Such a replacement is process-wide by
+nature, because the class is; this module is the one place that makes it.
+
+* A :class:`Patch` is a value: its target (owner class and attribute), the
+  layer it belongs to, and ``wrap``, the factory that takes the next callable
+  inward (the original, or the layer below) and returns the new function.
+* A :class:`PatchSet` declares its layers' order, outermost first. The layers
+  installed on one method are composed in that order into ONE installed
+  function, whatever order they were installed in: installing a layer
+  rebuilds the composition from the original.
+* The installed function is marked: ``__mtrl_patch__`` holds the original,
+  the layers and the function itself (a copy of the mark that ``functools.wraps``
+  carries onto someone else's wrapper is told apart by that identity), and
+  ``__mtrl_original__`` the original.
+* ``install`` is idempotent (a layer already there: ``False``) and, like
+  ``uninstall``, serialized by the set's lock. Uninstalling the last layer
+  puts back exactly what was there: the same object in the owner's
+  ``__dict__``, or no entry at all where the method was inherited.
+
+What is installed lives on the patched attribute itself (its mark), because
+the class is the process's anyway; a set holds only its layer order and its
+lock. :data:`PATCHES` is the set every adapter installs through, so one lock
+orders them all.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]  # the next callable inward -> the function in its place
+
+MARK = "__mtrl_patch__"
+ORIGINAL = "__mtrl_original__"
+_ABSENT = object()
+
+
+class PatchTargetMissing(AttributeError):
+    """A patch's module, class or method is not where the patch says (a library version mtrl does not know)."""
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One wrapper for one method: where it goes, which layer it is, and how it wraps the next callable inward.
+
+    ``owner`` is the class, or ``"package.module:Class"`` (imported at install,
+    so declaring a patch imports nothing). ``required=False`` makes a method
+    this version of the library lacks a skip rather than an error.
+    """
+
+    owner: str | type
+    attribute: str
+    layer: str
+    wrap: Wrap
+    required: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.owner, str):
+            module, _, qualname = self.owner.partition(":")
+            if not module or not qualname:
+                raise ValueError(f"Patch.owner must be a class or 'package.module:Class', not {self.owner!r}")
+        elif not isinstance(self.owner, type):
+            raise TypeError(f"Patch.owner must be a class or 'package.module:Class', not {self.owner!r}")
+        if not self.attribute.isidentifier():
+            raise ValueError(f"Patch.attribute must be a method name, not {self.attribute!r}")
+        if not callable(self.wrap):
+            raise TypeError(f"Patch.wrap must be a callable (next callable -> function), not {self.wrap!r}")
+
+    @property
+    def target(self) -> str:
+        """``package.module.Class.attribute``, as errors name it."""
+        if isinstance(self.owner, type):
+            return f"{self.owner.__module__}.{self.owner.__qualname__}.{self.attribute}"
+        return f"{self.owner.replace(':', '.')}.{self.attribute}"
+
+
+@dataclass(frozen=True)
+class _Installed:
+    """The mark on an installed function: what it replaced and what it is made of (outermost layer first)."""
+
+    patchset: "PatchSet"
+    original: Any  # the callable that was there (read through the class)
+    own: Any  # the owner's own __dict__ entry, or _ABSENT where the method was inherited
+    patches: tuple[Patch, ...]
+    function: Any  # the installed function itself
+
+
+class PatchSet:
+    """Installs :class:`Patch` values; the layers of one method composed in ``layers`` order, outermost first."""
+
+    def __init__(self, layers: Sequence[str]) -> None:
+        layers = tuple(layers)
+        if not layers or len(set(layers)) != len(layers) or not all(isinstance(n, str) and n for n in layers):
+            raise ValueError(f"PatchSet layers must be distinct non-empty names, not {layers!r}")
+        self.layers = layers
+        self._lock = threading.Lock()
+
+    def install(self, patch: Patch) -> bool:
+        """Put ``patch``'s layer on its method; True if installed now, False if it already was (or an optional
+        method is absent)."""
+        self._rank(patch)  # an undeclared layer is refused before anything is imported
+        owner = _resolve(patch)
+        with self._lock:
+            current = getattr(owner, patch.attribute, _ABSENT)
+            if current is _ABSENT:
+                if patch.required:
+                    raise PatchTargetMissing(_missing(patch, f"{_name(owner)} has no attribute {patch.attribute!r}"))
+                return False
+            mark = self._mark(current, patch)
+            if mark is not None and patch in mark.patches:
+                return False
+            if mark is not None and mark.function is not current:
+                raise RuntimeError(
+                    f"cannot add mtrl's {patch.layer!r} layer to {patch.target}: another library wrapped that method "
+                    "over mtrl's own wrapper since it was installed; call mtrl_adapters.instrument() before "
+                    "installing the other library's instrumentation")
+            clash = [p for p in mark.patches if p.layer == patch.layer] if mark is not None else []
+            if clash:
+                raise ValueError(f"{patch.target} already holds a different {patch.layer!r} layer "
+                                 f"({clash[0].wrap!r}); one wrapper per layer and method")
+            if mark is None:
+                own = owner.__dict__.get(patch.attribute, _ABSENT)
+                if isinstance(own, (staticmethod, classmethod)):
+                    raise TypeError(f"{patch.target} is a {type(own).__name__}; PatchSet wraps plain methods only")
+                original, patches = current, ()
+            else:
+                original, own, patches = mark.original, mark.own, mark.patches
+            self._put(owner, patch.attribute, original, own, patches + (patch,))
+            return True
+
+    def install_all(self, patches: Sequence[Patch]) -> bool:
+        """Install each patch; True if any was installed now."""
+        return any([self.install(patch) for patch in patches])
+
+    def uninstall(self, patch: Patch) -> bool:
+        """Take ``patch``'s layer off its method (the original back when it was the last); True if it was there."""
+        owner = _resolve(patch)
+        with self._lock:
+            current = getattr(owner, patch.attribute, _ABSENT)
+            mark = self._mark(current, patch)
+            if mark is None or mark.function is not current or patch not in mark.patches:
+                return False
+            rest = tuple(p for p in mark.patches if p != patch)
+            if rest:
+                self._put(owner, patch.attribute, mark.original, mark.own, rest)
+            elif mark.own is _ABSENT:
+                delattr(owner, patch.attribute)
+            else:
+                setattr(owner, patch.attribute, mark.own)
+            return True
+
+    def layers_on(self, owner: type, attribute: str) -> tuple[str, ...]:
+        """The layers installed on ``owner.attribute`` by this set, outermost first (empty: none)."""
+        current = getattr(owner, attribute, None)
+        mark = getattr(current, MARK, None)
+        if not isinstance(mark, _Installed) or mark.patchset is not self or mark.function is not current:
+            return ()
+        return tuple(p.layer for p in mark.patches)
+
+    # ------------------------------------------------------------------ internals
+    def _rank(self, patch: Patch) -> int:
+        if patch.layer not in self.layers:
+            raise ValueError(f"Patch.layer {patch.layer!r} (for {patch.target}) is not one of this PatchSet's "
+                             f"layers {self.layers!r}")
+        return self.layers.index(patch.layer)
+
+    def _mark(self, current: Any, patch: Patch) -> _Installed | None:
+        mark = getattr(current, MARK, None) if current is not _ABSENT else None
+        if not isinstance(mark, _Installed):
+            return None
+        if mark.patchset is not self:
+            raise RuntimeError(f"{patch.target} is patched by another PatchSet; one set per process "
+                               "(mtrl_adapters._patches.PATCHES) keeps the layers in one order")
+        return mark
+
+    def _put(self, owner: type, attribute: str, original: Any, own: Any, patches: tuple[Patch, ...]) -> None:
+        """Compose ``patches`` (any order) over ``original`` in the declared order and install the result."""
+        ordered = tuple(sorted(patches, key=self._rank))
+        function = original
+        for patch in reversed(ordered):  # innermost first: each layer wraps the ones below it
+            wrapped = patch.wrap(function)
+            if wrapped is function or not callable(wrapped):
+                raise TypeError(f"the {patch.layer!r} wrap of {patch.target} returned {wrapped!r}; it must return "
+                                "a new function that calls the one it was given")
+            function = wrapped
+        setattr(function, MARK, _Installed(self, original, own, ordered, function))
+        setattr(function, ORIGINAL, original)
+        setattr(owner, attribute, function)
+
+
+def _resolve(patch: Patch) -> type:
+    """The owner class (its module imported if need be; one being imported right now is taken as it stands)."""
+    if isinstance(patch.owner, type):
+        return patch.owner
+    module_name, _, qualname = patch.owner.partition(":")
+    module = sys.modules.get(module_name)
+    if module is None:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise PatchTargetMissing(_missing(patch, f"module {module_name!r} cannot be imported ({exc})")) from exc
+    owner: Any = module
+    for part in qualname.split("."):
+        owner = getattr(owner, part, _ABSENT)
+        if owner is _ABSENT:
+            raise PatchTargetMissing(_missing(patch, f"module {module_name!r} has no {qualname!r}"))
+    if not isinstance(owner, type):
+        raise PatchTargetMissing(_missing(patch, f"{patch.owner!r} is {owner!r}, not a class"))
+    return owner
+
+
+def _name(owner: type) -> str:
+    return f"{owner.__module__}.{owner.__qualname__}"
+
+
+def _missing(patch: Patch, why: str) -> str:
+    return (f"mtrl cannot install its {patch.layer!r} patch on {patch.target}: {why}. The installed library is "
+            "likely a version whose internals mtrl does not know; pin the version mtrl is tested with, or file it")
+
+
+PATCHES = PatchSet((
+    "selective",  # outermost: decides whether a call is the policy's; a non-policy call runs the rest with no rollout
+    "redirect",  # points a policy call at the rollout (an SDK's request options, a botocore client's event handlers)
+    "guard",  # refuses inside a rollout what mtrl cannot capture (LiteLLM's own HTTP client)
+    "hooks",  # gives an object built inside a rollout mtrl's capture hooks (Strands' Agent.__init__)
+))
+"""The process's one set (the patched classes are the process's): every adapter installs through it."""
+
+__all__ = ["MARK", "ORIGINAL", "PATCHES", "Patch", "PatchSet", "PatchTargetMissing", "Wrap"]
