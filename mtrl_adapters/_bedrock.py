@@ -165,4 +165,5 @@ def redirect_request(request: Any, ctx: RolloutContext) -> None:
     request.headers[HEADER_ROLLOUT_ID] = ctx.rollout_id
 
 
-__all__ = ["REDIRECT", "UncapturedBedrockCall", "attach", "instrument_bedrock", "is_bedrock_runtime", "redirect_request"]
+__all__ = ["REDIRECT", "UncapturedBedrockCall", "attach",
+           "instrument_bedrock", "is_bedrock_runtime", "redirect_request"]

@@ -123,7 +123,8 @@ def _judge_call_attaches_the_redirect() -> tuple[bool, list]:
 
     client = botocore.session.get_session().create_client(
         "bedrock-runtime", region_name="us-east-1", aws_access_key_id="AKIDUSER", aws_secret_access_key="user")
-    ctx = RolloutContext(rollout_id="r-order", token="t", endpoint="http://127.0.0.1:9", policy_models=frozenset({"policy"}))
+    ctx = RolloutContext(rollout_id="r-order", token="t", endpoint="http://127.0.0.1:9",
+                         policy_models=frozenset({"policy"}))
     with rollout_scope(ctx):
         assert _converse(client, "judge")["output"]["message"]["content"] == [{"text": "fine"}]
     return bool(getattr(client, "_mtrl_bedrock_redirect", False)), ctx.take_model_calls()
