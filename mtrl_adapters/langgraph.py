@@ -50,6 +50,7 @@ from langchain_core.tracers import context as _tracer_context
 from ._context import current_rollout
 from .mcp import mcp_source, warn_unnamed
 
+# LangChain's own registration API, not a replaced method: so not a _patches layer, and it has nothing to restore
 _INSTALL_LOCK = threading.Lock()
 _MARK = "__mtrl_mcp_server__"  # on the installed wrapper of langchain-mcp-adapters' interceptor chain
 _ADAPTERS_UNNAMED = "unknown"  # the server name langchain-mcp-adapters gives a tool loaded without one
