@@ -303,3 +303,18 @@ def test_a_foreign_wrapper_over_ours_is_not_silently_dropped():
     with pytest.raises(RuntimeError, match=r"another library wrapped that method over mtrl's own wrapper"):
         patches.install(Patch(owner, "call", "outer", tracing("outer", trace)))
     assert owner.call is theirs and owner().call(1) == 2 and trace == ["theirs", "inner"]
+
+
+def test_aiobotocore_gets_the_same_two_layers_in_the_same_order():
+    pytest.importorskip("aiobotocore.client", reason="aiobotocore is not installed (it pins an older botocore)")
+    from aiobotocore.client import AioBaseClient
+
+    from mtrl_adapters._aiobotocore import PATCHES_AIO, instrument_aiobotocore
+
+    instrument_aiobotocore()
+    assert PATCHES.layers_on(AioBaseClient, "_make_api_call") == ("selective", "redirect")
+    original = AioBaseClient._make_api_call.__mtrl_original__
+    for patch in PATCHES_AIO:
+        PATCHES.uninstall(patch)
+    assert AioBaseClient.__dict__["_make_api_call"] is original
+    assert instrument_aiobotocore() is True and instrument_aiobotocore() is False
