@@ -6,15 +6,16 @@ coroutine, so the wrapper ``instrument_bedrock`` puts on botocore's
 ``BaseClient._make_api_call`` never runs for it: without this module its
 calls would reach Bedrock, signed, untrained. ``instrument_aiobotocore()``
 puts the same two layers (``_patches``) on
-``aiobotocore.client.AioBaseClient._make_api_call``, as coroutines: the
-``redirect`` layer makes the first call of a ``bedrock-runtime`` client inside a rollout registers
-``_bedrock.attach``'s handlers on the client's own event system (aiobotocore
-emits botocore's events and runs plain handlers), so Converse and
-ConverseStream are unsigned, pointed at the rollout and carry its token, and
-``InvokeModel*`` raises ``UncapturedBedrockCall``.
+``aiobotocore.client.AioBaseClient._make_api_call``, as coroutines. The
+``redirect`` layer: the first call of a ``bedrock-runtime`` client inside a
+rollout registers ``_bedrock.attach``'s handlers on the client's own event
+system (aiobotocore emits botocore's events and runs plain handlers), so
+Converse and ConverseStream are unsigned, pointed at the rollout and carry
+its token, and ``InvokeModel*`` raises ``UncapturedBedrockCall``.
 
-Selective capture applies as for botocore (``_selective``), its ``selective``
-layer outside the redirect: with policy models named, a Converse call naming another model runs with no rollout
+The ``selective`` layer, outside it, applies selective capture as for
+botocore (``_selective``): with policy models named, a Converse call naming
+another model runs with no rollout
 current (the handlers leave it alone: it reaches its endpoint signed with the
 user's credentials) and is recorded as a non-policy call, with its token
 usage when the answer says it (a stream's is not read). Installed by the
