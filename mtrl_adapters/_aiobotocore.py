@@ -15,9 +15,8 @@ its token, and ``InvokeModel*`` raises ``UncapturedBedrockCall``.
 
 The ``selective`` layer, outside it, applies selective capture as for
 botocore (``_selective``): with policy models named, a Converse call naming
-another model runs with no rollout
-current (the handlers leave it alone: it reaches its endpoint signed with the
-user's credentials) and is recorded as a non-policy call, with its token
+another model runs with no rollout current (the handlers leave it alone: it
+reaches its endpoint signed with the user's credentials) and is recorded as a non-policy call, with its token
 usage when the answer says it (a stream's is not read). Installed by the
 ``rollout`` decorator when aiobotocore is installed; again, it does nothing.
 """
