@@ -31,9 +31,11 @@ orders them all.
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 import threading
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Callable, Sequence
 
 Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]  # the next callable inward -> the function in its place
@@ -51,12 +53,15 @@ class PatchTargetMissing(AttributeError):
 class Patch:
     """One wrapper for one method: where it goes, which layer it is, and how it wraps the next callable inward.
 
-    ``owner`` is the class, or ``"package.module:Class"`` (imported at install,
-    so declaring a patch imports nothing). ``required=False`` makes a method
-    this version of the library lacks a skip rather than an error.
+    ``owner`` is the class (or module), or ``"package.module:Class"``
+    (``"package.module"`` for a module-level function), imported at install,
+    so declaring a patch imports nothing. A classmethod or staticmethod is
+    wrapped as its function (a classmethod's ``cls`` comes first) and put back
+    as one. ``required=False`` makes a method this version of the library
+    lacks a skip rather than an error.
     """
 
-    owner: str | type
+    owner: str | type | ModuleType
     attribute: str
     layer: str
     wrap: Wrap
@@ -64,11 +69,13 @@ class Patch:
 
     def __post_init__(self) -> None:
         if isinstance(self.owner, str):
-            module, _, qualname = self.owner.partition(":")
-            if not module or not qualname:
-                raise ValueError(f"Patch.owner must be a class or 'package.module:Class', not {self.owner!r}")
-        elif not isinstance(self.owner, type):
-            raise TypeError(f"Patch.owner must be a class or 'package.module:Class', not {self.owner!r}")
+            module, colon, qualname = self.owner.partition(":")
+            if not module or (colon and not qualname) or " " in self.owner:
+                raise ValueError(f"Patch.owner must be a class, a module, 'package.module:Class' or 'package.module', "
+                                 f"not {self.owner!r}")
+        elif not isinstance(self.owner, (type, ModuleType)):
+            raise TypeError(f"Patch.owner must be a class, a module, 'package.module:Class' or 'package.module', "
+                            f"not {self.owner!r}")
         if not self.attribute.isidentifier():
             raise ValueError(f"Patch.attribute must be a method name, not {self.attribute!r}")
         if not callable(self.wrap):
@@ -77,8 +84,8 @@ class Patch:
     @property
     def target(self) -> str:
         """``package.module.Class.attribute``, as errors name it."""
-        if isinstance(self.owner, type):
-            return f"{self.owner.__module__}.{self.owner.__qualname__}.{self.attribute}"
+        if isinstance(self.owner, (type, ModuleType)):
+            return f"{_name(self.owner)}.{self.attribute}"
         return f"{self.owner.replace(':', '.')}.{self.attribute}"
 
 
@@ -87,10 +94,11 @@ class _Installed:
     """The mark on an installed function: what it replaced and what it is made of (outermost layer first)."""
 
     patchset: "PatchSet"
-    original: Any  # the callable that was there (read through the class)
+    original: Any  # the function that was there (read through the class; a classmethod's __func__)
     own: Any  # the owner's own __dict__ entry, or _ABSENT where the method was inherited
     patches: tuple[Patch, ...]
     function: Any  # the installed function itself
+    kind: type | None  # classmethod or staticmethod where the method is one: the function is put back as one
 
 
 class PatchSet:
@@ -109,7 +117,7 @@ class PatchSet:
         self._rank(patch)  # an undeclared layer is refused before anything is imported
         owner = _resolve(patch)
         with self._lock:
-            current = getattr(owner, patch.attribute, _ABSENT)
+            current, kind = _read(owner, patch.attribute)
             if current is _ABSENT:
                 if patch.required:
                     raise PatchTargetMissing(_missing(patch, f"{_name(owner)} has no attribute {patch.attribute!r}"))
@@ -127,13 +135,10 @@ class PatchSet:
                 raise ValueError(f"{patch.target} already holds a different {patch.layer!r} layer "
                                  f"({clash[0].wrap!r}); one wrapper per layer and method")
             if mark is None:
-                own = owner.__dict__.get(patch.attribute, _ABSENT)
-                if isinstance(own, (staticmethod, classmethod)):
-                    raise TypeError(f"{patch.target} is a {type(own).__name__}; PatchSet wraps plain methods only")
-                original, patches = current, ()
+                original, own, patches = current, vars(owner).get(patch.attribute, _ABSENT), ()
             else:
                 original, own, patches = mark.original, mark.own, mark.patches
-            self._put(owner, patch.attribute, original, own, patches + (patch,))
+            self._put(owner, patch.attribute, original, own, patches + (patch,), kind)
             return True
 
     def install_all(self, patches: Sequence[Patch]) -> bool:
@@ -144,22 +149,22 @@ class PatchSet:
         """Take ``patch``'s layer off its method (the original back when it was the last); True if it was there."""
         owner = _resolve(patch)
         with self._lock:
-            current = getattr(owner, patch.attribute, _ABSENT)
+            current, kind = _read(owner, patch.attribute)
             mark = self._mark(current, patch)
             if mark is None or mark.function is not current or patch not in mark.patches:
                 return False
             rest = tuple(p for p in mark.patches if p != patch)
             if rest:
-                self._put(owner, patch.attribute, mark.original, mark.own, rest)
+                self._put(owner, patch.attribute, mark.original, mark.own, rest, kind)
             elif mark.own is _ABSENT:
                 delattr(owner, patch.attribute)
             else:
                 setattr(owner, patch.attribute, mark.own)
             return True
 
-    def layers_on(self, owner: type, attribute: str) -> tuple[str, ...]:
+    def layers_on(self, owner: type | ModuleType, attribute: str) -> tuple[str, ...]:
         """The layers installed on ``owner.attribute`` by this set, outermost first (empty: none)."""
-        current = getattr(owner, attribute, None)
+        current, _ = _read(owner, attribute)
         mark = getattr(current, MARK, None)
         if not isinstance(mark, _Installed) or mark.patchset is not self or mark.function is not current:
             return ()
@@ -181,7 +186,8 @@ class PatchSet:
                                "(mtrl_adapters._patches.PATCHES) keeps the layers in one order")
         return mark
 
-    def _put(self, owner: type, attribute: str, original: Any, own: Any, patches: tuple[Patch, ...]) -> None:
+    def _put(self, owner: Any, attribute: str, original: Any, own: Any, patches: tuple[Patch, ...],
+             kind: type | None) -> None:
         """Compose ``patches`` (any order) over ``original`` in the declared order and install the result."""
         ordered = tuple(sorted(patches, key=self._rank))
         function = original
@@ -191,14 +197,23 @@ class PatchSet:
                 raise TypeError(f"the {patch.layer!r} wrap of {patch.target} returned {wrapped!r}; it must return "
                                 "a new function that calls the one it was given")
             function = wrapped
-        setattr(function, MARK, _Installed(self, original, own, ordered, function))
+        setattr(function, MARK, _Installed(self, original, own, ordered, function, kind))
         setattr(function, ORIGINAL, original)
-        setattr(owner, attribute, function)
+        setattr(owner, attribute, kind(function) if kind is not None else function)
 
 
-def _resolve(patch: Patch) -> type:
-    """The owner class (its module imported if need be; one being imported right now is taken as it stands)."""
-    if isinstance(patch.owner, type):
+def _read(owner: Any, attribute: str) -> tuple[Any, type | None]:
+    """The function at ``owner.attribute`` (a classmethod's or staticmethod's own function) and which of those
+    it is (None: a plain method or function); ``_ABSENT`` where there is none."""
+    raw = inspect.getattr_static(owner, attribute, _ABSENT)
+    if isinstance(raw, (classmethod, staticmethod)):
+        return raw.__func__, type(raw)
+    return getattr(owner, attribute, _ABSENT), None
+
+
+def _resolve(patch: Patch) -> Any:
+    """The owner class or module (imported if need be; one being imported right now is taken as it stands)."""
+    if isinstance(patch.owner, (type, ModuleType)):
         return patch.owner
     module_name, _, qualname = patch.owner.partition(":")
     module = sys.modules.get(module_name)
@@ -207,6 +222,8 @@ def _resolve(patch: Patch) -> type:
             module = importlib.import_module(module_name)
         except ImportError as exc:
             raise PatchTargetMissing(_missing(patch, f"module {module_name!r} cannot be imported ({exc})")) from exc
+    if not qualname:
+        return module
     owner: Any = module
     for part in qualname.split("."):
         owner = getattr(owner, part, _ABSENT)
@@ -217,7 +234,9 @@ def _resolve(patch: Patch) -> type:
     return owner
 
 
-def _name(owner: type) -> str:
+def _name(owner: Any) -> str:
+    if isinstance(owner, ModuleType):
+        return owner.__name__
     return f"{owner.__module__}.{owner.__qualname__}"
 
 
@@ -230,6 +249,7 @@ PATCHES = PatchSet((
     "selective",  # outermost: decides whether a call is the policy's; a non-policy call runs the rest with no rollout
     "redirect",  # points a policy call at the rollout (an SDK's request options, a botocore client's event handlers)
     "guard",  # refuses inside a rollout what mtrl cannot capture (LiteLLM's own HTTP client)
+    "observe",  # notes what a call carries for the records (an MCP server's declared name, a tool result's error)
     "hooks",  # gives an object built inside a rollout mtrl's capture hooks (Strands' Agent.__init__)
 ))
 """The process's one set (the patched classes are the process's): every adapter installs through it."""

@@ -39,7 +39,7 @@ import sys
 import threading
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Callable
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager
@@ -48,11 +48,12 @@ from langchain_core.runnables.config import var_child_runnable_config
 from langchain_core.tracers import context as _tracer_context
 
 from ._context import current_rollout
+from ._patches import PATCHES, Patch
 from .mcp import mcp_source, warn_unnamed
 
-# LangChain's own registration API, not a replaced method: so not a _patches layer, and it has nothing to restore
+# guards LangChain's configure-hook list: a registration through LangChain's own API, not a replaced method, so not
+# a _patches layer (langchain-mcp-adapters' interceptor chain is one: MCP_SERVER_NAMES)
 _INSTALL_LOCK = threading.Lock()
-_MARK = "__mtrl_mcp_server__"  # on the installed wrapper of langchain-mcp-adapters' interceptor chain
 _ADAPTERS_UNNAMED = "unknown"  # the server name langchain-mcp-adapters gives a tool loaded without one
 
 
@@ -125,39 +126,35 @@ def instrument_langchain_mcp() -> bool:
     inside the call, where they build the interceptor chain that runs it (``MCPToolCallRequest.server_name``).
     The wrapper of that builder (``langchain_mcp_adapters.tools._build_interceptor_chain``, looked up at each
     call, so tools loaded before the rollout are covered) notes the name on the call :class:`MtrlCallbackHandler`
-    opened: the tool's run, the parent of the run config current inside it. The original is kept as
-    ``__mtrl_original__``. Called by the ``rollout`` decorator when the adapters are loaded.
+    opened: the tool's run, the parent of the run config current inside it: the ``observe`` layer
+    (``_patches``) on that module function, the original kept as ``__mtrl_original__``. Called by the ``rollout``
+    decorator when the adapters are loaded.
     """
-    tools = sys.modules["langchain_mcp_adapters.tools"]
-    with _INSTALL_LOCK:
-        original = tools._build_interceptor_chain
-        if getattr(original, _MARK, False):
-            return False
-
-        @functools.wraps(original)
-        def _build_interceptor_chain(base_handler: Any, tool_interceptors: Any) -> Any:
-            handler = original(base_handler, tool_interceptors)
-
-            async def noted(request: Any) -> Any:
-                _note_mcp_server(request.server_name)
-                return await handler(request)
-
-            return noted
-
-        setattr(_build_interceptor_chain, _MARK, True)
-        _build_interceptor_chain.__mtrl_original__ = original  # type: ignore[attr-defined]
-        tools._build_interceptor_chain = _build_interceptor_chain
-        return True
+    return PATCHES.install(MCP_SERVER_NAMES)
 
 
 def uninstall_langchain_mcp() -> bool:
     """Put the adapters' own interceptor-chain builder back (for tests); True if the wrapper was installed."""
-    tools = sys.modules.get("langchain_mcp_adapters.tools")
-    with _INSTALL_LOCK:
-        if tools is None or not getattr(tools._build_interceptor_chain, _MARK, False):
-            return False
-        tools._build_interceptor_chain = tools._build_interceptor_chain.__mtrl_original__
-        return True
+    if "langchain_mcp_adapters.tools" not in sys.modules:
+        return False
+    return PATCHES.uninstall(MCP_SERVER_NAMES)
+
+
+def _naming(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _build_interceptor_chain(base_handler: Any, tool_interceptors: Any) -> Any:
+        handler = original(base_handler, tool_interceptors)
+
+        async def noted(request: Any) -> Any:
+            _note_mcp_server(request.server_name)
+            return await handler(request)
+
+        return noted
+
+    return _build_interceptor_chain
+
+
+MCP_SERVER_NAMES = Patch("langchain_mcp_adapters.tools", "_build_interceptor_chain", "observe", _naming)
 
 
 def _note_mcp_server(server: str) -> None:

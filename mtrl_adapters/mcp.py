@@ -39,15 +39,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 import warnings
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any, Callable
 
+from ._patches import PATCHES, Patch
+
 MCP = "mcp"
-_INSTALL_LOCK = threading.Lock()
-_MARK = "__mtrl_mcp__"  # on each installed ClientSession method wrapper
 _DECLARED = "__mtrl_mcp_server__"  # on an initialized ClientSession: the name its server declared
 # the CallToolResults of the calls made below an ``observed_results()`` block (None: nobody asks). Set per block to
 # a list of its own, which tasks started inside it share (a task copies the context, not the list)
@@ -102,35 +101,32 @@ _WRAPPERS = {"initialize": _noting_initialize, "call_tool": _observed_call_tool}
 
 def instrument_mcp(session_class: type) -> bool:
     """Wrap ``session_class``'s ``initialize`` (to note the server's declared name on each session) and
-    ``call_tool`` (for :func:`observed_results`): the ``mcp`` SDK's ``ClientSession``. True if installed now; each
-    original is kept as ``__mtrl_original__``."""
-    with _INSTALL_LOCK:
-        if getattr(session_class.initialize, _MARK, False):
-            return False
-        for name, wrapper in _WRAPPERS.items():
-            original = getattr(session_class, name)
-            setattr(session_class, name, _method(original, wrapper))
-        return True
-
-
-def _method(original: Callable[..., Any], wrapper: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return await wrapper(original, self, *args, **kwargs)
-
-    setattr(method, _MARK, True)
-    method.__mtrl_original__ = original  # type: ignore[attr-defined]
-    return method
+    ``call_tool`` (for :func:`observed_results`): the ``mcp`` SDK's ``ClientSession``, each the ``observe``
+    layer (``_patches``). True if installed now; each original is kept as ``__mtrl_original__``."""
+    return PATCHES.install_all(_patches(session_class))
 
 
 def uninstall_mcp(session_class: type) -> bool:
     """Put the SDK's own methods back (for tests); True if the wrappers were installed."""
-    with _INSTALL_LOCK:
-        if not getattr(session_class.initialize, _MARK, False):
-            return False
-        for name in _WRAPPERS:
-            setattr(session_class, name, getattr(session_class, name).__mtrl_original__)
-        return True
+    return any([PATCHES.uninstall(patch) for patch in _patches(session_class)])
+
+
+def _patches(session_class: type) -> tuple[Patch, ...]:
+    return tuple(Patch(session_class, name, "observe", _LAYERS[name]) for name in _WRAPPERS)
+
+
+def _layer(wrapper: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return await wrapper(original, self, *args, **kwargs)
+
+        return method
+
+    return wrap
+
+
+_LAYERS = {name: _layer(wrapper) for name, wrapper in _WRAPPERS.items()}  # one factory per method: equal patches
 
 
 __all__ = ["MCP", "declared_server_name", "instrument_mcp", "mcp_source", "observed_results", "uninstall_mcp",

@@ -27,10 +27,10 @@ Importing this module imports ``agents``.
 from __future__ import annotations
 
 import functools
+import functools
 import json
-import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from agents import FunctionTool, RunHooks
 from agents.mcp.util import MCPUtil
@@ -38,12 +38,9 @@ from agents.tool import ToolOriginType, get_function_tool_origin
 from agents.tool_context import ToolContext
 
 from ._context import current_rollout
+from ._patches import PATCHES, Patch
 from ._reward import record_tool_call
 from .mcp import mcp_source, observed_results
-
-_INSTALL_LOCK = threading.Lock()
-_MARK = "__mtrl_mcp_errors__"  # on the installed MCPUtil.invoke_mcp_tool wrapper
-
 
 class MtrlRunHooks(RunHooks):
     """Records each tool call (name, arguments, result, latency, call id) on the current rollout."""
@@ -78,37 +75,31 @@ def instrument_openai_agents_mcp() -> bool:
     text alone. ``MCPUtil.invoke_mcp_tool`` (which the SDK binds into each MCP FunctionTool when it lists the
     agent's tools, at every run) is wrapped to watch the ``CallToolResult`` of its call
     (:func:`mtrl_adapters.mcp.observed_results`) and note an ``isError`` one on the rollout by the model's call
-    id. Called by the ``rollout`` decorator when the SDK's MCP support is loaded; the original is kept as
-    ``__mtrl_original__``.
+    id: the ``observe`` layer (``_patches``) on that classmethod. Called by the ``rollout`` decorator when the
+    SDK's MCP support is loaded; the original is kept as ``__mtrl_original__``.
     """
-    with _INSTALL_LOCK:
-        original = MCPUtil.__dict__["invoke_mcp_tool"].__func__
-        if getattr(original, _MARK, False):
-            return False
-
-        async def invoke_mcp_tool(cls: Any, server: Any, tool: Any, context: Any, *args: Any, **kwargs: Any) -> Any:
-            with observed_results() as seen:
-                output = await original(cls, server, tool, context, *args, **kwargs)
-            ctx = current_rollout()
-            if ctx is not None and isinstance(context, ToolContext) and any(result.isError for result in seen):
-                ctx.note_tool_failed(context.tool_call_id)
-            return output
-
-        functools.update_wrapper(invoke_mcp_tool, original)
-        setattr(invoke_mcp_tool, _MARK, True)
-        invoke_mcp_tool.__mtrl_original__ = original  # type: ignore[attr-defined]
-        MCPUtil.invoke_mcp_tool = classmethod(invoke_mcp_tool)  # type: ignore[method-assign,assignment]
-        return True
+    return PATCHES.install(MCP_ERRORS)
 
 
 def uninstall_openai_agents_mcp() -> bool:
     """Put the SDK's own ``invoke_mcp_tool`` back (for tests); True if the wrapper was installed."""
-    with _INSTALL_LOCK:
-        wrapper = MCPUtil.__dict__["invoke_mcp_tool"].__func__
-        if not getattr(wrapper, _MARK, False):
-            return False
-        MCPUtil.invoke_mcp_tool = classmethod(wrapper.__mtrl_original__)  # type: ignore[method-assign,assignment]
-        return True
+    return PATCHES.uninstall(MCP_ERRORS)
+
+
+def _watching(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def invoke_mcp_tool(cls: Any, server: Any, tool: Any, context: Any, *args: Any, **kwargs: Any) -> Any:
+        with observed_results() as seen:
+            output = await original(cls, server, tool, context, *args, **kwargs)
+        ctx = current_rollout()
+        if ctx is not None and isinstance(context, ToolContext) and any(result.isError for result in seen):
+            ctx.note_tool_failed(context.tool_call_id)
+        return output
+
+    return invoke_mcp_tool
+
+
+MCP_ERRORS = Patch(MCPUtil, "invoke_mcp_tool", "observe", _watching)  # a classmethod: put back as one
 
 
 def _source(tool: Any) -> str | None:

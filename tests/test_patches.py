@@ -259,14 +259,18 @@ def test_a_missing_target_is_named():
         PATCHES.install(Patch("no_such_sdk._base_client:BaseClient", "_build_request", "redirect", tracing("x", [])))
     with pytest.raises(PatchTargetMissing, match=r"botocore\.client\.NoClient\.call.*has no 'NoClient'"):
         PATCHES.install(Patch("botocore.client:NoClient", "call", "redirect", tracing("x", [])))
+    with pytest.raises(PatchTargetMissing, match=r"botocore\.client\.no_function: botocore\.client has no attribute"):
+        PATCHES.install(Patch("botocore.client", "no_function", "redirect", tracing("x", [])))  # a module's function
     optional = Patch("botocore.client:BaseClient", "_make_api_kall", "redirect", tracing("x", []), required=False)
     assert PATCHES.install(optional) is False  # an optional method (a LiteLLM version without it) is skipped
 
 
 def test_bad_declarations_are_refused_naming_the_value():
     owner = make_owner()
-    with pytest.raises(ValueError, match=r"Patch.owner .* not 'botocore.client.BaseClient'"):
-        Patch("botocore.client.BaseClient", "_make_api_call", "redirect", tracing("x", []))
+    with pytest.raises(ValueError, match=r"Patch.owner .* not 'botocore.client:'"):
+        Patch("botocore.client:", "_make_api_call", "redirect", tracing("x", []))
+    with pytest.raises(TypeError, match=r"Patch.owner .* not 3"):
+        Patch(3, "_make_api_call", "redirect", tracing("x", []))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"Patch.attribute .* not 'make api call'"):
         Patch(owner, "make api call", "redirect", tracing("x", []))
     with pytest.raises(ValueError, match=r"Patch.layer 'sideways' .* layers \('outer', 'middle', 'inner'\)"):
@@ -318,3 +322,35 @@ def test_aiobotocore_gets_the_same_two_layers_in_the_same_order():
         PATCHES.uninstall(patch)
     assert AioBaseClient.__dict__["_make_api_call"] is original
     assert instrument_aiobotocore() is True and instrument_aiobotocore() is False
+
+
+def test_a_classmethod_and_a_module_function_are_wrapped_and_put_back_as_they_were():
+    import types
+
+    trace: list[str] = []
+
+    class Util:
+        @classmethod
+        def invoke(cls, x: int) -> str:
+            return f"{cls.__name__}:{x}"
+
+    module = types.ModuleType("mtrl_test_module")
+    exec("def build(x):\n    return x * 2\n", module.__dict__)
+    own_classmethod, own_function = Util.__dict__["invoke"], module.build
+    patches = PatchSet(LAYERS)
+
+    def noting(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(*args: Any) -> Any:
+            trace.append(original.__name__)
+            return original(*args)
+
+        return wrapper
+
+    on_class, on_module = Patch(Util, "invoke", "inner", noting), Patch(module, "build", "inner", noting)
+    assert patches.install(on_class) and patches.install(on_module)
+    assert isinstance(Util.__dict__["invoke"], classmethod) and patches.install(on_class) is False
+    assert Util.invoke(3) == "Util:3" and module.build(3) == 6 and trace == ["invoke", "build"]
+    assert patches.layers_on(Util, "invoke") == ("inner",) and patches.layers_on(module, "build") == ("inner",)
+    assert patches.uninstall(on_class) and patches.uninstall(on_module)
+    assert Util.__dict__["invoke"] is own_classmethod and module.build is own_function
