@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import sys
 import threading
 from dataclasses import dataclass
 from types import ModuleType
@@ -212,16 +211,15 @@ def _read(owner: Any, attribute: str) -> tuple[Any, type | None]:
 
 
 def _resolve(patch: Patch) -> Any:
-    """The owner class or module (imported if need be; one being imported right now is taken as it stands)."""
+    """The owner class or module, imported if need be. A module another thread is importing is waited for (its
+    import lock); one this thread is importing (LiteLLM's import hook, after the module ran) is taken as it is."""
     if isinstance(patch.owner, (type, ModuleType)):
         return patch.owner
     module_name, _, qualname = patch.owner.partition(":")
-    module = sys.modules.get(module_name)
-    if module is None:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise PatchTargetMissing(_missing(patch, f"module {module_name!r} cannot be imported ({exc})")) from exc
+    try:  # through the import system, never sys.modules alone: another thread may be importing the module now
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PatchTargetMissing(_missing(patch, f"module {module_name!r} cannot be imported ({exc})")) from exc
     if not qualname:
         return module
     owner: Any = module

@@ -354,3 +354,25 @@ def test_a_classmethod_and_a_module_function_are_wrapped_and_put_back_as_they_we
     assert patches.layers_on(Util, "invoke") == ("inner",) and patches.layers_on(module, "build") == ("inner",)
     assert patches.uninstall(on_class) and patches.uninstall(on_module)
     assert Util.__dict__["invoke"] is own_classmethod and module.build is own_function
+
+
+def test_installing_while_another_thread_imports_the_target_waits_for_that_import(tmp_path, monkeypatch):
+    """16 threads' first rollouts: one imports ``botocore.client`` while another installs on it. The install must
+    wait for the import (its lock), not read the half-made module from ``sys.modules`` and call the class missing."""
+    import importlib
+    import sys
+    import time
+
+    (tmp_path / "mtrl_slow_sdk.py").write_text(
+        "import time\ntime.sleep(0.6)\n\nclass Client:\n    def call(self, x):\n        return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "mtrl_slow_sdk", raising=False)
+    importer = threading.Thread(target=importlib.import_module, args=("mtrl_slow_sdk",))
+    importer.start()
+    while "mtrl_slow_sdk" not in sys.modules:  # the import has begun: the module is there, half made
+        time.sleep(0.01)
+    trace: list[str] = []
+    patches = PatchSet(LAYERS)
+    assert patches.install(Patch("mtrl_slow_sdk:Client", "call", "inner", tracing("inner", trace))) is True
+    importer.join()
+    assert sys.modules["mtrl_slow_sdk"].Client().call(1) == 2 and trace == ["inner"]
