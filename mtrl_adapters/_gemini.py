@@ -4,7 +4,8 @@ google-genai turns each call into an HTTP request in one method,
 ``google.genai._api_client.BaseApiClient._build_request``, for the sync and
 the async client, httpx or aiohttp, streamed or not (ADK's ``Gemini`` model
 and gemini-cli's Python peers build on the same client).
-``instrument_gemini()`` wraps it; inside a rollout context a call the policy
+``instrument_gemini()`` puts the ``redirect`` layer (``_patches``) on it;
+inside a rollout context a call the policy
 rule takes for the policy's (``_selective.is_policy_call``, by the model id
 in the path ``models/<model>:generateContent``) is rewritten after it is
 built:
@@ -27,7 +28,7 @@ it was and reaches its own endpoint with the user's key; it is recorded on
 the rollout as a non-policy model call (latency, tokens from its
 ``usageMetadata``, a stream's once read, its error), by wrappers of the
 client's four request methods (``request``, ``async_request`` and their
-streamed forms). Outside a rollout context the wrappers call the originals
+streamed forms), each the ``selective`` layer of its method. Outside a rollout context the wrappers call the originals
 unchanged.
 It is installed only when called (the ``rollout`` decorator calls it), never
 at import; without google-genai it does nothing.
@@ -39,15 +40,14 @@ import functools
 import importlib.util
 import itertools
 import json
-import threading
 from typing import Any, Callable
 
 from ._context import RolloutContext, current_rollout
+from ._patches import PATCHES, Patch
 from ._selective import is_policy_call, passing_by
 from .wire import HEADER_ROLLOUT_ID
 
-_INSTALL_LOCK = threading.Lock()
-_MARK = "__mtrl_rollout_redirect__"
+_OWNER = "google.genai._api_client:BaseApiClient"
 _KEY = "x-goog-api-key"
 _GENERATE = (":generateContent", ":streamGenerateContent")
 _SAMPLED = {"temperature": "temperature", "top_p": "topP", "max_tokens": "maxOutputTokens", "seed": "seed"}
@@ -60,42 +60,30 @@ def instrument_gemini() -> bool:
             return False
     except ModuleNotFoundError:  # no google namespace at all
         return False
-    from google.genai import _api_client
+    return PATCHES.install_all(PATCHES_GEMINI)
 
-    with _INSTALL_LOCK:
-        original = _api_client.BaseApiClient._build_request
-        if getattr(original, _MARK, False):
-            return False
 
-        @functools.wraps(original)
-        def _build_request(self: Any, http_method: str, path: str, request_dict: dict, http_options: Any = None) -> Any:
-            ctx = current_rollout()
-            base_url = self._http_options.base_url
-            if ctx is None or not is_policy_call(ctx, "gemini", model_of(path), base_url):
-                return original(self, http_method, path, request_dict, http_options)
-            if self.vertexai:
-                raise RuntimeError(
-                    f"a google-genai Vertex AI client (vertexai=True) made a call inside rollout {ctx.rollout_id!r}; "
-                    "mtrl redirects Gemini API clients only (its credential would be your Google OAuth token). "
-                    "Build the policy's client as genai.Client(api_key=<any value>) (ADK: GOOGLE_GENAI_USE_VERTEXAI="
-                    "false and GOOGLE_API_KEY set)"
-                )
-            if ctx.sampling and path.split("?")[0].endswith(_GENERATE):
-                request_dict = with_sampling(request_dict, ctx.sampling)
-            request = original(self, http_method, path, request_dict, http_options)
-            redirect_request(request, str(base_url), ctx)
-            return request
+def _redirecting(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _build_request(self: Any, http_method: str, path: str, request_dict: dict, http_options: Any = None) -> Any:
+        ctx = current_rollout()
+        base_url = self._http_options.base_url
+        if ctx is None or not is_policy_call(ctx, "gemini", model_of(path), base_url):
+            return original(self, http_method, path, request_dict, http_options)
+        if self.vertexai:
+            raise RuntimeError(
+                f"a google-genai Vertex AI client (vertexai=True) made a call inside rollout {ctx.rollout_id!r}; "
+                "mtrl redirects Gemini API clients only (its credential would be your Google OAuth token). "
+                "Build the policy's client as genai.Client(api_key=<any value>) (ADK: GOOGLE_GENAI_USE_VERTEXAI="
+                "false and GOOGLE_API_KEY set)"
+            )
+        if ctx.sampling and path.split("?")[0].endswith(_GENERATE):
+            request_dict = with_sampling(request_dict, ctx.sampling)
+        request = original(self, http_method, path, request_dict, http_options)
+        redirect_request(request, str(base_url), ctx)
+        return request
 
-        setattr(_build_request, _MARK, True)
-        _build_request.__mtrl_original__ = original  # type: ignore[attr-defined]
-        _api_client.BaseApiClient._build_request = _build_request
-        for name, wrap in _PASSING.items():
-            method = getattr(_api_client.BaseApiClient, name)
-            wrapped = wrap(method)
-            setattr(wrapped, _MARK, True)
-            wrapped.__mtrl_original__ = method  # type: ignore[attr-defined]
-            setattr(_api_client.BaseApiClient, name, wrapped)
-        return True
+    return _build_request
 
 
 def _passing(self: Any, path: str) -> tuple[Any, str | None] | None:
@@ -206,6 +194,8 @@ def _wrap_async_request_streamed(original: Callable[..., Any]) -> Callable[..., 
 
 _PASSING = {"request": _wrap_request, "async_request": _wrap_async_request,
             "request_streamed": _wrap_request_streamed, "async_request_streamed": _wrap_async_request_streamed}
+PATCHES_GEMINI = (Patch(_OWNER, "_build_request", "redirect", _redirecting),
+                  *(Patch(_OWNER, name, "selective", wrap) for name, wrap in _PASSING.items()))
 
 
 def model_of(path: str) -> str | None:
@@ -240,4 +230,4 @@ def redirect_request(request: Any, base_url: str, ctx: RolloutContext) -> None:
     request.headers = headers
 
 
-__all__ = ["instrument_gemini", "model_of", "redirect_request", "with_sampling"]
+__all__ = ["PATCHES_GEMINI", "instrument_gemini", "model_of", "redirect_request", "with_sampling"]

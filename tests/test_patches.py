@@ -376,3 +376,22 @@ def test_installing_while_another_thread_imports_the_target_waits_for_that_impor
     assert patches.install(Patch("mtrl_slow_sdk:Client", "call", "inner", tracing("inner", trace))) is True
     importer.join()
     assert sys.modules["mtrl_slow_sdk"].Client().call(1) == 2 and trace == ["inner"]
+
+
+def test_google_genai_gets_its_redirect_and_four_selective_layers_once():
+    pytest.importorskip("google.genai", reason="google-genai is not installed (the gemini extra)")
+    from google.genai._api_client import BaseApiClient
+
+    from mtrl_adapters import instrument_gemini
+    from mtrl_adapters._gemini import PATCHES_GEMINI
+
+    instrument_gemini()
+    assert instrument_gemini() is False
+    assert PATCHES.layers_on(BaseApiClient, "_build_request") == ("redirect",)
+    for name in ("request", "async_request", "request_streamed", "async_request_streamed"):
+        assert PATCHES.layers_on(BaseApiClient, name) == ("selective",), name
+    originals = {p.attribute: getattr(BaseApiClient, p.attribute).__mtrl_original__ for p in PATCHES_GEMINI}
+    for patch in PATCHES_GEMINI:
+        assert PATCHES.uninstall(patch) is True
+    assert all(BaseApiClient.__dict__[name] is original for name, original in originals.items())
+    assert instrument_gemini() is True
