@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 import threading
 from dataclasses import dataclass
 from types import ModuleType
@@ -115,6 +116,8 @@ class PatchSet:
         method is absent)."""
         self._rank(patch)  # an undeclared layer is refused before anything is imported
         owner = _resolve(patch)
+        if self._holds(owner, patch):  # the common case (every rollout's instrument()), read without the lock
+            return False
         with self._lock:
             current, kind = _read(owner, patch.attribute)
             if current is _ABSENT:
@@ -170,6 +173,11 @@ class PatchSet:
         return tuple(p.layer for p in mark.patches)
 
     # ------------------------------------------------------------------ internals
+    def _holds(self, owner: Any, patch: Patch) -> bool:
+        current, _ = _read(owner, patch.attribute)
+        mark = getattr(current, MARK, None)
+        return isinstance(mark, _Installed) and mark.patchset is self and patch in mark.patches
+
     def _rank(self, patch: Patch) -> int:
         if patch.layer not in self.layers:
             raise ValueError(f"Patch.layer {patch.layer!r} (for {patch.target}) is not one of this PatchSet's "
@@ -204,7 +212,9 @@ class PatchSet:
 def _read(owner: Any, attribute: str) -> tuple[Any, type | None]:
     """The function at ``owner.attribute`` (a classmethod's or staticmethod's own function) and which of those
     it is (None: a plain method or function); ``_ABSENT`` where there is none."""
-    raw = inspect.getattr_static(owner, attribute, _ABSENT)
+    raw = vars(owner).get(attribute, _ABSENT)
+    if raw is _ABSENT:  # inherited (or absent): found where attribute lookup would, without running descriptors
+        raw = inspect.getattr_static(owner, attribute, _ABSENT)
     if isinstance(raw, (classmethod, staticmethod)):
         return raw.__func__, type(raw)
     return getattr(owner, attribute, _ABSENT), None
@@ -216,10 +226,12 @@ def _resolve(patch: Patch) -> Any:
     if isinstance(patch.owner, (type, ModuleType)):
         return patch.owner
     module_name, _, qualname = patch.owner.partition(":")
-    try:  # through the import system, never sys.modules alone: another thread may be importing the module now
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise PatchTargetMissing(_missing(patch, f"module {module_name!r} cannot be imported ({exc})")) from exc
+    module = sys.modules.get(module_name)
+    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        try:  # the import system waits for a module another thread is importing now (half made in sys.modules)
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise PatchTargetMissing(_missing(patch, f"module {module_name!r} cannot be imported ({exc})")) from exc
     if not qualname:
         return module
     owner: Any = module
