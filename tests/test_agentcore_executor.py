@@ -51,6 +51,11 @@ def aws_env(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    import boto3
+
+    # boto3.client() uses one default session per process, which keeps the credentials it first resolved: another
+    # test on this worker (its own AWS_* variables) must not sign these requests
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
 
 
 def _config(tmp_path: Path, agentcore: dict[str, Any], **core: Any) -> MtrlConfig:
