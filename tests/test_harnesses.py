@@ -123,3 +123,20 @@ def test_a_harness_outside_the_sandbox_view_is_refused_naming_ro_paths(tmp_path,
     collected = asyncio.run(collect_rollouts(config, agent, [Task(id="hidden", prompt="Anything.")]))
     [done] = collected.rollouts
     assert done.status is RolloutStatus.FAILED and "advanced.sandbox.ro_paths" in done.error, done.error
+
+
+def test_a_harness_that_exits_non_zero_fails_its_rollout_with_its_last_words(tmp_path, root_dir):
+    require("bubblewrap")
+    _installed("codex")
+
+    @rollout
+    async def agent(task: Task) -> None:
+        async with rollout_sandbox(coordinator=True) as box:
+            (await run_harness("codex", box, task.prompt, timeout_s=120, install_root=ROOT)).check()
+        update_reward(1.0)
+
+    config = _config(tmp_path, root_dir, [{"error": "the engine broke"}])  # the policy's turn fails: a 5xx
+    collected = asyncio.run(collect_rollouts(config, agent, [Task(id="broken", prompt="Anything.")]))
+    [done] = collected.rollouts
+    assert done.status is RolloutStatus.FAILED and done.reward != 1.0
+    assert "HarnessFailed: harness 'codex': exit " in done.error, done.error
