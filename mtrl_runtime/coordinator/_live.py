@@ -18,6 +18,7 @@ from ..types import Rollout, RolloutEvent, RolloutHandle, Task, ToolCall, Trajec
 from ._counters import CoordinatorCounters
 from ._errors import client_data
 from ._lifecycle import Ending, RolloutLife
+from ..wires import arguments_object
 from ._reference import ReferenceClient
 
 
@@ -114,10 +115,7 @@ class LiveRollout:
             if call_id not in self.answered_calls or call_id in self.undeclared_calls:
                 continue
             name, arguments = self.calls[call_id]
-            try:
-                args = json.loads(arguments) if arguments else {}
-            except ValueError:
-                args = arguments  # kept as the model wrote it
+            args = arguments_object(arguments)  # JSON text parsed; what is not JSON kept as the model wrote it
             failed = call_id in self.failed_results
             out.append(ToolCall(self.rollout_id, name, args, call_id=call_id, result=self.results.get(call_id),
                                 status="error" if failed else "success", turn_index=turn))

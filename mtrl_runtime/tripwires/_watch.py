@@ -158,7 +158,7 @@ def unreported_calls(rollout: Rollout) -> list[ToolCall]:
                 try:
                     arguments = json.loads(arguments)
                 except ValueError:
-                    pass
+                    pass  # not JSON: the wires check the text as the model wrote it (nothing is dropped)
             name = str(function.get("name", ""))
             if _key(name, arguments) in reported_by_value:
                 continue
