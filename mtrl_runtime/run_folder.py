@@ -38,6 +38,7 @@ DIAGNOSTICS_FILE = "diagnostics.jsonl"
 TRIPWIRES_FILE = "tripwires.jsonl"
 EVALUATION_FOLDER = "eval"
 CHECKS_FOLDER = "checks"
+ONLINE_FOLDER = "online"  # mtrl online: candidate and promoted adapters, the gates' store
 LORA_ADAPTER_CONFIG = "adapter_config.json"  # what marks a saved peft adapter folder
 
 
@@ -67,6 +68,7 @@ class RunFolder:
     tripwires = _Below(TRIPWIRES_FILE)  # each tripped rollout's evidence (tripwires.TripwireWatch)
     evaluation = _Below(EVALUATION_FOLDER)  # an evaluation's default output, itself a run folder
     checks = _Below(CHECKS_FOLDER)
+    online = _Below(ONLINE_FOLDER)  # mtrl online: adapters/v<N>, gates.db
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))  # a str is taken too
