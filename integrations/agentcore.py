@@ -27,15 +27,24 @@ every event as before; a rollout invocation runs the generator to its end
 inside the rollout (its model calls, tool calls and reward recorded as
 usual) and answers the rollout's result as JSON, whose ``result`` is the
 last event the generator yielded (None if it yielded none).
+
+Online learning (``mtrl online``, docs/online.md): put :func:`learn_online`
+under ``@app.entrypoint`` instead. Each user invocation opens its session
+with the coordinator (the AgentCore session id, or ``payload["session_id"]``);
+a session drawn for recording runs inside its rollout, the others run as
+they are; every user gets the entrypoint's own answer either way, from the
+adapter the coordinator serves now. Rollout payloads still run as rollouts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from typing import Any, Callable, Mapping
 
 from mtrl_adapters import context_from_request, describe_error, rollout, rollout_result, rollout_scope
+from mtrl_adapters.online import OnlineClient
 
 
 def is_rollout_payload(payload: Any) -> bool:
@@ -107,4 +116,69 @@ def _drained(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-__all__ = ["is_rollout_payload", "trainable"]
+def session_of(payload: Any, context: Any = None) -> str | None:
+    """The user's session id: AgentCore's (``context.session_id``), else ``payload["session_id"]``."""
+    sid = getattr(context, "session_id", None)
+    if not sid and isinstance(payload, Mapping):
+        sid = payload.get("session_id")
+    return str(sid) if sid else None
+
+
+def learn_online(client: OnlineClient, *, group_key: Callable[[Any], str | None] | None = None
+                 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Wrap an AgentCore entrypoint (sync or async; not a generator) for ``mtrl online`` (module docstring).
+
+    ``group_key(payload)``: what groups this session with similar tasks (``online.group_by: task``);
+    None: the prompt, normalised. An invocation without a session id is served and not recorded.
+    """
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+            raise TypeError(f"learn_online: {getattr(fn, '__name__', fn)!r} is a streaming entrypoint; online "
+                            "recording takes entrypoints that return their answer (use trainable for training runs)")
+        training = trainable(fn)
+        agent = rollout(fn)
+
+        def opened(payload: Any, context: Any) -> Any:
+            sid = session_of(payload, context)
+            if sid is None or not isinstance(payload, Mapping):
+                return None
+            key = group_key(payload) if group_key is not None else None
+            answer = client.open_session(sid, _instance(payload), key)
+            return context_from_request(answer.request) if answer.sampled and answer.request else None
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_entry(payload: Any, *args: Any, **kwargs: Any) -> Any:
+                if is_rollout_payload(payload):
+                    return await training(payload, *args, **kwargs)
+                ctx = await asyncio.to_thread(opened, payload, args[0] if args else kwargs.get("context"))
+                if ctx is None:
+                    return await fn(payload, *args, **kwargs)
+                with rollout_scope(ctx):  # the user's answer is the entrypoint's; an error reaches the user too
+                    return await agent(payload, *args, **kwargs)
+
+            return async_entry
+
+        @functools.wraps(fn)
+        def entry(payload: Any, *args: Any, **kwargs: Any) -> Any:
+            if is_rollout_payload(payload):
+                return training(payload, *args, **kwargs)
+            ctx = opened(payload, args[0] if args else kwargs.get("context"))
+            if ctx is None:
+                return fn(payload, *args, **kwargs)
+            with rollout_scope(ctx):
+                return agent(payload, *args, **kwargs)
+
+        return entry
+
+    return wrap
+
+
+def _instance(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The session's task row: the payload's ``prompt`` / ``messages`` (and any other fields it carries)."""
+    return {k: v for k, v in payload.items() if k != "session_id"}
+
+
+__all__ = ["is_rollout_payload", "learn_online", "session_of", "trainable"]

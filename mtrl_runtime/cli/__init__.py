@@ -1,4 +1,4 @@
-"""The ``mtrl`` command: ``serve``, ``train``, ``eval``, ``check``, ``collect``, ``demo``, ``export``, ``rescore`` and ``sft``.
+"""The ``mtrl`` command: ``serve``, ``train``, ``eval``, ``check``, ``collect``, ``demo``, ``export``, ``online``, ``rescore`` and ``sft``.
 
 Each subcommand lives in its own module as a ``Command`` (name, help,
 flags, run); ``COMMANDS`` below is the one place a command is added. The
@@ -15,7 +15,7 @@ import gc
 import sys
 
 from ..task_sources import DatasetError
-from . import collect, demo, eval, export, rescore, serve, sft, train
+from . import collect, demo, eval, export, online, rescore, serve, sft, train
 from ._agents import load_agent
 from ._command import Command
 
@@ -26,6 +26,7 @@ COMMANDS: tuple[Command, ...] = (
     demo.DEMO,
     eval.EVAL,
     export.EXPORT,
+    online.ONLINE,
     rescore.RESCORE,
     serve.SERVE,
     sft.SFT,
