@@ -1,0 +1,210 @@
+"""``mtrl online`` with real training steps: the tiny model (hidden 64, 2 layers, its byte-level BPE tokenizer trained
+in the test session) served by the hf engine, users' sessions recorded through ``learn_online``, delayed feedback,
+a step on the learner's own thread, the gate (held-out strict success side by side, tripwires), promotion,
+a refused candidate, the staleness bound, rollback over HTTP; and users' latency while a training step runs."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from mtrl_adapters import aupdate_reward, rollout
+from mtrl_adapters.online import OnlineClient
+from mtrl_integrations.agentcore import learn_online
+from mtrl_runtime.config import MtrlConfig
+from mtrl_runtime.evaluation import StrictScorer
+from mtrl_runtime.online import OnlineService, OnlineSettings, judge
+from mtrl_runtime.rollouts import GroupResult
+
+pytestmark = pytest.mark.timeout(600)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 5_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _config(tmp_path: Path, model_dir: Path) -> MtrlConfig:
+    sampling = {"max_tokens": 8, "temperature": 1.0}
+    return MtrlConfig.from_dict({
+        "core": {"engine": "hf", "model": str(model_dir), "run_dir": str(tmp_path / "run"), "lora_rank": 4,
+                 "lora_alpha": 8, "learning_rate": 0.05, "sampling_params": sampling,
+                 "val_sampling_params": sampling, "pass_k_values": [1], "seed": 3},
+        "advanced": {"server": {"port": 0}, "reward_range": [0.0, 1.0], "rollout_timeout_s": 60},
+    })
+
+
+@rollout
+async def gate_agent(task: Any) -> None:
+    """The held-out set's agent: one model call (the decorator points the client at the rollout)."""
+    client = openai.AsyncOpenAI(base_url="http://agent.invalid/v1", api_key="unused", max_retries=0)
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task.prompt}],
+                                         max_tokens=8)
+    await aupdate_reward(0.0)
+
+
+def _user_agent(endpoint: str) -> Any:
+    """The deployed entrypoint: answers with whatever adapter the coordinator serves now."""
+
+    @learn_online(OnlineClient(endpoint))
+    def invoke(payload: dict[str, Any]) -> str:
+        client = openai.OpenAI(base_url=endpoint + "/v1", api_key="user-key", max_retries=0)
+        reply = client.chat.completions.create(model="policy", max_tokens=8,
+                                               messages=[{"role": "user", "content": payload["prompt"]}])
+        return reply.choices[0].message.content or ""
+
+    return invoke
+
+
+def _sessions(invoke: Any, prefix: str) -> list[str]:
+    ids = []
+    for i in range(4):  # two tasks, two users each: two groups of two
+        sid = f"{prefix}-{i}"
+        invoke({"prompt": f"how do I reset device {i % 2}?", "session_id": sid})
+        ids.append(sid)
+    return ids
+
+
+def _rewarded(service: OnlineService, ids: list[str]) -> None:
+    client = OnlineClient(service.url)
+    for i, sid in enumerate(ids):
+        client.update_reward(sid, 1.0 if i < 2 else 0.0)  # within each task one user happy, one not
+
+
+def test_a_candidate_is_promoted_only_past_the_gate_and_can_be_rolled_back(tmp_path, tiny_model_dir):
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps({"id": f"h{i}", "prompt": f"held question {i}"}) + "\n" for i in range(2)))
+    prefer = {"serving": None}  # None: every answer passes; else the version the scorer favours
+
+    def strict(rollout_: Any, ground_truth: Any) -> float:
+        return 1.0 if prefer["serving"] is None or rollout_.policy_version == prefer["serving"] else 0.0
+
+    settings = OnlineSettings(sample_rate=1.0, group_size=2, groups_per_step=2, max_staleness=0,
+                              holdout=str(held), agent="unused:by-start", feedback_expiry_s=3600.0)
+    clock = Clock()
+    service = OnlineService.start(_config(tmp_path, tiny_model_dir), settings, agent_env=gate_agent,
+                                  strict=StrictScorer(strict, input="rollout"), clock=clock, tick=False)
+    try:
+        assert service.status()["serving_version"] == 0  # the untrained adapter: the base model's answers
+        invoke = _user_agent(service.url)
+        first = _sessions(invoke, "day1")
+        clock.now += 3600.0 / 2  # half an hour later, the feedback
+        _rewarded(service, first)
+        metrics = service.call(service.tick())
+        assert metrics["train/policy_version"] == 1.0 and metrics["samples/count"] == 4.0
+        assert metrics["gate/passed"] == 1.0
+        status = service.status()
+        assert status["serving_version"] == 1 and status["counters"]["trained"] == 4
+        assert service.stack.engine.policy_version == 1
+        gate = status["last_gate"]
+        assert gate["passed"] and gate["candidate_success"] == gate["serving_success"] == 1.0 and not gate["trips"]
+        store = service.stack.store
+        assert all(store.trained_step(store.get_rollout(service.book.get(s).rollout_id, False).id) == 1 for s in first)
+
+        second = _sessions(invoke, "day2")  # answered by v1 now
+        assert {t.policy_version for s in second for t in store.get_rollout(service.book.get(s).rollout_id).turns} == {1}
+        _rewarded(service, second)
+        prefer["serving"] = 1  # a strict scorer that the serving adapter satisfies and the candidate does not
+        metrics = service.call(service.tick())
+        assert metrics["gate/passed"] == 0.0 and metrics["train/policy_version"] == 2.0
+        status = service.status()
+        assert status["serving_version"] == 1 and service.stack.engine.policy_version == 1  # not promoted
+        assert not status["last_gate"]["passed"] and "below the serving adapter" in status["last_gate"]["reasons"][0]
+
+        third = _sessions(invoke, "day3")  # recorded under v1; the learner is at v2: staleness 1 > 0
+        _rewarded(service, third)
+        service.call(service.tick())
+        assert service.status()["counters"]["dropped/stale"] == 4
+        assert {service.book.get(s).reason for s in third} == {"stale"}
+
+        answer = httpx.post(service.url + "/online/rollback", timeout=120.0).json()
+        assert answer == {"serving_version": 3, "restores": 0, "rolled_back": 1}
+        assert service.stack.engine.policy_version == 3 and service.learner.version == 3
+        lora_b = [p for n, p in service.learner.update.policy.model.named_parameters() if "lora_B" in n]
+        assert lora_b and all(float(p.detach().abs().max()) == 0.0 for p in lora_b)  # v0's weights again: B is zero
+        refused = httpx.post(service.url + "/online/rollback", timeout=60.0)
+        assert refused.status_code == 409 and "no earlier adapter" in refused.json()["error"]["message"]
+    finally:
+        service.close()
+
+
+def test_the_gate_refuses_a_candidate_that_tripped_a_tripwire_or_scores_below():
+    assert judge(2, 1, 0.5, 0.5, {}).passed
+    tripped = judge(2, 1, 0.9, 0.5, {"honeypot": 1.0, "leak": 0.0})
+    assert not tripped.passed and tripped.trips == {"honeypot": 1.0} and "honeypot" in tripped.reasons[0]
+    lower = judge(2, 1, 0.25, 0.5, {})
+    assert not lower.passed and "0.250" in lower.reasons[0] and "0.500" in lower.reasons[0]
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def test_no_user_request_waits_on_a_training_step(tmp_path, tiny_model_dir):
+    """User latency (p50/p99) while one long training step runs on the learner's thread, against idle."""
+    settings = OnlineSettings(sample_rate=1.0, group_size=2, groups_per_step=2)
+    service = OnlineService.start(_config(tmp_path, tiny_model_dir), settings, clock=Clock(), tick=False)
+    try:
+        invoke = _user_agent(service.url)
+        ids = _sessions(invoke, "lat")
+        store = service.stack.store
+        rollouts = [replace(store.get_rollout(service.book.get(s).rollout_id), reward=float(i < 2))
+                    for i, s in enumerate(ids)]
+        task = store.get_task(rollouts[0].task_id)
+        groups = [GroupResult(f"g{i}", task, tuple(rollouts[i::2]), tuple(rollouts[i::2]), False) for i in range(2)]
+        batch = service.learner.prepare(groups)
+        assert batch.samples
+        long_batch = replace(batch, samples=batch.samples * 200)  # one step over many samples: seconds long
+
+        http = httpx.Client(base_url=service.url, timeout=120.0)
+
+        def ask() -> tuple[float, float]:
+            start = time.perf_counter()
+            r = http.post("/v1/chat/completions", json={"model": "policy", "max_tokens": 8,
+                                                         "messages": [{"role": "user", "content": "hello"}]})
+            assert r.status_code == 200, r.text
+            return start, time.perf_counter()
+
+        idle = [e - s for s, e in (ask() for _ in range(20))]
+        window: dict[str, float] = {}
+        step = service.learner.update.step
+
+        def timed(samples: Any) -> Any:
+            window["start"] = time.perf_counter()
+            try:
+                return step(samples)
+            finally:
+                window["end"] = time.perf_counter()
+
+        service.learner.update.step = timed  # type: ignore[method-assign]
+        training = threading.Thread(target=lambda: service.call(service.learner.step(long_batch)))
+        training.start()
+        while "start" not in window:
+            time.sleep(0.005)
+        during: list[tuple[float, float]] = []
+        while training.is_alive():
+            during.append(ask())
+        training.join()
+        inside = [e - s for s, e in during if window["start"] <= s and e <= window["end"]]
+        step_s = window["end"] - window["start"]
+        print(f"\nonline latency: step {step_s:.2f} s; idle p50 {statistics.median(idle) * 1e3:.0f} ms "
+              f"p99 {_p(idle, 0.99) * 1e3:.0f} ms (n={len(idle)}); during the step p50 "
+              f"{statistics.median(inside) * 1e3:.0f} ms p99 {_p(inside, 0.99) * 1e3:.0f} ms (n={len(inside)})")
+        assert step_s > 1.0, step_s  # the step is long enough to tell waiting from not waiting
+        assert len(inside) >= 3  # users were answered while the step ran, not after it
+        assert _p(inside, 0.99) < step_s / 2
+    finally:
+        service.close()
