@@ -59,9 +59,10 @@ def _serve(config: Any, settings: Any, no_learn: bool) -> int:
     agent = agent_env_for_spec(settings.agent) if settings.agent else None
     strict = load_strict_scorer(settings.strict, config.core.success_threshold) if settings.strict else None
     service = OnlineService.start(config, settings, agent_env=agent, strict=strict, learn=not no_learn)
+    version = service.status()["serving_version"]
+    serving = "the base model" if version is None else f"adapter v{version}"
     print(f"mtrl: online on {service.url}/v1 (sessions: {service.url}/online/sessions, "
-          f"feedback: {service.url}/online/feedback); serving adapter v{service.status()['serving_version']}",
-          flush=True)
+          f"feedback: {service.url}/online/feedback); serving {serving}", flush=True)
     stopped = threading.Event()
     try:
         with stop_on_sigterm():
