@@ -210,3 +210,21 @@ def test_the_cli_reports_a_bad_config_and_a_refused_rollback(tmp_path, tiny_tok,
         assert "no earlier adapter" in capsys.readouterr().err  # nothing was promoted: nothing to go back to
     finally:
         service.close()
+
+
+def test_with_an_api_key_the_online_routes_need_it(tmp_path, tiny_tok):
+    config = MtrlConfig.from_dict({"core": {"engine": "scripted", "run_dir": str(tmp_path / "run")},
+                                   "advanced": {"server": {"port": 0, "api_key": "s3cret"}}})
+    engine = ScriptedEngine(tiny_tok, lambda request, text: "ANSWER 1")
+    service = OnlineService.start(config, OnlineSettings(sample_rate=1.0), engine=engine, learn=False,
+                                  clock=Clock(), tick=False)
+    try:
+        body = {"session_id": "s", "instance": {"prompt": "hi"}}
+        refused = httpx.post(service.url + "/online/sessions", json=body)
+        assert refused.status_code == 401 and "api key" in refused.json()["error"]["message"]
+        assert httpx.get(service.url + "/online/status", headers={"authorization": "Bearer nope"}).status_code == 401
+        client = OnlineClient(service.url, api_key="s3cret")
+        assert client.open_session("s", {"prompt": "hi"}).sampled
+        assert client.update_reward("s", 0.5).state == "rewarded"
+    finally:
+        service.close()

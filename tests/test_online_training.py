@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from mtrl_adapters import aupdate_reward, rollout
+from mtrl_adapters import aupdate_reward, record_tool_call, rollout
 from mtrl_adapters.online import OnlineClient
 from mtrl_integrations.agentcore import learn_online
 from mtrl_runtime.config import MtrlConfig
@@ -36,14 +36,18 @@ class Clock:
         return self.now
 
 
-def _config(tmp_path: Path, model_dir: Path) -> MtrlConfig:
+def _config(tmp_path: Path, model_dir: Path, **advanced: Any) -> MtrlConfig:
     sampling = {"max_tokens": 8, "temperature": 1.0}
     return MtrlConfig.from_dict({
         "core": {"engine": "hf", "model": str(model_dir), "run_dir": str(tmp_path / "run"), "lora_rank": 4,
                  "lora_alpha": 8, "learning_rate": 0.05, "sampling_params": sampling,
                  "val_sampling_params": sampling, "pass_k_values": [1], "seed": 3},
-        "advanced": {"server": {"port": 0}, "reward_range": [0.0, 1.0], "rollout_timeout_s": 60},
+        "advanced": {"server": {"port": 0}, "reward_range": [0.0, 1.0], "rollout_timeout_s": 60, **advanced},
     })
+
+
+PEEK = {"on": False}  # when on, the held-out agent reads the answer key: a tripwire's forbidden call
+TRIPWIRES = {"wires": [{"kind": "forbidden_call", "name": "answer_key", "tool": "peek_answers"}]}
 
 
 @rollout
@@ -52,6 +56,8 @@ async def gate_agent(task: Any) -> None:
     client = openai.AsyncOpenAI(base_url="http://agent.invalid/v1", api_key="unused", max_retries=0)
     await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task.prompt}],
                                          max_tokens=8)
+    if PEEK["on"]:
+        record_tool_call("peek_answers", {"task": task.id}, result="42")
     await aupdate_reward(0.0)
 
 
@@ -94,8 +100,9 @@ def test_a_candidate_is_promoted_only_past_the_gate_and_can_be_rolled_back(tmp_p
     settings = OnlineSettings(sample_rate=1.0, group_size=2, groups_per_step=2, max_staleness=0,
                               holdout=str(held), agent="unused:by-start", feedback_expiry_s=3600.0)
     clock = Clock()
-    service = OnlineService.start(_config(tmp_path, tiny_model_dir), settings, agent_env=gate_agent,
-                                  strict=StrictScorer(strict, input="rollout"), clock=clock, tick=False)
+    config = _config(tmp_path, tiny_model_dir, tripwires=TRIPWIRES)
+    scorer = StrictScorer(strict, input="rollout")
+    service = OnlineService.start(config, settings, agent_env=gate_agent, strict=scorer, clock=clock, tick=False)
     try:
         assert service.status()["serving_version"] == 0  # the untrained adapter: the base model's answers
         invoke = _user_agent(service.url)
@@ -136,8 +143,26 @@ def test_a_candidate_is_promoted_only_past_the_gate_and_can_be_rolled_back(tmp_p
         assert lora_b and all(float(p.detach().abs().max()) == 0.0 for p in lora_b)  # v0's weights again: B is zero
         refused = httpx.post(service.url + "/online/rollback", timeout=60.0)
         assert refused.status_code == 409 and "no earlier adapter" in refused.json()["error"]["message"]
+
+        prefer["serving"], PEEK["on"] = None, True  # success alike, but the agent now reads the answer key
+        fourth = _sessions(invoke, "day4")  # under v3, the learner's version: fresh
+        _rewarded(service, fourth)
+        metrics = service.call(service.tick())
+        gate = service.status()["last_gate"]
+        assert metrics["gate/passed"] == 0.0 and gate["trips"] == {"answer_key": 2.0}
+        assert "tripwires tripped: answer_key" in gate["reasons"][0] and service.status()["serving_version"] == 3
     finally:
+        PEEK["on"] = False
         service.close()
+
+    restarted = OnlineService.start(config, settings, agent_env=gate_agent, strict=scorer, clock=clock, tick=False)
+    try:  # the same run folder: what was served is served again, and the sessions and counts are back
+        status = restarted.status()
+        assert status["serving_version"] == 3 and restarted.stack.engine.policy_version == 3
+        assert restarted.learner.version == 3 and status["step"] == 3
+        assert status["counters"]["trained"] == 12 and status["counters"]["dropped/stale"] == 4
+    finally:
+        restarted.close()
 
 
 def test_the_gate_refuses_a_candidate_that_tripped_a_tripwire_or_scores_below():
