@@ -83,8 +83,8 @@ def _sessions(invoke: Any, prefix: str) -> list[str]:
     return ids
 
 
-def _rewarded(service: OnlineService, ids: list[str]) -> None:
-    client = OnlineClient(service.url)
+def _rewarded(url: str, ids: list[str]) -> None:
+    client = OnlineClient(url)
     for i, sid in enumerate(ids):
         client.update_reward(sid, 1.0 if i < 2 else 0.0)  # within each task one user happy, one not
 
@@ -108,7 +108,7 @@ def test_a_candidate_is_promoted_only_past_the_gate_and_can_be_rolled_back(tmp_p
         invoke = _user_agent(service.url)
         first = _sessions(invoke, "day1")
         clock.now += 3600.0 / 2  # half an hour later, the feedback
-        _rewarded(service, first)
+        _rewarded(service.url, first)
         metrics = service.call(service.tick())
         assert metrics["train/policy_version"] == 1.0 and metrics["samples/count"] == 4.0
         assert metrics["gate/passed"] == 1.0
@@ -122,7 +122,7 @@ def test_a_candidate_is_promoted_only_past_the_gate_and_can_be_rolled_back(tmp_p
 
         second = _sessions(invoke, "day2")  # answered by v1 now
         assert {t.policy_version for s in second for t in store.get_rollout(service.book.get(s).rollout_id).turns} == {1}
-        _rewarded(service, second)
+        _rewarded(service.url, second)
         prefer["serving"] = 1  # a strict scorer that the serving adapter satisfies and the candidate does not
         metrics = service.call(service.tick())
         assert metrics["gate/passed"] == 0.0 and metrics["train/policy_version"] == 2.0
@@ -131,7 +131,7 @@ def test_a_candidate_is_promoted_only_past_the_gate_and_can_be_rolled_back(tmp_p
         assert not status["last_gate"]["passed"] and "below the serving adapter" in status["last_gate"]["reasons"][0]
 
         third = _sessions(invoke, "day3")  # recorded under v1; the learner is at v2: staleness 1 > 0
-        _rewarded(service, third)
+        _rewarded(service.url, third)
         service.call(service.tick())
         assert service.status()["counters"]["dropped/stale"] == 4
         assert {service.book.get(s).reason for s in third} == {"stale"}
@@ -146,7 +146,7 @@ def test_a_candidate_is_promoted_only_past_the_gate_and_can_be_rolled_back(tmp_p
 
         prefer["serving"], PEEK["on"] = None, True  # success alike, but the agent now reads the answer key
         fourth = _sessions(invoke, "day4")  # under v3, the learner's version: fresh
-        _rewarded(service, fourth)
+        _rewarded(service.url, fourth)
         metrics = service.call(service.tick())
         gate = service.status()["last_gate"]
         assert metrics["gate/passed"] == 0.0 and gate["trips"] == {"answer_key": 2.0}
@@ -233,3 +233,61 @@ def test_no_user_request_waits_on_a_training_step(tmp_path, tiny_model_dir):
         assert _p(inside, 0.99) < step_s / 2
     finally:
         service.close()
+
+
+GATE_AGENT = '''
+import openai
+from mtrl_adapters import aupdate_reward, rollout
+
+
+@rollout
+async def gate(task):
+    client = openai.AsyncOpenAI(base_url="http://agent.invalid/v1", api_key="unused", max_retries=0)
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task.prompt}],
+                                         max_tokens=8)
+    await aupdate_reward(0.0)
+
+
+def anything(text, ground_truth):
+    return 1.0
+'''
+
+
+def test_mtrl_online_ticks_trains_promotes_and_rolls_back_from_the_command_line(tmp_path, tiny_model_dir, capsys):
+    import subprocess
+    import sys
+
+    import yaml
+
+    from mtrl_runtime.cli import main
+
+    (tmp_path / "gate_agent.py").write_text(GATE_AGENT)
+    held = tmp_path / "held.jsonl"
+    held.write_text(json.dumps({"id": "h0", "prompt": "held question"}) + "\n")
+    config = _config(tmp_path, tiny_model_dir).model_dump(mode="json")
+    config["online"] = {"sample_rate": 1.0, "group_size": 2, "groups_per_step": 2, "tick_s": 0.2,
+                        "holdout": str(held), "agent": f"{tmp_path / 'gate_agent.py'}:gate",
+                        "strict": f"{tmp_path / 'gate_agent.py'}:anything"}
+    path = tmp_path / "online.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen([sys.executable, "-m", "mtrl_runtime.cli", "online", str(path), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        line = proc.stdout.readline()
+        assert "mtrl: online on http://127.0.0.1:" in line and "serving adapter v0" in line, line + proc.stderr.read()
+        url = line.split(" on ")[1].split("/v1")[0]
+        invoke = _user_agent(url)
+        _rewarded(url, _sessions(invoke, "cli"))
+        deadline = time.monotonic() + 300
+        while (status := httpx.get(url + "/online/status").json())["serving_version"] != 1:
+            assert time.monotonic() < deadline, status
+            time.sleep(0.5)  # the service's own tick trains the two groups and gates the candidate
+        assert status["step"] == 1 and status["last_gate"]["passed"] and status["counters"]["trained"] == 4
+        capsys.readouterr()
+        assert main(["online", str(path), "--rollback", "--url", url]) == 0
+        assert json.loads(capsys.readouterr().out) == {"serving_version": 2, "restores": 0, "rolled_back": 1}
+        assert httpx.get(url + "/online/status").json()["serving_version"] == 2
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "mtrl: stopped" in err, err[-3000:]
