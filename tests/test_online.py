@@ -158,6 +158,10 @@ def test_groups_form_from_similar_tasks_or_from_the_feedback_s_own_key(tmp_path,
             assert http.post("/online/feedback", json={"session_id": sid, "reward": 1.0}).status_code == 200
         groups = service.book.ready_groups()
         assert [[s.session_id for s in g] for g in groups] == [["s1", "s2"]]  # the same task, normalised
+        clock.now += 3601.0  # nothing trains here (no learner): at their expiry the rewarded sessions are dropped
+        service.call(service.tick())  # and counted, like unrewarded ones (s3's group never filled at all)
+        assert {service.book.get(s).reason for s in ("s1", "s2", "s3")} == {"ungrouped"}
+        assert service.status()["counters"]["dropped/ungrouped"] == 3
     finally:
         service.close()
 

@@ -7,8 +7,9 @@ a session nobody opened (``UnknownSession``). A drawn session is a rollout
 of the serving coordinator; its record here says where it stands:
 
 ``pending`` (waiting for feedback) ─► ``rewarded`` (waiting for its group) ─► ``trained``
-     └──► ``dropped`` (``expired``: no feedback within ``feedback_expiry_s``; ``stale``: its tokens were more
-          than ``max_staleness`` versions from the learner's policy; ``failed``: the rollout itself failed)
+     └──► ``dropped`` (``expired``: no feedback within ``feedback_expiry_s``; ``ungrouped``: rewarded, but its
+          group did not fill before that expiry; ``stale``: its tokens were more than ``max_staleness`` versions
+          from the learner's policy; ``failed``: the rollout itself failed)
 
 Every record is a meta key of the run's store (``online/session/<id>``), and
 the ids not yet final are one more (``online/open``), written before an
@@ -34,7 +35,8 @@ SESSION_KEY = "online/session/"
 OPEN_KEY = "online/open"
 COUNTERS_KEY = "online/counters"
 STATES = ("pending", "rewarded", "trained", "dropped")
-COUNTED = ("opened", "not_sampled", "rewarded", "trained", "dropped/expired", "dropped/stale", "dropped/failed",
+COUNTED = ("opened", "not_sampled", "rewarded", "trained", "dropped/expired", "dropped/ungrouped", "dropped/stale",
+           "dropped/failed",
            "feedback/unknown", "feedback/not_sampled", "feedback/late")
 
 
@@ -175,11 +177,13 @@ class SessionBook:
     # -- expiry, groups, training ----------------------------------------------------------------
 
     def sweep(self, now: float) -> list[Session]:
-        """Drop every pending session past its expiry (counted ``dropped/expired``); returns them."""
+        """Drop every session past its expiry: pending ones as ``expired``, rewarded ones whose group never
+        filled as ``ungrouped`` (each counted); returns them."""
         with self._lock:
-            expired = [s for s in self._open.values() if s.state == "pending" and now > s.expires_at]
-            self._drop(expired, "expired")
-            return expired
+            late = [s for s in self._open.values() if now > s.expires_at]
+            self._drop([s for s in late if s.state == "pending"], "expired")
+            self._drop([s for s in late if s.state == "rewarded"], "ungrouped")
+            return late
 
     def ready_groups(self) -> list[list[Session]]:
         """Full groups of rewarded sessions (``group_size`` each, oldest feedback first), by ``group_by``."""
