@@ -9,11 +9,12 @@ The composition ``mtrl online`` runs, in one process:
 - the learner (``_learner``), a policy of its own on a thread of its own;
 - the gate (``_gates``), on a stack of its own.
 
-A background task on the server's event loop ticks every ``online.tick_s``:
+A background task on an event loop of its own (thread ``mtrl-online-learner``;
+the server's loop only answers requests) ticks every ``online.tick_s``:
 it drops expired sessions, takes up to ``groups_per_step`` full groups of
 rewarded sessions whose rollouts have ended, drops the stale ones (tokens
 more than ``max_staleness`` versions from the learner's), and trains one
-step on the learner's thread, so the loop keeps answering users meanwhile.
+step on the learner's thread; the gate's rollouts run on that loop too.
 Every ``steps_per_candidate`` steps the learner's weights become a
 candidate; the gate measures it against the serving adapter and the engine
 loads it only when it passes. ``rollback`` serves the adapter promoted
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -78,6 +80,10 @@ class OnlineService:
         self.trained_since_promotion: list[Rollout] = []
         self._lock: asyncio.Lock | None = None
         self._ticker: asyncio.Task | None = None
+        # the learner's loop: ticks, gates, promotions and rollbacks run here, never on the server's loop
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="mtrl-online-learner", daemon=True)
+        self._thread.start()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -96,7 +102,7 @@ class OnlineService:
             "advanced.server.rollout_ttl_s": server_cfg.rollout_ttl_s or SERVE_ROLLOUT_TTL_S,
         })
         stack = RolloutStack.build(config, store_path=config.run_folder.store, engine=engine, serve=False)
-        learner = gates = None
+        learner = gates = service = None
         try:
             book = SessionBook(stack.store, settings)
             if learn:
@@ -107,9 +113,11 @@ class OnlineService:
             app = create_app(stack.coordinator)
             app.include_router(build_online_router(service, server_cfg.api_key))
             service.server = start_server(app, server_cfg.host, server_cfg.port, server_cfg.api_key)
-            asyncio.run_coroutine_threadsafe(service._begin(tick), service.server.loop).result()
+            service.call(service._begin(tick))
         except BaseException:
-            _close_parts(stack, learner, gates, None)
+            if service is not None:
+                service._stop_loop()
+            _close_parts(stack, learner, gates, service.server if service is not None else None)
             raise
         return service
 
@@ -119,9 +127,13 @@ class OnlineService:
         return self.server.url
 
     def call(self, coro: Any, timeout: float | None = None) -> Any:
-        """Run ``coro`` on the server's loop from another thread and return its result."""
-        assert self.server is not None
-        return asyncio.run_coroutine_threadsafe(coro, self.server.loop).result(timeout)
+        """Run ``coro`` on the learner's loop from another thread and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _on_learner_loop(self, coro: Any) -> Any:
+        if asyncio.get_running_loop() is self._loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
 
     async def _begin(self, tick: bool) -> None:
         self._lock = asyncio.Lock()
@@ -146,16 +158,21 @@ class OnlineService:
 
     def close(self) -> None:
         """Stop ticking (after the step in flight), stop serving, close the stacks and the learner."""
-        if self.server is not None:
-            self.call(self._stop_ticker())
+        self.call(self._stop_ticker())
+        self._stop_loop()
         _close_parts(self.stack, self.learner, self.gates, self.server)
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(60)
+        self._loop.close()
 
     async def _stop_ticker(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
 
-    # -- sessions and feedback (on the server's loop) ---------------------------------------------
+    # -- sessions and feedback (from the server's request threads) ---------------------------------
 
     def open_session(self, body: OpenSession, endpoint: str) -> SessionOpened:
         """Draw the session; a drawn one becomes a rollout, answered as the request to run its turn in."""
@@ -283,6 +300,9 @@ class OnlineService:
 
     async def rollback(self) -> dict[str, Any]:
         """Serve the adapter promoted before the current one again (the learner restarts from it too)."""
+        return await self._on_learner_loop(self._rollback())
+
+    async def _rollback(self) -> dict[str, Any]:
         assert self._lock is not None
         async with self._lock:
             if len(self.history) < 2:
