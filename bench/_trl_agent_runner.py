@@ -1,0 +1,194 @@
+"""TRL's GRPOTrainer on the aircraft inspection task, one step at a time on command: the TRL side of
+``bench/agent_vs_trl.py``.
+
+Runs in the separate TRL environment (``.venv-trl``), never in mtrl's. The
+task is written the way TRL's docs teach a multi-turn agent: an environment
+class passed as ``environment_factory`` whose public methods are the tools
+(type hints and Google-style docstrings make their schemas), ``reset`` taking
+the dataset row, and a reward function over the completions with the row's
+columns as keyword arguments. The tools, the prompts (SOP, worked example,
+request) and the reward are the example's own modules
+(``examples/aircraft_inspection``: pure Python, no mtrl import).
+
+Protocol with the parent (as ``bench/_trl_runner.py``, whose ``StepClock`` it
+reuses): a ``{"ready": ...}`` line, then per ``go`` line one step and one JSON
+line of its figures; ``save PATH`` (between steps) writes the LoRA adapter
+there as a peft folder and answers ``{"saved": PATH}``; ``stop`` ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "bench"), str(REPO)]
+
+from _trl_runner import StepClock, _protocol_stream  # noqa: E402
+
+from examples.aircraft_inspection.prompts import build_messages  # noqa: E402
+from examples.aircraft_inspection.reward import FIELD_SETS, FIELDS, reward  # noqa: E402
+from examples.aircraft_inspection.tools import SOP_ORDER, InspectionSession  # noqa: E402
+
+
+def _tool_method(name: str) -> Any:
+    """A method calling the session's tool ``name``, with that tool's own name, docstring and signature."""
+    tool = InspectionSession().tools[name]
+
+    def method(self, tail_number: str) -> str:  # noqa: ANN001 (an annotated self would become a tool argument)
+        return self.session.call(name, {"tail_number": tail_number})
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = tool.__doc__  # the docstring mtrl's Strands agent makes its tool spec from
+    return method
+
+
+class AircraftInspectionEnv:
+    """One episode's tools: the example's ``InspectionSession`` (read-only fixtures, keyed by tail number)."""
+
+    def __init__(self) -> None:
+        self.session = InspectionSession()
+
+    def reset(self, **row: Any) -> None:
+        self.session = InspectionSession()
+        return None  # the prompt is the row's own messages; nothing to append
+
+
+for _name in SOP_ORDER:  # the six tools as public methods: TRL offers an environment's public methods as tools
+    setattr(AircraftInspectionEnv, _name, _tool_method(_name))
+
+
+def final_text(completion: list[dict[str, Any]]) -> str:
+    """The episode's answer: the last assistant message's text (mtrl's agent scores Strands' final text)."""
+    for message in reversed(completion):
+        if message.get("role") == "assistant":
+            return message.get("content") or ""
+    return ""
+
+
+def inspection_reward(completions: list[list[dict[str, Any]]], ground_truth: list[dict[str, Any]],
+                      fields: list[str], **_: Any) -> list[float]:
+    """The example's dense per-field reward on each episode's final answer."""
+    return [reward(final_text(c), truth, tuple(f))[0] for c, truth, f in zip(completions, ground_truth, fields)]
+
+
+def dataset_rows(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Conversational prompts: the messages mtrl's agent sends (SOP, worked example, request)."""
+    rows = []
+    for task in tasks:
+        data = task.get("data") or {}
+        fields = list(FIELD_SETS[data["fields"]]) if "fields" in data else list(FIELDS)
+        rows.append({"prompt": build_messages(task, with_examples=True, fields=fields),
+                     "ground_truth": task["ground_truth"], "fields": fields})
+    return rows
+
+
+def build_trainer(setup: dict[str, Any], output_dir: str) -> Any:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import qwen3_template
+
+    torch.set_num_threads(setup["threads"])
+    tokenizer = AutoTokenizer.from_pretrained(setup["model"], padding_side="left")
+    # SmolLM2's own template has no tools: both sides render with mtrl's Hermes-style ChatML template, and TRL
+    # parses replies with its Hermes (<tool_call> JSON) response template, set by hand as TRL's docs say to do
+    # for a template add_response_schema does not know.
+    tokenizer.chat_template = setup["chat_template"]
+    tokenizer.response_template = qwen3_template
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    args = GRPOConfig(
+        output_dir=output_dir,
+        use_cpu=True,
+        bf16=setup["bf16"],
+        model_init_kwargs={"dtype": setup["weights"]},
+        gradient_checkpointing=False,  # mtrl's config runs without it on this task
+        per_device_train_batch_size=setup["tasks_per_step"] * setup["group_size"],
+        num_generations=setup["group_size"],
+        gradient_accumulation_steps=1,
+        max_completion_length=setup["max_completion_length"],
+        max_tool_calling_iterations=setup["max_turns"] - 1,
+        temperature=setup["temperature"],
+        top_p=1.0,
+        learning_rate=setup["learning_rate"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        num_iterations=1,
+        max_steps=setup["steps"] + 1,  # one more: a step's figures are sent when the next one starts
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=setup["seed"],
+    )
+    lora = LoraConfig(r=setup["lora_rank"], lora_alpha=setup["lora_alpha"], lora_dropout=0.0,
+                      target_modules=list(setup["target_modules"]), bias="none", task_type="CAUSAL_LM")
+    return GRPOTrainer(model=setup["model"], reward_funcs=inspection_reward, args=args,
+                       train_dataset=Dataset.from_list(dataset_rows(setup["tasks"])), processing_class=tokenizer,
+                       peft_config=lora, environment_factory=AircraftInspectionEnv)
+
+
+class Commands:
+    """Reads the parent's lines between steps: ``save PATH`` is answered at once, ``go`` starts the step."""
+
+    def __init__(self, clock: StepClock, stdin: Any) -> None:
+        self.clock = clock
+        self.stdin = stdin
+        self.trainer: Any = None
+
+    def readline(self) -> str:
+        while True:
+            line = self.stdin.readline()
+            if line.startswith("save "):
+                path = line[5:].strip()
+                self.trainer.model.save_pretrained(path)
+                self.clock.send({"saved": path})
+                continue
+            return line
+
+
+def main() -> None:
+    out = _protocol_stream()
+    setup = json.loads(Path(sys.argv[1]).read_text())
+    os.environ.setdefault("OMP_NUM_THREADS", str(setup["threads"]))
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import torch
+    from transformers import TrainerCallback
+
+    clock = StepClock(out)
+    clock.info = {"versions": {name: metadata.version(name) for name in ("trl", "transformers", "peft", "torch")}}
+    commands = Commands(clock, sys.stdin)
+    sys.stdin = commands  # StepClock.step_begin reads its go/stop line through sys.stdin.readline
+
+    class Steps(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            clock.step_begin(state.global_step)
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            clock.step_end(state.global_step - 1)
+
+    with tempfile.TemporaryDirectory(prefix="mtrl-bench-trl-agent-") as tmp:
+        trainer = build_trainer(setup, tmp)
+        commands.trainer = trainer
+        trainer._prepare_inputs = clock.wrap_prepare_inputs(trainer._prepare_inputs)
+        clock.info["torch_threads"] = torch.get_num_threads()
+        trainer.add_callback(Steps())
+        trainer.train()
+    if clock.pending is not None:
+        clock.send(clock.pending)
+
+
+if __name__ == "__main__":
+    main()
