@@ -205,6 +205,11 @@ class AdvancedConfig(_Section):
     # report train/kl_ref (KL of the policy to its reference, the base model) every step even with kl_coef 0: one
     # more forward pass per micro-batch, without gradients; the hack_onset rule reads it (docs/training.md)
     measure_kl_ref: bool = False
+    # on-policy distillation (core.loss_fn: distill; docs/training.md): the teacher that scores the student's own
+    # sampled tokens: a LoRA adapter folder on core.model's base, or a model folder of the same tokenizer
+    distill_teacher: str | None = None
+    distill_coef: float = Field(default=1.0, gt=0.0)  # weight of the teacher's per-token reverse KL
+    distill_rl_coef: float = Field(default=0.0, ge=0.0)  # weight of the RL advantage beside it (0: distillation alone)
     tis_cap: float | None = Field(default=None, gt=0.0)  # truncated IS for engine/trainer mismatch
     loss_aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
     micro_batch_tokens: int = Field(default=4096, ge=16)
@@ -260,6 +265,20 @@ class AdvancedConfig(_Section):
     def _judge_file(cls, value: Any) -> Any:
         return JudgeSpec.load(value) if isinstance(value, (str, Path)) else value
 
+    @field_validator("distill_teacher")
+    @classmethod
+    def _teacher_folder(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        folder = Path(value).expanduser()
+        if not folder.is_dir():
+            raise ValueError(f"advanced.distill_teacher: {value!r} is not a folder (give a LoRA adapter folder "
+                             "trained on core.model, or a model folder with the same tokenizer)")
+        if not ((folder / "adapter_config.json").is_file() or (folder / "config.json").is_file()):
+            raise ValueError(f"advanced.distill_teacher: {value!r} holds neither adapter_config.json (a LoRA "
+                             "adapter) nor config.json (a model)")
+        return str(folder)
+
     @field_validator("chat_format")
     @classmethod
     def _known_chat_format(cls, value: str | None) -> str | None:
@@ -300,6 +319,18 @@ class MtrlConfig(_Section):
             raise ValueError(f"advanced.group_judge.per_turn: true scores each turn, but core.advantage_method is "
                              f"{self.core.advantage_method!r}; use group_based_per_turn, or a group judge "
                              "(per_turn: false)")
+        return self
+
+    @model_validator(mode="after")
+    def _distill_pairs(self) -> "MtrlConfig":
+        """core.loss_fn: distill and advanced.distill_teacher go together: neither is ignored without the other."""
+        teacher, loss = self.advanced.distill_teacher, self.core.loss_fn
+        if loss == "distill" and teacher is None:
+            raise ValueError("core.loss_fn: 'distill' needs advanced.distill_teacher (a LoRA adapter folder on "
+                             "core.model, or a model folder with the same tokenizer), got None")
+        if teacher is not None and loss != "distill":
+            raise ValueError(f"advanced.distill_teacher: {teacher!r} is set, but core.loss_fn is {loss!r}; the "
+                             "teacher is read only by core.loss_fn: distill")
         return self
 
     @model_validator(mode="after")

@@ -24,6 +24,11 @@ Options shared by all losses (``LossParams``):
   logprobs (one optimizer step per batch, so pi_prox = pi_theta in value),
   the loss's ratio is taken against it, and each token's loss is multiplied by
   the detached weight min(pi_prox / pi_behaviour, tis_cap).
+
+On-policy distillation (``distill``) takes one more input, the teacher's
+log-probabilities of the student's own sampled tokens (``teacher_logprobs_BT``,
+scored by the update beside the reference: ``training/update/_teacher.py``).
+``distill_coef`` > 0 says the loss needs them; the other losses refuse them.
 """
 
 from __future__ import annotations
@@ -52,6 +57,13 @@ class LossParams:
     tis_cap: float | None = None
     aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
     measure_kl_ref: bool = False  # kl_coef 0: still report kl_ref (the update runs the reference policy too)
+    distill_coef: float = 0.0  # > 0: the distill loss's weight of the teacher term (the update scores the teacher)
+    distill_rl_coef: float = 0.0  # the distill loss's weight of the RL advantage (0: distillation alone)
+
+    @property
+    def needs_teacher(self) -> bool:
+        """Whether the update must score the teacher's logprobs of the sampled tokens (the distill loss)."""
+        return self.distill_coef > 0
 
     @property
     def needs_reference(self) -> bool:
@@ -63,6 +75,10 @@ class LossParams:
             raise ValueError(f"aggregation must be token_mean or sequence_mean, got {self.aggregation!r}")
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.distill_coef < 0:
+            raise ValueError(f"distill_coef must be >= 0, got {self.distill_coef}")
+        if self.distill_rl_coef < 0:
+            raise ValueError(f"distill_rl_coef must be >= 0, got {self.distill_rl_coef}")
         if self.tis_cap is not None and self.tis_cap <= 0:
             raise ValueError(f"tis_cap must be > 0, got {self.tis_cap}")
         self.bounds(None, None)  # explicit bounds fail here, not at the first step
@@ -77,6 +93,9 @@ class LossParams:
             tis_cap=advanced.tis_cap,
             aggregation=advanced.loss_aggregation,
             measure_kl_ref=advanced.measure_kl_ref,
+            # the teacher term exists only with a teacher to score (the config pairs it with loss_fn: distill)
+            distill_coef=advanced.distill_coef if advanced.distill_teacher is not None else 0.0,
+            distill_rl_coef=advanced.distill_rl_coef,
         )
 
     def bounds(self, default_low: float | None, default_high: float | None) -> tuple[float | None, float | None]:
@@ -298,4 +317,43 @@ def nll(
     return aggregate(loss_BT, mask, params.aggregation, normalizer), metrics
 
 
-__all__ = ["LOSSES", "LossFn", "LossParams", "aggregate", "cispo", "importance_sampling", "nll", "ppo"]
+@LOSSES.register("distill")
+def distill(
+    logprobs_BT: torch.Tensor,
+    old_logprobs_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    params: LossParams = LossParams(),
+    *,
+    ref_logprobs_BT: torch.Tensor | None = None,
+    teacher_logprobs_BT: torch.Tensor | None = None,
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """On-policy distillation: per-token reverse KL to a teacher, alone or added to the RL advantage.
+
+    On the student's own sampled tokens x_t, k_t = log pi_theta(x_t) - log pi_teacher(x_t) is a one-sample
+    estimate of the per-token reverse KL(pi_theta || pi_teacher). The loss is the importance-sampling policy
+    gradient of ``importance_sampling`` on the advantage
+
+        A'_t = distill_rl_coef * A_t - distill_coef * sg(k_t)
+
+    so tokens the teacher finds likelier than the student are pushed up, and the others down; with
+    ``distill_rl_coef`` 0 it is distillation alone (the RL advantage plays no part), with 1 the teacher term
+    shapes the RL advantage token by token. Ratio bounds, ``tis_cap`` and ``kl_coef`` act as for
+    ``importance_sampling``. Metrics: ``distill_reverse_kl`` (the masked mean of k_t) and
+    ``teacher_logprob`` (of the teacher's logprobs).
+    """
+    if params.distill_coef <= 0 or teacher_logprobs_BT is None:
+        raise ValueError("the distill loss needs a teacher: set advanced.distill_teacher (its logprobs of the "
+                         "sampled tokens) and advanced.distill_coef > 0")
+    mask = mask_BT.to(logprobs_BT.dtype)
+    reverse_kl_BT = (logprobs_BT.detach() - teacher_logprobs_BT).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    shaped_BT = params.distill_rl_coef * advantages_BT - params.distill_coef * reverse_kl_BT
+    loss, metrics = importance_sampling(logprobs_BT, old_logprobs_BT, shaped_BT, mask_BT, params,
+                                        ref_logprobs_BT=ref_logprobs_BT, normalizer=normalizer)
+    metrics["distill_reverse_kl"] = _masked_mean(reverse_kl_BT, mask)
+    metrics["teacher_logprob"] = _masked_mean(teacher_logprobs_BT, mask)
+    return loss, metrics
+
+
+__all__ = ["LOSSES", "LossFn", "LossParams", "aggregate", "cispo", "distill", "importance_sampling", "nll", "ppo"]

@@ -22,7 +22,8 @@ from ..lazy import lazy_exports
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("DEFAULT_TARGET_MODULES", "Policy", "atomic_folder", "build_policy", "policy_from_config",
                      "train_device", "plan_micro_batches", "StepDoesNotFit", "folder_plan", "preflight_folder",
-                     "WEIGHTS_FOLDER", "PolicyUpdate", "resolve_autocast", "UpdateSettings"), ".update"),
+                     "WEIGHTS_FOLDER", "PolicyUpdate", "resolve_autocast", "UpdateSettings", "Teacher",
+                     "load_teacher"), ".update"),
     **dict.fromkeys(("InitialWeights", "build_sharded_policy", "materialise", "ShardedUpdate", "deal_rounds",
                      "follow_training", "sharded_update_from_config", "shard_policy", "Ranks", "check_world_divides",
                      "init_ranks", "join_torchrun", "launched_distributed", "rank_device"), ".distributed"),

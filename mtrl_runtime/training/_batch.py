@@ -46,9 +46,17 @@ def prepare_batch(
     params: AdvantageParams,
     version: int,
     max_off_policy: int,
+    train_silent: bool = False,
 ) -> PreparedBatch:
-    """Advantages → samples → staleness filter, for the groups the dispatcher kept."""
+    """Advantages → samples → staleness filter, for the groups the dispatcher kept.
+
+    ``train_silent``: a group whose advantages are all zero is trained too, at advantage 0 (the distill
+    loss's teacher term gives every token a signal of its own); it still counts in ``analysis/zero_adv_groups``.
+    """
     kept, advantages, stats = group_advantages(groups, method, params)
+    if train_silent:
+        advantages = [adv_g if adv_g is not None else [[0.0] * len(r.turns) for r in g.kept]
+                      for g, adv_g in zip(kept, advantages)]
     samples: list[Sample] = []
     stale_S: list[int] = []
     trained: list[str] = []

@@ -218,7 +218,8 @@ class TrainingLoop:
     ) -> StepReport:
         core, batch = self.config.core, sampled.batch
         params = AdvantageParams(success_threshold=core.success_threshold)
-        prepared = prepare_batch(batch.groups, core.advantage_method, params, int(self.update.version), bound)
+        prepared = prepare_batch(batch.groups, core.advantage_method, params, int(self.update.version), bound,
+                                 train_silent=self.config.advanced.distill_teacher is not None)
         started = time.perf_counter()
         if prepared.samples:
             update_metrics = await self.weights.apply(prepared.samples)

@@ -48,7 +48,7 @@ from ._progress import ProgressDisplay
 from ._resume import plan_resume
 from ._weights import PushedWeights, SharedWeights, WeightSync, shares_model
 from .distributed import Ranks, ShardedUpdate, sharded_update_from_config
-from .update import PolicyUpdate, UpdateSettings, policy_from_config, preflight_folder
+from .update import Policy, PolicyUpdate, Teacher, UpdateSettings, load_teacher, policy_from_config, preflight_folder
 
 _log = logging.getLogger("mtrl.train")
 
@@ -207,9 +207,13 @@ class _Run:
         self.judge = judged_rewards(config.advanced.group_judge, self.store, self.stack.endpoint)
         settings = UpdateSettings.from_config(config)
         self.ranks = trainer.ranks
+        if config.advanced.distill_teacher is not None and self.ranks is not None:
+            raise ConfigError(f"advanced.distill_teacher: {config.advanced.distill_teacher!r}: distillation under "
+                              "torchrun is not supported yet; run mtrl train on one process")
         if shares_model(engine) and self.ranks is None:
             policy = policy_from_config(config, engine.model, engine.tokenizer)
-            self.update = PolicyUpdate(policy, settings, weights_lock=engine.weights_lock)
+            self.update = PolicyUpdate(policy, settings, weights_lock=engine.weights_lock,
+                                       teacher=_teacher(config, policy))
             self.update.check_fits()  # before the first rollout: a step that cannot fit fails here, with the numbers
             self.weights = SharedWeights(engine, self.update)
         else:
@@ -220,7 +224,8 @@ class _Run:
             folder = resolve_model(config.core.model)
             preflight_folder(config, folder, world_size=1 if self.ranks is None else self.ranks.world_size)
             if self.ranks is None:
-                self.update = PolicyUpdate(policy_from_config(config, folder), settings)
+                policy = policy_from_config(config, folder)
+                self.update = PolicyUpdate(policy, settings, teacher=_teacher(config, policy))
             else:  # every rank holds a shard, only this one reads the weights; it leads each step and save
                 self.update = sharded_update_from_config(config, folder, self.ranks)
             self.update.check_fits()
@@ -326,6 +331,20 @@ class _Run:
     def _close_sync(self) -> None:
         """Close from a thread with no running loop (a failed build)."""
         asyncio.run(self.close())
+
+
+def _teacher(config: MtrlConfig, policy: Policy) -> Teacher | None:
+    """The distill loss's teacher (``advanced.distill_teacher``), loaded beside ``policy`` before the first rollout."""
+    folder = config.advanced.distill_teacher
+    if folder is None:
+        return None
+    frozen = next((p.dtype for p in policy.model.parameters() if not p.requires_grad), None)
+    is_adapter = (Path(folder) / "adapter_config.json").is_file()  # only an adapter needs core.model's folder
+    try:
+        return load_teacher(folder, resolve_model(config.core.model) if is_adapter else None, policy.tokenizer,
+                            policy.device, frozen or next(policy.model.parameters()).dtype)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _validation_tasks(source: Any, training: Sequence[Task]) -> tuple[Task, ...]:

@@ -10,6 +10,9 @@ What the step runs on and what it costs:
 
 - ``_policy``: the causal LM wrapped with LoRA (peft) or fully trainable,
   its reference for a KL term, the training device, atomic folder writes;
+- ``_teacher``: the frozen teacher of on-policy distillation (the distill
+  loss), an adapter merged onto the student's base or a model folder of the
+  same tokenizer, scored in the same micro-batch as the reference;
 - ``_precision``: the compute dtype (bf16 autocast where native) and the
   dtype the frozen base is stored in;
 - ``_chunked``: log-probabilities of the chosen tokens in chunks over the
@@ -34,11 +37,13 @@ from ._policy import (DEFAULT_TARGET_MODULES, Policy, atomic_folder, build_polic
                       policy_settings, train_device)
 from ._precision import frozen_base_dtype, resolve_autocast
 from ._settings import UpdateSettings
+from ._teacher import TEACHER_KEY, Teacher, check_same_tokenizer, load_teacher
 from ._step import TRAINER_STATE, WEIGHTS_FOLDER, PolicyUpdate, loss_normalizer
 
 __all__ = [
     "DEFAULT_TARGET_MODULES",
     "MIN_MICRO_BATCH_TOKENS",
+    "TEACHER_KEY",
     "TRAINER_STATE",
     "WEIGHTS_FOLDER",
     "DecoderWithHead",
@@ -47,16 +52,19 @@ __all__ = [
     "PolicyUpdate",
     "StepDoesNotFit",
     "StepMemory",
+    "Teacher",
     "UpdateSettings",
     "atomic_folder",
     "build_policy",
     "causal_lm",
     "check_fits",
+    "check_same_tokenizer",
     "chunked_logprobs",
     "decoder_and_head",
     "folder_dtype",
     "folder_plan",
     "frozen_base_dtype",
+    "load_teacher",
     "loss_normalizer",
     "nonfinite_cause",
     "nonfinite_rollouts",

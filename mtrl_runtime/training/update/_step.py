@@ -50,6 +50,7 @@ from ._policy import Policy, atomic_folder
 from ._nonfinite import NonFiniteWeights, nonfinite_cause, nonfinite_rollouts
 from ._precision import resolve_autocast
 from ._settings import UpdateSettings
+from ._teacher import Teacher
 
 log = logging.getLogger("mtrl.train")
 
@@ -65,11 +66,17 @@ class PolicyUpdate:
         policy: Policy,
         settings: UpdateSettings | None = None,
         weights_lock: Any = None,
+        teacher: Teacher | None = None,
     ) -> None:
         """``weights_lock``: a threading.Lock or RLock shared with an engine that runs the same
-        model object (a private lock when None)."""
+        model object (a private lock when None). ``teacher``: the frozen model whose logprobs of the
+        sampled tokens the distill loss reads (``_teacher``); required by it, refused by the others."""
         self.policy = policy
         self.settings = settings or UpdateSettings()
+        if self.settings.loss.needs_teacher != (teacher is not None):
+            raise ValueError(f"loss {self.settings.loss_fn!r} with distill_coef {self.settings.loss.distill_coef} "
+                             f"{'needs a teacher (advanced.distill_teacher)' if teacher is None else 'takes no teacher'}")
+        self.teacher = teacher
         self.loss_fn = LOSSES.get(self.settings.loss_fn)
         self.weights_lock = weights_lock if weights_lock is not None else threading.Lock()
         self.optimizer = torch.optim.AdamW(
@@ -273,6 +280,11 @@ class PolicyUpdate:
         if self.settings.loss.needs_reference:
             with torch.no_grad(), self.policy.reference() as reference:
                 ref_BK = self._logprobs(reference, ids_BT, attention_BT, keep_K, targets_BK, shared)
+        extra: dict[str, torch.Tensor] = {}
+        if self.teacher is not None:  # scored beside the reference: same ids, same kept positions, no gradient
+            with torch.no_grad():
+                extra["teacher_logprobs_BT"] = self._logprobs(self.teacher.model, ids_BT, attention_BT, keep_K,
+                                                              targets_BK, shared)
         return self.loss_fn(
             logprobs_BK,
             old_BT[:, keep_K],
@@ -281,6 +293,7 @@ class PolicyUpdate:
             self.settings.loss,
             ref_logprobs_BT=ref_BK,
             normalizer=normalizer,
+            **extra,
         )
 
     def _logprobs(
