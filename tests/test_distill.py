@@ -219,3 +219,41 @@ def test_distill_steps_move_the_student_toward_the_teacher(tmp_path, tokenizer, 
     assert before > 0.01
     assert after < 0.5 * before
     assert not any(p.grad is not None for p in teacher.model.parameters())  # frozen: scored, never trained
+
+
+# -- through the trainer -----------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_trainer_distills_from_a_teacher_folder_on_the_lookup_task(tmp_path):
+    """mtrl's trainer with loss_fn distill: the teacher is loaded, scored each step, and groups without RL signal
+    (every reward equal) still train, on the teacher's term alone."""
+    import _lookup_task as lookup
+    from mtrl_runtime.training import MultiTurnRLTrainer
+
+    torch.set_num_threads(1)
+    teacher = lookup.save_model(tmp_path / "teacher", seed=5)
+    config = MtrlConfig.from_dict(lookup.config(
+        tmp_path / "run", max_steps=3, loss_fn="distill", advantage_method="group_based",
+        advanced={"distill_teacher": str(teacher)}))
+    trainer = MultiTurnRLTrainer(agent_env=lookup.agent, training_dataset=lookup.tasks(), config=config,
+                                 engine=lookup.build_engine(seed=0), tracking=False)
+    result = trainer.train(progress=False)
+    reports = [r.metrics for r in result.reports]
+    assert len(reports) == 3
+    for m in reports:
+        assert m["train/teacher_logprob"] < 0 and "train/distill_reverse_kl" in m
+        assert m["samples/count"] > 0 and m.get("train/skipped", 0.0) == 0.0
+    # a group whose rollouts all scored alike has no RL signal, yet it was trained (the teacher's term)
+    assert any(m["analysis/zero_adv_groups"] > 0 for m in reports), reports
+
+
+def test_trainer_refuses_a_teacher_of_another_tokenizer_before_the_first_rollout(tmp_path, other_model_folder):
+    import _lookup_task as lookup
+    from mtrl_runtime.training import MultiTurnRLTrainer
+
+    config = MtrlConfig.from_dict(lookup.config(tmp_path / "run", max_steps=1, loss_fn="distill",
+                                                advanced={"distill_teacher": str(other_model_folder)}))
+    with pytest.raises(ConfigError, match=r"advanced.distill_teacher: '.*' has a tokenizer unlike core.model's"):
+        MultiTurnRLTrainer(agent_env=lookup.agent, training_dataset=lookup.tasks(), config=config,
+                           engine=lookup.build_engine(seed=0), tracking=False).train(progress=False)
