@@ -6,19 +6,24 @@ concurrently through the ``Dispatcher`` (``run_group``: group ids
 ``collect-<n>-g<i>``, ``step`` None, so a trainer never mistakes them for a
 step's batch), and returns what the store recorded. The rollouts stay in
 the run's store, where ``mtrl collect`` users read them and a warm start can
-take them from. ``rollout_line`` is the one-line summary ``mtrl collect``
+take them from. With a ``reference`` (a frontier teacher behind its own
+endpoint) every call of these rollouts is answered by it, through the
+coordinator's reference side, as ``mtrl eval --reference-url`` runs one.
+``rollout_line`` is the one-line summary ``mtrl collect``
 prints per rollout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..config import MtrlConfig
+from ..coordinator import ReferenceModel
 from ..types import ROLLOUT_FLAGS, PolicyEngine, Rollout, RolloutStatus, Task
 from ._dispatcher import GroupResult
 from ._stack import open_stack
@@ -54,11 +59,15 @@ async def collect_rollouts(
     store_path: str | Path | None = None,
     engine: PolicyEngine | None = None,
     on_rollout: Callable[[Task, Rollout], None] | None = None,
+    reference: ReferenceModel | None = None,
+    reference_key: str | None = None,
 ) -> Collected:
     """Run ``agent_env`` on every task (``core.group_size`` rollouts each, concurrently) and return them stored.
 
     ``store_path``: default the run folder's store (``RunFolder.store``). ``on_rollout``
-    is called as each group finishes, once per rollout (for printing).
+    is called as each group finishes, once per rollout (for printing). ``reference``: the model that answers
+    every call instead of the engine (its endpoint checked first: ``ConnectionError`` naming the URL), with the
+    API key ``reference_key``.
     """
     if not tasks:
         raise ValueError("tasks: give at least one task to collect")
@@ -75,7 +84,10 @@ async def collect_rollouts(
                     on_rollout(task, rollout)
             return group
 
-        groups = await asyncio.gather(*(one(i, task) for i, task in enumerate(tasks)))
+        async with contextlib.AsyncExitStack() as sides:
+            if reference is not None:
+                await sides.enter_async_context(stack.coordinator.reference_side(reference, reference_key))
+            groups = await asyncio.gather(*(one(i, task) for i, task in enumerate(tasks)))
         record = {"label": label, "tasks": [t.id for t in tasks], "group_ids": [g.id for g in groups],
                   "group_size": config.core.group_size, "started_at": time.time()}
         stack.store.set_meta(COLLECT_RUNS_KEY, [*stack.store.get_meta(COLLECT_RUNS_KEY, []), record])

@@ -7,6 +7,10 @@
   own tokens (``_render``).
 - ``store_demonstrations``: a run's stored rollouts filtered by reward and/or
   strict success, their stored ids as they are (``_store``).
+- ``teacher_conversations`` / ``write_conversations``: a frontier
+  teacher's successful rollouts (``mtrl collect --teacher-url``) as
+  conversations, written as the JSONL ``mtrl sft --conversations`` reads and
+  rendered in the student's chat format (``_teacher_data``).
 - ``sft``: the fine-tuning itself, on the run's training stack (``_sft``);
   ``mtrl train`` starts from what it writes (``advanced.init_adapter``).
 
@@ -25,6 +29,7 @@ _EXPORTS: dict[str, str] = {
                     "._render"),
     **dict.fromkeys(("Demonstration", "conversation_demonstrations"), "._demonstration"),
     **dict.fromkeys(("StoreSelection", "rollout_demonstration", "select_rollouts", "store_demonstrations"), "._store"),
+    **dict.fromkeys(("rollout_conversations", "teacher_conversations", "write_conversations"), "._teacher_data"),
     **dict.fromkeys(("ADAPTER_FOLDER", "EpochReport", "SftResult", "SftSettings", "held_out_loss", "sft",
                      "split_held_out"), "._sft"),
 }
