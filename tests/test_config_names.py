@@ -22,11 +22,14 @@ def test_an_unknown_name_fails_at_load_naming_key_value_and_the_known_names(key,
     assert all(name in message for name in registry.names())
 
 
-def test_every_registered_name_is_accepted():
+def test_every_registered_name_is_accepted(tmp_path):
+    (tmp_path / "config.json").write_text("{}")  # a model folder: the teacher the distill loss cannot go without
+    companions = {"distill": {"distill_teacher": str(tmp_path)}}
     for name in ADVANTAGES.names():
         assert MtrlConfig.from_dict({"core": {"advantage_method": name}}).core.advantage_method == name
     for name in LOSSES.names():
-        assert MtrlConfig.from_dict({"core": {"loss_fn": name}}).core.loss_fn == name
+        loaded = MtrlConfig.from_dict({"core": {"loss_fn": name}, "advanced": companions.get(name, {})})
+        assert loaded.core.loss_fn == name
     for name in ENGINES.names():
         assert MtrlConfig.from_dict({"core": {"engine": name}}).core.engine == name
 

@@ -19,7 +19,7 @@ def current(ratios=RATIOS, old=OLD):
 
 
 def test_registry_names():
-    assert LOSSES.names() == ["cispo", "importance_sampling", "nll", "ppo"]
+    assert LOSSES.names() == ["cispo", "distill", "importance_sampling", "nll", "ppo"]
 
 
 def test_ppo_clips_at_ratio_bounds():
