@@ -59,7 +59,7 @@ def train_teacher(args: argparse.Namespace, work: Path, model: str) -> tuple[Pat
     """A short teacher: the solver's episodes through the agent, then SFT (``bench/warm_start.py``'s warm start)."""
     started = time.perf_counter()
     demo_args = argparse.Namespace(**{**vars(args), "demos": "solver", "demo_tasks": args.teacher_tasks})
-    demos, info = demonstrations(demo_args, work / "teacher-demos", model)
+    demos, info = demonstrations(demo_args, work, model)  # its collect run: work/demos
     if not demos:
         raise SystemExit(f"distill_vs_rl: no solver episode passed the filters ({info['selection']}); "
                          "no teacher to distil")
@@ -125,9 +125,12 @@ def main() -> int:
     load_after = os.getloadavg()
     ratios = []
     for rl_run, distill_run in zip(runs["rl_only"], runs["distill"]):
-        target = rl_run["final_strict"]
-        reached = next((p["seconds"] for p in distill_run["passes"] if p["strict"] >= target), None) \
-            if target is not None else None
+        target, base = rl_run["final_strict"], rl_run["before_rl_strict"]
+        if target is None or base is None or target <= base:  # RL alone gained nothing: there is nothing to reach
+            distill_run["reached_rl_only_final_at_s"] = None
+            ratios.append(None)
+            continue
+        reached = next((p["seconds"] for p in distill_run["passes"] if p["strict"] >= target), None)
         distill_run["reached_rl_only_final_at_s"] = reached
         ratios.append(None if reached is None else round(reached / args.budget_s, 3))
     summary = {
@@ -135,7 +138,7 @@ def main() -> int:
         "distill_final_strict": [r["final_strict"] for r in runs["distill"]],
         "distill_strict_before_rl": [r["before_rl_strict"] for r in runs["distill"]],
         # seconds the distill run took to reach its RL-alone twin's final strict success, over the budget
-        # (None: never reached within the budget)
+        # (None: never reached within the budget, or RL alone ended no better than it started: nothing to reach)
         "distill_time_to_rl_only_final_over_budget": ratios,
         "budget_s": args.budget_s,
     }
