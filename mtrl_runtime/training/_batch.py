@@ -54,15 +54,16 @@ def prepare_batch(
     loss's teacher term gives every token a signal of its own); it still counts in ``analysis/zero_adv_groups``.
     """
     kept, advantages, stats = group_advantages(groups, method, params)
+    trained_advantages = advantages  # valid_mean below still reads the groups' own signal
     if train_silent:
-        advantages = [adv_g if adv_g is not None else [[0.0] * len(r.turns) for r in g.kept]
-                      for g, adv_g in zip(kept, advantages)]
+        trained_advantages = [adv_g if adv_g is not None else [[0.0] * len(r.turns) for r in g.kept]
+                              for g, adv_g in zip(kept, advantages)]
     samples: list[Sample] = []
     stale_S: list[int] = []
     trained: list[str] = []
     used: list[Rollout] = []
     dropped_stale = prefix_errors = 0
-    for group, adv_g in zip(kept, advantages):
+    for group, adv_g in zip(kept, trained_advantages):
         if adv_g is None:  # every advantage zero: no signal
             continue
         for rollout, adv_i in zip(group.kept, adv_g):
