@@ -89,9 +89,14 @@ class AgentCoreStandIn:
         endpoints: tuple[str, ...] = ("DEFAULT",),
         access_key_id: str = TEST_ACCESS_KEY_ID,
         secret_access_key: str = TEST_SECRET_ACCESS_KEY,
+        host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
         """``runtimes``: ARN -> the runtime's ASGI app (a ``BedrockAgentCoreApp``). ``oauth``: ARN -> the bearer
-        token a runtime configured for OAuth accepts. ``endpoints``: the qualifiers every runtime has."""
+        token a runtime configured for OAuth accepts. ``endpoints``: the qualifiers every runtime has.
+        ``host``/``port``: where the service listens (a free loopback port by default; another host's address
+        when the caller is on another machine). The runtimes' own apps stay on loopback, as a container's port
+        is reached only through the service."""
         self.arns = {arn: parse_runtime_arn(arn, "runtimes") for arn in runtimes}
         self.apps = dict(runtimes)
         self.oauth = dict(oauth or {})
@@ -101,6 +106,7 @@ class AgentCoreStandIn:
         self.endpoints = endpoints
         self.access_key_id = access_key_id
         self.secret_access_key = secret_access_key
+        self.host, self.port = host, port
         self.invocations: list[Invocation] = []
         self.stopped_sessions: list[str] = []
         self._faults: deque[tuple[str, str]] = deque()
@@ -115,9 +121,11 @@ class AgentCoreStandIn:
     def start(self) -> "AgentCoreStandIn":
         for arn, app in self.apps.items():
             self._containers[arn] = start_server(app)
+        # beyond loopback start_server wants the key the app checks: here every call must be signed with the
+        # secret access key (or carry a runtime's bearer token), which _auth_problem checks on each request
         self._server = start_server(Starlette(routes=[
             Route("/runtimes/{rest:path}", self._handle, methods=["POST"]),
-        ]))
+        ]), self.host, self.port, api_key=self.secret_access_key)
         return self
 
     def stop(self) -> None:

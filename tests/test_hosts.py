@@ -1,0 +1,189 @@
+"""Rollouts across hosts that are separate on the network: Linux network namespaces made by the test.
+
+Four hosts on one switch (``tests/_netns.py``), each its own namespace
+with its own address and loopback: ``head`` (10.77.0.1) runs the Ray head
+(no CPUs) and the training script (``_host_train.py``, docs/scaling.md's
+``train_on_ray.py``) whose coordinator binds 10.77.0.1:8731 with a key;
+``w1`` and ``w2`` are Ray worker nodes that join the head by its address;
+``agentcore`` serves the AgentCore stand-in. Nothing of the run is on a
+loopback another host could share: a worker reaches the coordinator only
+over the switch.
+
+The Ray test trains two steps, its rollouts spread over the worker hosts,
+and takes ``w1`` down (every process in its namespace SIGKILLed) while its
+rollouts are in flight: those fail with Ray's reason, the group policy
+(``retry``) runs their replacements on ``w2``, and the SQLite store shows
+every group trained whole, once, with no failed rollout in it and no
+completed one left out. The AgentCore test runs ``mtrl train --agent ARN``
+on ``head`` against the stand-in on ``agentcore``, whose runtime calls the
+coordinator back at ``advanced.agentcore.coordinator_url``.
+
+Skipped, with the reason, where namespaces cannot be made (not root, no
+CAP_NET_ADMIN, no ``ip``): ``namespaces_problem`` tries to make one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from _adapter_tools import key_of
+from _groups import processes
+from _netns import Host, Network, namespaces_problem
+
+pytest.importorskip("ray")
+pytestmark = [pytest.mark.timeout(300), processes]  # never beside another cluster or torchrun job
+TESTS = Path(__file__).resolve().parent
+PYTHON = sys.executable
+RAY = str(Path(sys.executable).with_name("ray"))
+API_KEY = "a-long-random-string-for-the-hosts-test"
+PORT = 8731
+RAY_PORT = 6379
+# the head declares a node dead after 4 missed health checks half a second apart (Ray's default: 5 x 3 s)
+HEALTH = {"RAY_health_check_initial_delay_ms": "1000", "RAY_health_check_period_ms": "500",
+          "RAY_health_check_timeout_ms": "500", "RAY_health_check_failure_threshold": "4"}
+
+
+def host_env(**extra: str) -> dict[str, str]:
+    python_path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": python_path, "TOKENIZERS_PARALLELISM": "false",
+            "OMP_NUM_THREADS": "1", **extra}
+
+
+@pytest.fixture(scope="module")
+def network() -> Iterator[Network]:
+    problem = namespaces_problem()
+    if problem is not None:
+        pytest.skip(f"hosts cannot be made of network namespaces here: {problem}")
+    net = Network()
+    try:
+        for name in ("head", "w1", "w2", "agentcore"):
+            net.add_host(name)
+        yield net
+    finally:
+        net.close()
+
+
+def wait_for_line(process: Any, text: str, timeout: float = 120) -> str:
+    """The first line of ``process``'s log that holds ``text``; fails with the log if the process ends first."""
+    deadline = time.monotonic() + timeout
+    log = Path(process.log_path)
+    while time.monotonic() < deadline:
+        for line in log.read_text(errors="replace").splitlines():
+            if text in line:
+                return line
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[3:]} exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    raise TimeoutError(f"{process.args[3:]} did not print {text!r} in {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def ray_hosts(network: Network, ray_temp_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The Ray head on ``head`` (0 CPUs) and a worker node of 2 CPUs on each of ``w1`` and ``w2``.
+
+    They run until the network closes (its teardown kills every process on every host)."""
+    logs = tmp_path_factory.mktemp("ray-hosts")
+    head = network.hosts["head"]
+    address = f"{head.address}:{RAY_PORT}"
+    node = network.popen(head, [RAY, "start", "--block", "--disable-usage-stats", "--head",
+                                f"--node-ip-address={head.address}", f"--port={RAY_PORT}", "--num-cpus=0",
+                                f"--temp-dir={ray_temp_dir}", "--include-dashboard=false"],
+                         logs / "head.log", host_env(**HEALTH))
+    wait_for_line(node, "Ray runtime started")
+    for name in ("w1", "w2"):  # one at a time: two raylets registering at once on a busy machine can time out
+        worker = network.hosts[name]
+        node = network.popen(worker, [RAY, "start", "--block", "--disable-usage-stats", f"--address={address}",
+                                      f"--node-ip-address={worker.address}", "--num-cpus=2"],
+                             logs / f"{name}.log", host_env())
+        wait_for_line(node, "Ray runtime started")
+    return address
+
+
+def host_tasks(markers: Path, hold_on: Host) -> list[dict[str, Any]]:
+    """Four tool-loop tasks (no tool error, no crash) whose rollouts hold on ``hold_on`` until it is taken down."""
+    return [{"id": f"t{i:02d}", "prompt": f"What is the value of key K{i:02d} plus 5?",
+             "data": {"markers": str(markers), "hold_on": hold_on.address, "hold_s": 90}} for i in (0, 1, 2, 4)]
+
+
+def trained_rows(db: Path) -> list[sqlite3.Row]:
+    with sqlite3.connect(db) as conn:
+        conn.row_factory = sqlite3.Row
+        return conn.execute("SELECT r.*, (SELECT count(*) FROM turns t WHERE t.rollout_id = r.id) AS turns "
+                            "FROM rollouts r").fetchall()
+
+
+def test_training_across_hosts_survives_losing_a_worker_host(network, ray_hosts, tmp_path, tiny_model_dir):
+    head, w1, w2 = network.hosts["head"], network.hosts["w1"], network.hosts["w2"]
+    run_dir, markers = tmp_path / "run", tmp_path / "markers"
+    markers.mkdir()
+    group_size, batch, steps = 2, 2, 2
+    settings = {
+        "ray_address": ray_hosts, "nodes": 3, "tasks": host_tasks(markers, w1),
+        "config": {"core": {"run_dir": str(run_dir), "model": str(tiny_model_dir), "group_size": group_size,
+                            "train_batch_size": batch, "max_steps": steps, "max_turns": 8, "lora_rank": 4,
+                            "lora_alpha": 8, "val_every": 0, "seed": 3, "sampling_params": {"max_tokens": 64}},
+                   "advanced": {"server": {"host": head.address, "port": PORT, "api_key": API_KEY},
+                                "group_policy": {"on_failure": "retry", "max_retries": 2},
+                                "rollout_timeout_s": 120, "checkpoint_every": 0}},
+    }
+    (tmp_path / "settings.json").write_text(json.dumps(settings))
+    trainer = network.popen(head, [PYTHON, str(TESTS / "_host_train.py"), str(tmp_path / "settings.json")],
+                            tmp_path / "train.log", host_env(), cwd=tmp_path)
+
+    # take w1 down once one of its rollouts is in flight (its turns recorded, its reward not yet reported)
+    deadline = time.monotonic() + 150
+    while not (held := [json.loads(p.read_text()) for p in markers.glob("*.json")
+                        if json.loads(p.read_text())["node"] == w1.address]):
+        assert trainer.poll() is None, (tmp_path / "train.log").read_text()[-4000:]
+        assert time.monotonic() < deadline, "no rollout reached w1:\n" + (tmp_path / "train.log").read_text()[-4000:]
+        time.sleep(0.2)
+    killed = network.kill_host(w1)
+    assert killed and not network.pids(w1)
+    assert trainer.wait(timeout=150) == 0, (tmp_path / "train.log").read_text()[-4000:]
+
+    ran = {r["rollout_id"]: r for r in (json.loads(p.read_text()) for p in markers.glob("*.json"))}
+    # every rollout called the coordinator at the head's address, the one the config bound, and ran on a worker host
+    assert {r["endpoint"].rstrip("/") for r in ran.values()} == {f"http://{head.address}:{PORT}"}
+    assert {r["node"] for r in ran.values()} == {w1.address, w2.address}
+    rows = {row["id"]: row for row in trained_rows(run_dir / "trajectories.db")}
+    assert set(ran) <= set(rows)
+    on_w1 = {i for i, r in ran.items() if r["node"] == w1.address}
+    assert {r["rollout_id"] for r in held} <= on_w1
+    assert all(row["status"] in ("completed", "failed", "timed_out") for row in rows.values())  # none left running
+    failed = {i for i, row in rows.items() if row["status"] != "completed"}
+    assert on_w1 and on_w1 <= failed
+    for rollout_id in failed:  # the ones w1 was running: failed with Ray's reason, never trained
+        row = rows[rollout_id]
+        assert row["status"] == "failed" and "the Ray worker running this rollout died" in row["error"], dict(row)
+        assert row["reward"] is None and row["trained_step"] is None
+    assert all(rows[i]["turns"] > 0 for i in on_w1)  # in flight: its turns were recorded before w1 went down
+
+    # nothing lost, nothing trained twice: every completed rollout trained, at one step, in a whole group
+    completed = set(rows) - failed
+    assert all(ran[i]["node"] == w2.address for i in completed)
+    trained = {i for i, row in rows.items() if row["trained_step"] is not None}
+    assert trained == completed
+    groups: dict[tuple[int, str], list[str]] = defaultdict(list)
+    for i in trained:
+        groups[(rows[i]["trained_step"], rows[i]["group_id"])].append(i)
+    assert Counter(step for step, _ in groups) == {step: batch for step in range(1, steps + 1)}
+    assert all(len(members) == group_size for members in groups.values()), groups
+    assert {rows[i]["group_id"] for i in failed} <= {group for _, group in groups}  # made whole on w2
+    with sqlite3.connect(run_dir / "trajectories.db") as conn:
+        for i in trained:  # each trained rollout's turns belong to its own task
+            prompt = conn.execute("SELECT prompt FROM tasks WHERE id = ?", (rows[i]["task_id"],)).fetchone()[0]
+            turns = conn.execute("SELECT messages FROM turns WHERE rollout_id = ?", (i,)).fetchall()
+            assert turns and all(key_of(prompt) in json.loads(m)[0]["content"] for (m,) in turns)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert len(result["steps"]) == steps
+    assert sum(s["failures/rollouts_failed"] for s in result["steps"]) == len(failed)
