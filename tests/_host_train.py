@@ -30,6 +30,7 @@ def wait_for_nodes(count: int, timeout: float = 120) -> None:
 
 
 def main(settings: dict) -> None:
+    print(f"{time.time():.1f} started", flush=True)
     import ray
     import torch
 
@@ -44,11 +45,13 @@ def main(settings: dict) -> None:
     config = MtrlConfig.from_dict(settings["config"])
     ray.init(address=settings["ray_address"], log_to_driver=False)
     try:
+        print(f"{time.time():.1f} joined", flush=True)
         wait_for_nodes(settings["nodes"])
+        print(f"{time.time():.1f} nodes up", flush=True)
         executor = RayExecutor(host_agent, num_cpus=1, remote_options={"scheduling_strategy": "SPREAD"})
         trainer = MultiTurnRLTrainer(agent_env=executor, training_dataset=settings["tasks"], config=config,
                                      engine=ScriptedEngine(tiny_tokenizer(), policy), tracking=False)
-        result = trainer.train(progress=False)
+        result = trainer.train(progress=True)
     finally:
         ray.shutdown()
     out = {"steps": [report.metrics for report in result.reports], "adapter": str(result.output_adapter_path)}

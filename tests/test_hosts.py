@@ -30,6 +30,7 @@ import sqlite3
 import sys
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -39,6 +40,7 @@ import yaml
 from _adapter_tools import key_of
 from _groups import processes
 from _netns import Host, Network, namespaces_problem
+from mtrl_integrations.agentcore_standin import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY
 
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.timeout(300), processes]  # never beside another cluster or torchrun job
@@ -48,14 +50,21 @@ RAY = str(Path(sys.executable).with_name("ray"))
 API_KEY = "a-long-random-string-for-the-hosts-test"
 PORT = 8731
 RAY_PORT = 6379
-# the head declares a node dead after 4 missed health checks half a second apart (Ray's default: 5 x 3 s)
-HEALTH = {"RAY_health_check_initial_delay_ms": "1000", "RAY_health_check_period_ms": "500",
-          "RAY_health_check_timeout_ms": "500", "RAY_health_check_failure_threshold": "4"}
+# the head declares a node dead after 5 missed health checks a second apart (Ray's default: 5 x 3 s)
+ARN = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/mtrl_hosts-a1B2c3D4e5"
+STANDIN_PORT = 9000
+AWS_TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": TEST_ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": TEST_SECRET_ACCESS_KEY,
+                        "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": "/nonexistent",
+                        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
+HEALTH = {"RAY_health_check_initial_delay_ms": "1000", "RAY_health_check_period_ms": "1000",
+          "RAY_health_check_timeout_ms": "1000", "RAY_health_check_failure_threshold": "5"}
 
 
 def host_env(**extra: str) -> dict[str, str]:
+    """This process's environment but its AWS settings (a host sees only the test credentials), with ``extra``."""
     python_path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": python_path, "TOKENIZERS_PARALLELISM": "false",
+    mine = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
+    return {**mine, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": python_path, "TOKENIZERS_PARALLELISM": "false",
             "OMP_NUM_THREADS": "1", **extra}
 
 
@@ -87,26 +96,43 @@ def wait_for_line(process: Any, text: str, timeout: float = 120) -> str:
     raise TimeoutError(f"{process.args[3:]} did not print {text!r} in {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="module")
-def ray_hosts(network: Network, ray_temp_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The Ray head on ``head`` (0 CPUs) and a worker node of 2 CPUs on each of ``w1`` and ``w2``.
+@dataclass
+class Services:
+    """What the ``hosts`` fixture started: the Ray head's address and the AgentCore stand-in's process."""
 
+    ray_address: str
+    standin: Any
+    standin_calls: Path
+
+
+@pytest.fixture(scope="module")
+def hosts(network: Network, ray_temp_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Services:
+    """The Ray head on ``head`` (0 CPUs), a worker node of 2 CPUs on each of ``w1`` and ``w2``, the AgentCore
+    stand-in on ``agentcore``.
+
+    Started side by side where they can be (a process start costs seconds here): the head and the stand-in,
+    then w1 once the head is up, then w2 once w1 is, which the training script waits for (its three nodes)
+    while it starts; the AgentCore test waits for the stand-in.
     They run until the network closes (its teardown kills every process on every host)."""
-    logs = tmp_path_factory.mktemp("ray-hosts")
-    head = network.hosts["head"]
+    logs = tmp_path_factory.mktemp("hosts")
+    head, agentcore = network.hosts["head"], network.hosts["agentcore"]
     address = f"{head.address}:{RAY_PORT}"
     node = network.popen(head, [RAY, "start", "--block", "--disable-usage-stats", "--head",
                                 f"--node-ip-address={head.address}", f"--port={RAY_PORT}", "--num-cpus=0",
                                 f"--temp-dir={ray_temp_dir}", "--include-dashboard=false"],
                          logs / "head.log", host_env(**HEALTH))
+    standin = network.popen(agentcore, [PYTHON, str(TESTS / "_host_agentcore.py"), agentcore.address,
+                                        str(STANDIN_PORT), ARN, str(logs / "standin-calls.jsonl")],
+                            logs / "standin.log", host_env(**AWS_TEST_CREDENTIALS))
     wait_for_line(node, "Ray runtime started")
-    for name in ("w1", "w2"):  # one at a time: two raylets registering at once on a busy machine can time out
+    for name in ("w1", "w2"):
         worker = network.hosts[name]
         node = network.popen(worker, [RAY, "start", "--block", "--disable-usage-stats", f"--address={address}",
                                       f"--node-ip-address={worker.address}", "--num-cpus=2"],
                              logs / f"{name}.log", host_env())
-        wait_for_line(node, "Ray runtime started")
-    return address
+        if name == "w1":  # two raylets registering at once on a busy machine can time out: w2 starts after
+            wait_for_line(node, "Ray runtime started")
+    return Services(address, standin, logs / "standin-calls.jsonl")
 
 
 def host_tasks(markers: Path, hold_on: Host) -> list[dict[str, Any]]:
@@ -122,13 +148,13 @@ def trained_rows(db: Path) -> list[sqlite3.Row]:
                             "FROM rollouts r").fetchall()
 
 
-def test_training_across_hosts_survives_losing_a_worker_host(network, ray_hosts, tmp_path, tiny_model_dir):
+def test_training_across_hosts_survives_losing_a_worker_host(network, hosts, tmp_path, tiny_model_dir):
     head, w1, w2 = network.hosts["head"], network.hosts["w1"], network.hosts["w2"]
     run_dir, markers = tmp_path / "run", tmp_path / "markers"
     markers.mkdir()
     group_size, batch, steps = 2, 2, 2
     settings = {
-        "ray_address": ray_hosts, "nodes": 3, "tasks": host_tasks(markers, w1),
+        "ray_address": hosts.ray_address, "nodes": 3, "tasks": host_tasks(markers, w1),
         "config": {"core": {"run_dir": str(run_dir), "model": str(tiny_model_dir), "group_size": group_size,
                             "train_batch_size": batch, "max_steps": steps, "max_turns": 8, "lora_rank": 4,
                             "lora_alpha": 8, "val_every": 0, "seed": 3, "sampling_params": {"max_tokens": 64}},
@@ -147,6 +173,7 @@ def test_training_across_hosts_survives_losing_a_worker_host(network, ray_hosts,
         assert trainer.poll() is None, (tmp_path / "train.log").read_text()[-4000:]
         assert time.monotonic() < deadline, "no rollout reached w1:\n" + (tmp_path / "train.log").read_text()[-4000:]
         time.sleep(0.2)
+    print(f"{time.time():.1f} killing w1", file=sys.stderr)
     killed = network.kill_host(w1)
     assert killed and not network.pids(w1)
     assert trainer.wait(timeout=150) == 0, (tmp_path / "train.log").read_text()[-4000:]
@@ -165,7 +192,7 @@ def test_training_across_hosts_survives_losing_a_worker_host(network, ray_hosts,
     for rollout_id in failed:  # the ones w1 was running: failed with Ray's reason, never trained
         row = rows[rollout_id]
         assert row["status"] == "failed" and "the Ray worker running this rollout died" in row["error"], dict(row)
-        assert row["reward"] is None and row["trained_step"] is None
+        assert row["trained_step"] is None
     assert all(rows[i]["turns"] > 0 for i in on_w1)  # in flight: its turns were recorded before w1 went down
 
     # nothing lost, nothing trained twice: every completed rollout trained, at one step, in a whole group
@@ -176,7 +203,7 @@ def test_training_across_hosts_survives_losing_a_worker_host(network, ray_hosts,
     groups: dict[tuple[int, str], list[str]] = defaultdict(list)
     for i in trained:
         groups[(rows[i]["trained_step"], rows[i]["group_id"])].append(i)
-    assert Counter(step for step, _ in groups) == {step: batch for step in range(1, steps + 1)}
+    assert Counter(step for step, _ in groups) == {step: batch for step in range(steps)}
     assert all(len(members) == group_size for members in groups.values()), groups
     assert {rows[i]["group_id"] for i in failed} <= {group for _, group in groups}  # made whole on w2
     with sqlite3.connect(run_dir / "trajectories.db") as conn:
@@ -187,3 +214,38 @@ def test_training_across_hosts_survives_losing_a_worker_host(network, ray_hosts,
     result = json.loads((run_dir / "result.json").read_text())
     assert len(result["steps"]) == steps
     assert sum(s["failures/rollouts_failed"] for s in result["steps"]) == len(failed)
+
+
+def test_a_runtime_on_another_host_trains_through_the_coordinators_public_address(network, hosts, tmp_path,
+                                                                                  tiny_model_dir):
+    """``mtrl train --agent ARN`` on ``head``; the runtime, on ``agentcore``, calls back ``coordinator_url``."""
+    head = network.hosts["head"]
+    wait_for_line(hosts.standin, "ready")
+    rows = [{"id": f"q{n}", "prompt": f"question {n}", "ground_truth": 42} for n in range(2)]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_dir = tmp_path / "run"
+    config = {"core": {"engine": "scripted", "model": str(tiny_model_dir), "run_dir": str(run_dir), "group_size": 2,
+                       "train_batch_size": 2, "max_steps": 1, "val_every": 0, "max_turns": 2, "pass_k_values": [1, 2],
+                       "lora_rank": 4, "lora_alpha": 8, "sampling_params": {"max_tokens": 16}},
+              "advanced": {"engine_options": {"script": ["ANSWER 42"]}, "rollout_timeout_s": 60,
+                           "checkpoint_every": 0,
+                           "server": {"host": head.address, "port": PORT, "api_key": API_KEY},
+                           # by name, as a user's hosts know each other (each host's /etc/hosts)
+                           "agentcore": {"endpoint_url": f"http://agentcore:{STANDIN_PORT}",
+                                         "coordinator_url": f"http://head:{PORT}"}}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    out = network.run(head, [PYTHON, "-m", "mtrl_runtime.cli", "train", str(tmp_path / "config.yaml"), "--agent", ARN,
+                             "--dataset", str(tmp_path / "tasks.jsonl"), "--no-mlflow"],
+                      env=host_env(**AWS_TEST_CREDENTIALS), timeout=240)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "trained steps 1..1" in out.stdout, out.stdout[-3000:]
+    network.stop_host(network.hosts["agentcore"])  # the stand-in writes the calls it answered as it stops
+    calls = [json.loads(line) for line in hosts.standin_calls.read_text().splitlines()]
+    invoked = [c for c in calls if c["operation"] == "InvokeAgentRuntime"]
+    assert len(invoked) == 4 and all(c["status"] == 200 and c["auth"] == "sigv4" and c["arn"] == ARN for c in invoked)
+    assert len({c["session_id"] for c in invoked}) == 4  # one runtime session per rollout
+    # the runtime's model calls crossed the switch: the coordinator listens on head's address only
+    with sqlite3.connect(run_dir / "trajectories.db") as conn:
+        got = conn.execute("SELECT status, reward, (SELECT count(*) FROM turns t WHERE t.rollout_id = r.id) "
+                           "FROM rollouts r").fetchall()
+    assert sorted(got) == [("completed", 1.0, 1)] * 4  # each answered "ANSWER 42" and the runtime scored it
