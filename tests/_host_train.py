@@ -30,7 +30,6 @@ def wait_for_nodes(count: int, timeout: float = 120) -> None:
 
 
 def main(settings: dict) -> None:
-    print(f"{time.time():.1f} started", flush=True)
     import ray
     import torch
 
@@ -45,9 +44,9 @@ def main(settings: dict) -> None:
     config = MtrlConfig.from_dict(settings["config"])
     ray.init(address=settings["ray_address"], log_to_driver=False)
     try:
-        print(f"{time.time():.1f} joined", flush=True)
+        print(f"joined the cluster at {settings['ray_address']}", flush=True)
         wait_for_nodes(settings["nodes"])
-        print(f"{time.time():.1f} nodes up", flush=True)
+        print(f"{settings['nodes']} nodes up", flush=True)
         executor = RayExecutor(host_agent, num_cpus=1, remote_options={"scheduling_strategy": "SPREAD"})
         trainer = MultiTurnRLTrainer(agent_env=executor, training_dataset=settings["tasks"], config=config,
                                      engine=ScriptedEngine(tiny_tokenizer(), policy), tracking=False)

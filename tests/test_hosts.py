@@ -173,7 +173,6 @@ def test_training_across_hosts_survives_losing_a_worker_host(network, hosts, tmp
         assert trainer.poll() is None, (tmp_path / "train.log").read_text()[-4000:]
         assert time.monotonic() < deadline, "no rollout reached w1:\n" + (tmp_path / "train.log").read_text()[-4000:]
         time.sleep(0.2)
-    print(f"{time.time():.1f} killing w1", file=sys.stderr)
     killed = network.kill_host(w1)
     assert killed and not network.pids(w1)
     assert trainer.wait(timeout=150) == 0, (tmp_path / "train.log").read_text()[-4000:]
