@@ -177,9 +177,9 @@ class Network:
     def close(self) -> None:
         """End every process on every host, then delete the namespaces (safe to call twice)."""
         errors: list[str] = []
-        for host in list(self.hosts.values()):
+        for host in list(self.hosts.values()):  # throwaway hosts: no graceful stop to wait for
             try:
-                self.stop_host(host, grace=2)
+                self.kill_host(host)
             except Exception as exc:  # noqa: BLE001 - go on removing the rest; said at the end
                 errors.append(f"{host.name}: {exc}")
         for process in self.processes:

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
+import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
@@ -248,3 +250,14 @@ def test_a_runtime_on_another_host_trains_through_the_coordinators_public_addres
         got = conn.execute("SELECT status, reward, (SELECT count(*) FROM turns t WHERE t.rollout_id = r.id) "
                            "FROM rollouts r").fetchall()
     assert sorted(got) == [("completed", 1.0, 1)] * 4  # each answered "ANSWER 42" and the runtime scored it
+
+
+def test_without_the_rights_to_make_namespaces_the_reason_is_named():
+    """What the skip says where namespaces cannot be made: checked by asking as an unprivileged user."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to ask as an unprivileged user")
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PYTHON, "-c",
+                          "import _netns; print(_netns.namespaces_problem())"],
+                         capture_output=True, text=True, timeout=60, cwd=TESTS)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("cannot create a network namespace (needs root or CAP_NET_ADMIN): "), out.stdout
