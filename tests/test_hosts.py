@@ -52,6 +52,11 @@ RAY = str(Path(sys.executable).with_name("ray"))
 API_KEY = "a-long-random-string-for-the-hosts-test"
 PORT = 8731
 RAY_PORT = 6379
+ARN = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/mtrl_hosts-a1B2c3D4e5"
+STANDIN_PORT = 9000
+AWS_TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": TEST_ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": TEST_SECRET_ACCESS_KEY,
+                        "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": "/nonexistent",
+                        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
 # the head declares a node dead after 5 failed health checks 2 s apart (Ray's default: 3 s apart). A check of a
 # killed node fails at once (its port refuses); one of a live node only after 10 s without an answer (Ray's
 # default), so a raylet slowed by a busy machine is not declared dead (1 s timeouts did that at load 24)
