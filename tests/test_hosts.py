@@ -30,6 +30,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -101,9 +102,11 @@ def wait_for_line(process: Any, text: str, timeout: float = 120) -> str:
 
 @dataclass
 class Services:
-    """What the ``hosts`` fixture started: the Ray head's address and the AgentCore stand-in's process."""
+    """What the ``hosts`` fixture started: the Ray head's address, the workers' starter, the AgentCore stand-in."""
 
     ray_address: str
+    workers: threading.Thread
+    worker_errors: list[str]
     standin: Any
     standin_calls: Path
 
@@ -113,10 +116,11 @@ def hosts(network: Network, ray_temp_dir: Path, tmp_path_factory: pytest.TempPat
     """The Ray head on ``head`` (0 CPUs), a worker node of 2 CPUs on each of ``w1`` and ``w2``, the AgentCore
     stand-in on ``agentcore``.
 
-    Started side by side where they can be (a process start costs seconds here): the head and the stand-in,
-    then w1 once the head is up, then w2 once w1 is, which the training script waits for (its three nodes)
-    while it starts; the AgentCore test waits for the stand-in.
-    They run until the network closes (its teardown kills every process on every host)."""
+    Started side by side where they can be (a process start costs seconds here): the head and the stand-in
+    at once; once the head is up the fixture returns, and a thread starts w1, then w2 once w1 is up (two
+    raylets registering at once on a busy machine can time out), while the training script starts and waits
+    for its three nodes; the AgentCore test waits for the stand-in. Everything runs until the network closes
+    (its teardown kills every process on every host)."""
     logs = tmp_path_factory.mktemp("hosts")
     head, agentcore = network.hosts["head"], network.hosts["agentcore"]
     address = f"{head.address}:{RAY_PORT}"
@@ -128,14 +132,22 @@ def hosts(network: Network, ray_temp_dir: Path, tmp_path_factory: pytest.TempPat
                                         str(STANDIN_PORT), ARN, str(logs / "standin-calls.jsonl")],
                             logs / "standin.log", host_env(**AWS_TEST_CREDENTIALS))
     wait_for_line(node, "Ray runtime started")
-    for name in ("w1", "w2"):
-        worker = network.hosts[name]
-        node = network.popen(worker, [RAY, "start", "--block", "--disable-usage-stats", f"--address={address}",
-                                      f"--node-ip-address={worker.address}", "--num-cpus=2"],
-                             logs / f"{name}.log", host_env())
-        if name == "w1":  # two raylets registering at once on a busy machine can time out: w2 starts after
-            wait_for_line(node, "Ray runtime started")
-    return Services(address, standin, logs / "standin-calls.jsonl")
+    errors: list[str] = []
+
+    def start_workers() -> None:
+        try:
+            for name in ("w1", "w2"):
+                worker = network.hosts[name]
+                started = network.popen(worker, [RAY, "start", "--block", "--disable-usage-stats",
+                                                 f"--address={address}", f"--node-ip-address={worker.address}",
+                                                 "--num-cpus=2"], logs / f"{name}.log", host_env())
+                wait_for_line(started, "Ray runtime started")
+        except Exception as exc:  # noqa: BLE001 - kept for the test's failure message
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    workers = threading.Thread(target=start_workers, name="ray-workers", daemon=True)
+    workers.start()
+    return Services(address, workers, errors, standin, logs / "standin-calls.jsonl")
 
 
 def host_tasks(markers: Path, hold_on: Host) -> list[dict[str, Any]]:
@@ -170,15 +182,19 @@ def test_training_across_hosts_survives_losing_a_worker_host(network, hosts, tmp
                             tmp_path / "train.log", host_env(), cwd=tmp_path)
 
     # take w1 down once one of its rollouts is in flight (its turns recorded, its reward not yet reported)
+    def log() -> str:
+        return (tmp_path / "train.log").read_text()[-4000:] + "".join(f"\nstarting a worker: {e}" for e in
+                                                                     hosts.worker_errors)
+
     deadline = time.monotonic() + 150
     while not (held := [json.loads(p.read_text()) for p in markers.glob("*.json")
                         if json.loads(p.read_text())["node"] == w1.address]):
-        assert trainer.poll() is None, (tmp_path / "train.log").read_text()[-4000:]
-        assert time.monotonic() < deadline, "no rollout reached w1:\n" + (tmp_path / "train.log").read_text()[-4000:]
+        assert trainer.poll() is None, log()
+        assert time.monotonic() < deadline, "no rollout reached w1:\n" + log()
         time.sleep(0.2)
     killed = network.kill_host(w1)
     assert killed and not network.pids(w1)
-    assert trainer.wait(timeout=150) == 0, (tmp_path / "train.log").read_text()[-4000:]
+    assert trainer.wait(timeout=150) == 0, log()
 
     ran = {r["rollout_id"]: r for r in (json.loads(p.read_text()) for p in markers.glob("*.json"))}
     # every rollout called the coordinator at the head's address, the one the config bound, and ran on a worker host
