@@ -82,8 +82,12 @@ class Network:
         self.switch = f"{self.prefix}-switch"
         _ip("netns", "add", self.switch)
         self._made.append(self.switch)
-        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self.switch, "link", "set", "br0", "up")
+        try:
+            _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+            _ip("-n", self.switch, "link", "set", "br0", "up")
+        except Exception:
+            self.close()  # the caller gets no network to close
+            raise
 
     def add_host(self, name: str) -> Host:
         """A new namespace on the switch, with the next address of the subnet."""

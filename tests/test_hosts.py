@@ -156,7 +156,7 @@ def host_tasks(markers: Path, hold_on: Host) -> list[dict[str, Any]]:
              "data": {"markers": str(markers), "hold_on": hold_on.address, "hold_s": 90}} for i in (0, 1, 2, 4)]
 
 
-def trained_rows(db: Path) -> list[sqlite3.Row]:
+def rollout_rows(db: Path) -> list[sqlite3.Row]:
     with sqlite3.connect(db) as conn:
         conn.row_factory = sqlite3.Row
         return conn.execute("SELECT r.*, (SELECT count(*) FROM turns t WHERE t.rollout_id = r.id) AS turns "
@@ -200,7 +200,7 @@ def test_training_across_hosts_survives_losing_a_worker_host(network, hosts, tmp
     # every rollout called the coordinator at the head's address, the one the config bound, and ran on a worker host
     assert {r["endpoint"].rstrip("/") for r in ran.values()} == {f"http://{head.address}:{PORT}"}
     assert {r["node"] for r in ran.values()} == {w1.address, w2.address}
-    rows = {row["id"]: row for row in trained_rows(run_dir / "trajectories.db")}
+    rows = {row["id"]: row for row in rollout_rows(run_dir / "trajectories.db")}
     assert set(ran) <= set(rows)
     on_w1 = {i for i, r in ran.items() if r["node"] == w1.address}
     assert {r["rollout_id"] for r in held} <= on_w1
