@@ -46,7 +46,7 @@ from _netns import Host, Network, namespaces_problem
 from mtrl_integrations.agentcore_standin import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY
 
 pytest.importorskip("ray")
-pytestmark = [pytest.mark.timeout(300), processes]  # never beside another cluster or torchrun job
+pytestmark = [pytest.mark.timeout(600), processes]  # never beside another cluster or torchrun job
 TESTS = Path(__file__).resolve().parent
 PYTHON = sys.executable
 RAY = str(Path(sys.executable).with_name("ray"))
