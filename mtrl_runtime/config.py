@@ -250,6 +250,9 @@ class AdvancedConfig(_Section):
     # how earlier turns are trained where the template renders a reply unlike the generated text (dropped
     # reasoning): "extend" (one sequence of the generated ids) or "deployed" (a new segment there, as deployed)
     history_training: Literal["extend", "deployed"] = "extend"
+    # a context compaction's summary turn (the call that wrote the summary the episode went on with): "train" gives
+    # it the episode's advantage like any turn, "mask" keeps it out of the loss (docs/training.md, "Context compaction")
+    summary_turns: Literal["train", "mask"] = "train"
     server: ServerConfig = Field(default_factory=ServerConfig)
     # a deployed AgentCore Runtime as the agent: its ARN, endpoint, auth and the coordinator's URL as the
     # runtime reaches it (docs/scaling.md, "Training a deployed AgentCore Runtime")

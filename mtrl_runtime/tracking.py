@@ -12,6 +12,12 @@ messages and tool definitions in, the completion text and tool calls out) and on
 (arguments in, result or error out), with the times the store recorded,
 and a span per non-policy model call (``non-policy <protocol> <model>``,
 attribute ``mtrl.policy`` false: its tokens, latency and error).
+A context compaction shows as its boundary: the summary call's span is
+``llm turn N (compaction summary)``, a ``compaction`` span sits where the
+episode went on (tokens before and after, the summary's tokens), the
+compacted turn's span carries ``mtrl.break_reason`` ``compacted``, and the
+trace is tagged ``mtrl.compactions`` with the episode's figures in its
+outputs (``algorithms.compaction``).
 Traces are tagged ``mtrl.rollout_id``, ``mtrl.group_id``, ``mtrl.step`` and
 ``mtrl.reward``, and ``mtrl.chat_format`` when the Tracker is given the
 endpoint's chat format (a warm start parses each reply's text back with it).
@@ -34,9 +40,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from .algorithms import episode_tokens
 from .config import MtrlConfig
 from .run_folder import RunFolder
-from .types import ModelCall, Rollout, ToolCall, Turn
+from .types import BreakReason, ModelCall, Rollout, ToolCall, Turn
 
 log = logging.getLogger("mtrl.tracking")
 
@@ -100,6 +107,7 @@ class Tracker:
             self.run_id = run_id
             self.client.update_run(run_id, status="RUNNING")
         self.chat_format = chat_format  # the endpoint's chat format: a trace's reply text parses back with it
+        self.train_summary = config.advanced.summary_turns == "train"
         self.trace_failures = 0
         self._traces: queue.Queue[tuple[Rollout, int] | None] = queue.Queue()
         self._worker = threading.Thread(target=self._write_traces, name="mtrl-mlflow-traces", daemon=True)
@@ -182,9 +190,24 @@ class Tracker:
             run_id=self.run_id,
         )
         trace_id = root.trace_id
+        summaries = rollout.summary_turns
+        figures = episode_tokens(rollout, self.train_summary)
         for turn in sorted(rollout.turns, key=lambda t: t.index):
-            self._span(trace_id, root.span_id, f"llm turn {turn.index}", "CHAT_MODEL",
-                       *_turn_io(turn), turn.started_at, turn.latency_s, "OK")
+            summary = turn.index in summaries
+            name = f"llm turn {turn.index}" + (" (compaction summary)" if summary else "")
+            inputs, outputs, attributes = _turn_io(turn)
+            if summary:
+                attributes["mtrl.compaction_summary"] = True
+                attributes["mtrl.trained"] = self.train_summary
+            if turn.break_reason is BreakReason.COMPACTED:
+                k = sum(t.break_reason is BreakReason.COMPACTED and t.index < turn.index for t in rollout.turns)
+                boundary = {"tokens_before": figures.tokens_before[k], "tokens_after": figures.tokens_after[k],
+                            "summary_tokens": figures.summary_tokens[k], "summary_turn": turn.index - 1,
+                            "segment": turn.segment}
+                self._span(trace_id, root.span_id, "compaction", "CHAIN", {"summary_turn": turn.index - 1},
+                           boundary, {"mtrl.compaction": k}, turn.started_at, 0.0, "OK")
+            self._span(trace_id, root.span_id, name, "CHAT_MODEL", inputs, outputs, attributes,
+                       turn.started_at, turn.latency_s, "OK")
         for call in rollout.tool_calls:
             status = "OK" if call.status == "success" and call.error is None else "ERROR"
             self._span(trace_id, root.span_id, f"tool {call.name}", "TOOL",
@@ -195,6 +218,8 @@ class Tracker:
                        "OK" if model_call.status == "success" else "ERROR")
         outputs = {"reward": rollout.total_reward, "turn_rewards": rollout.turn_rewards,
                    "status": rollout.status.value, "error": rollout.error, "metrics": dict(rollout.metrics)}
+        if figures.compactions:
+            outputs["episode"] = figures.to_metrics()
         self.client.end_trace(trace_id, outputs=outputs, status="OK" if rollout.status.value == "completed" else "ERROR",
                               end_time_ns=max(end_ns, start_ns))
         return trace_id
@@ -281,6 +306,9 @@ def _trace_tags(rollout: Rollout, step: int, chat_format: str | None = None) -> 
     }
     if chat_format:  # warm start reads a turn's reply back from its text with this format (warmstart._mlflow_traces)
         tags["mtrl.chat_format"] = chat_format
+    compactions = sum(t.break_reason is BreakReason.COMPACTED for t in rollout.turns)
+    if compactions:  # the episode compacted its context: one episode over several segments
+        tags["mtrl.compactions"] = str(compactions)
     if rollout.reward_defaulted:  # the agent reported none: mtrl.reward is the default, no demonstration
         tags["mtrl.reward_defaulted"] = "true"
     wires = sorted(k.split("/", 1)[1] for k in rollout.metrics if k.startswith("tripwire/"))

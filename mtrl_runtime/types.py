@@ -68,6 +68,9 @@ class BreakReason(str, enum.Enum):
     REPLY_RENDERED_DIFFERENTLY = "reply_rendered_differently"
     # the request's chat_template_kwargs (e.g. enable_thinking) differ from the previous turn's
     TEMPLATE_KWARGS_CHANGED = "template_kwargs_changed"
+    # the agent compacted its context: the history is the summary the turn just before wrote (a model call of its
+    # own) + the recent messages. The episode goes on in a new segment, linked to the old one (``Rollout.summary_turns``)
+    COMPACTED = "compacted"
 
 
 @dataclass(frozen=True)
@@ -303,6 +306,11 @@ class Rollout:
         if self.turn_rewards is not None:
             return float(sum(self.turn_rewards))
         return float(self.reward if self.reward is not None else 0.0)
+
+    @property
+    def summary_turns(self) -> frozenset[int]:
+        """Indexes of the turns that wrote a compaction's summary: each one just before a ``COMPACTED`` turn."""
+        return frozenset(t.index - 1 for t in self.turns if t.break_reason is BreakReason.COMPACTED)
 
     @property
     def flags(self) -> tuple[str, ...]:

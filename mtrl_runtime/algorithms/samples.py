@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Collection, Iterable, Mapping, Sequence
 
 from ..types import Rollout, Sample, Turn
 
@@ -45,12 +45,19 @@ def require_token_ids(rollout: Rollout) -> None:
             )
 
 
-def build_samples(rollout: Rollout, advantages_per_turn: Sequence[float]) -> list[Sample]:
+def build_samples(
+    rollout: Rollout, advantages_per_turn: Sequence[float], untrained: Collection[int] = frozenset()
+) -> list[Sample]:
     """One Sample per segment of ``rollout``; turn ``t``'s tokens carry ``advantages_per_turn[t]``.
 
     ``advantages_per_turn`` is indexed by position in ``rollout.turns`` (after
-    sorting by ``Turn.index``). Raises PrefixError when a turn of a segment is
-    not a prefix of the segment's last prompt + completion.
+    sorting by ``Turn.index``). The turns whose ``Turn.index`` is in
+    ``untrained`` (a compaction's summary turns under ``summary_turns: mask``)
+    stay in their sequence with a zero mask; a segment of untrained turns
+    only gives no sample. Segments of one rollout, a compaction's included,
+    share the rollout's advantages: the episode is one, however many
+    sequences train it. Raises PrefixError when a turn of a segment is not a
+    prefix of the segment's last prompt + completion.
     """
     require_token_ids(rollout)
     turns = _sorted_turns(rollout)
@@ -64,11 +71,15 @@ def build_samples(rollout: Rollout, advantages_per_turn: Sequence[float]) -> lis
         for turn, position in members:
             start = len(turn.prompt_ids)
             _check_prefix(rollout, turn, token_ids, segment)
+            if turn.index in untrained:
+                continue
             for offset, logprob in enumerate(turn.logprobs):
                 mask_T[start + offset] = 1
                 logprobs_T[start + offset] = float(logprob)
                 adv_T[start + offset] = float(advantages_per_turn[position])
                 version_T[start + offset] = turn.policy_version
+        if all(turn.index in untrained for turn, _ in members):
+            continue
         samples.append(
             Sample(
                 rollout_id=rollout.id,

@@ -8,8 +8,10 @@
 - ``ReplyText``: a completion's streamable content and reasoning while it is decoded.
 - ``PromptBuilder``: each turn's prompt ids, extending the previous turn's
   prompt + completion ids when the request extends it (``BreakReason`` otherwise).
+- ``find_compaction``: a request whose history is the summary the previous call wrote + recent messages.
 """
 
+from ._compaction import Compaction, find_compaction
 from ._extension import ConversationState, PromptBuilder, PromptPlan
 from ._messages import message_key, normalize_messages, normalize_tools
 from ._template import CHAT_TEMPLATE_META, CHATML_TOOLS_TEMPLATE, DEFAULT_SYSTEM_PROMPT, ChatRenderer
@@ -21,12 +23,14 @@ __all__ = [
     "CHATML_TOOLS_TEMPLATE",
     "DEFAULT_SYSTEM_PROMPT",
     "ChatRenderer",
+    "Compaction",
     "ConversationState",
     "ParsedReply",
     "PromptBuilder",
     "PromptPlan",
     "ReplyText",
     "TextDelta",
+    "find_compaction",
     "message_key",
     "normalize_messages",
     "normalize_tools",

@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from ..chat import (
     CHAT_TEMPLATE_META,
+    find_compaction,
     ChatRenderer,
     PromptBuilder,
     PromptPlan,
@@ -32,7 +33,7 @@ from ..chat.formats import ChatFormat, opened_reasoning, resolve_format
 from ..errors import AnswerFailure, BadRequest, Conflict, EngineFailure, MtrlError
 from ..seeds import derived_seed, turn_seed
 from ..types import (
-    ChatOptions, ChatResult, Generation, GenerationRequest, ModelCall, PolicyEngine, SamplingParams,
+    BreakReason, ChatOptions, ChatResult, Generation, GenerationRequest, ModelCall, PolicyEngine, SamplingParams,
     StreamingEngine, TrajectoryStore, Turn, TurnLimitHit,
 )
 from ._counters import CoordinatorCounters
@@ -234,6 +235,8 @@ class CallCapture:
         started = time.time()
         live.note_answers(messages)
         plan, prefix = await self._planned(live.conversation, messages, tools, options, off_loop)
+        if plan.break_reason is not None:
+            plan = self._compacted(live, plan, messages)
         sampling = self._fit_context(len(plan.prompt_ids), sampling)
         request = GenerationRequest(
             prompt_ids=plan.prompt_ids,
@@ -272,7 +275,7 @@ class CallCapture:
                                    gen.completion_ids, gen.finish_reason, message)  # pure: nothing changes yet
         answer = await self._answer(respond, ChatResult(message, finish, plan.prompt_ids, gen, text))
         await self.store.aadd_turn(turn)  # the last step that can fail; durable before the answer is sent
-        live.conversation = conversation
+        live.previous, live.conversation = live.conversation, conversation
         live.note_calls(message.get("tool_calls") or (), tools, turn.index)
         live.turns += 1
         self.counters.turns += 1
@@ -316,6 +319,27 @@ class CallCapture:
         self.counters.reference_turns += 1
         return answer
 
+    def _compacted(self, live: LiveRollout, plan: PromptPlan, messages: list[dict]) -> PromptPlan:
+        """``plan`` marked ``COMPACTED`` when its request carries the summary the rollout's previous call wrote
+        (``chat.find_compaction``); a compaction whose summary no call of the rollout wrote is refused, naming
+        the fix: its summary could be neither trained nor linked to the episode."""
+        found = find_compaction(live.previous, live.conversation, messages)
+        if found is None:
+            return plan
+        if not found.attributed:
+            self.counters.compactions_unattributed += 1
+            raise Conflict(
+                f"rollout {live.rollout_id!r}: messages[{found.summary_at}] and the rollout's recent messages after "
+                "it look like a context compaction (a summary in place of the older history), but no model call of "
+                "this rollout wrote that summary, so it can be neither trained nor linked to the episode. Send the "
+                "summarization call to the policy inside the rollout: Strands' SummarizingConversationManager "
+                "without a summarization_agent (it calls the agent's own model), LangChain's "
+                "SummarizationMiddleware(model=<the agent's policy chat model>) (docs/training.md, \"Context "
+                "compaction\")",
+                param=f"messages[{found.summary_at}]",
+            )
+        return replace(plan, break_reason=BreakReason.COMPACTED)
+
     def _fit_context(self, prompt_tokens: int, sampling: SamplingParams) -> SamplingParams:
         """``sampling`` within the engine's context: a 400 (the caller's error, not retried) naming both numbers
         when the prompt leaves no room or the client's own ``max_tokens`` does not fit; a default is shortened."""
@@ -329,8 +353,10 @@ class CallCapture:
             self.counters.context_exceeded += 1
             asked = f" + max_tokens {sampling.max_tokens}" if named else ""
             raise BadRequest(
-                f"the rendered prompt is {prompt_tokens} tokens{asked}; the model's context is {context} tokens: "
-                "shorten the conversation" + (" or lower max_tokens" if asked else ""),
+                # "maximum context length" is how OpenAI words it: agents that compact on overflow (Strands'
+                # conversation managers) recognise the error by that phrase
+                f"the rendered prompt is {prompt_tokens} tokens{asked}; the model's context is {context} tokens "
+                "(maximum context length exceeded): shorten the conversation" + (" or lower max_tokens" if asked else ""),
                 param="max_tokens" if asked and prompt_tokens < context else "messages",
             )
         return replace(sampling, max_tokens=context - prompt_tokens)

@@ -46,6 +46,9 @@ class CoordinatorCounters(Mapping[str, int]):
     inference_calls: int = 0  # calls that name no rollout (server.inference_mode)
     forced_tool_calls: int = 0  # tool_choice required or a named function: the call opener forced
     context_exceeded: int = 0  # prompt + max_tokens over the model's context
+    # a request shaped like a compaction (a summary + recent messages) whose summary no call of the rollout wrote:
+    # refused, naming the fix (chat.find_compaction); the attributed ones are prefix_break/compacted
+    compactions_unattributed: int = 0
     tool_calls_from_wire: int = 0  # tool calls stored from the conversation (``CompletionReport.tool_calls_from_wire``)
     background_calls: int = 0  # a harness's calls naming a background model: served, recorded, never trained
     max_tokens_clamped: int = 0  # turns served up to the cap below the max_tokens their call asked for

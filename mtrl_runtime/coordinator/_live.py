@@ -57,6 +57,7 @@ class LiveRollout:
     policy_version: int
     max_turns: int
     conversation: ConversationState | None = None
+    previous: ConversationState | None = None  # the conversation before the last turn (a compaction's summary call)
     turns: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one model call at a time; the end waits for it
     call_turns: dict[str, int] = field(default_factory=dict)  # tool-call id -> the turn that asked for it

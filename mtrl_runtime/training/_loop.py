@@ -219,7 +219,8 @@ class TrainingLoop:
         core, batch = self.config.core, sampled.batch
         params = AdvantageParams(success_threshold=core.success_threshold)
         prepared = prepare_batch(batch.groups, core.advantage_method, params, int(self.update.version), bound,
-                                 train_silent=self.config.advanced.distill_teacher is not None)
+                                 train_silent=self.config.advanced.distill_teacher is not None,
+                                 train_summary=self.config.advanced.summary_turns == "train")
         started = time.perf_counter()
         if prepared.samples:
             update_metrics = await self.weights.apply(prepared.samples)

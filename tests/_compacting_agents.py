@@ -1,0 +1,48 @@
+"""Agents that compact their own context, written as their frameworks' docs teach, and the scripted policy they run.
+
+Each task asks for ``KEYS`` lookups, one tool call each (``lookup("K10")``,
+``lookup("K11")``, ...). The scripted policy reads from its prompt which keys
+the conversation shows done (tool calls kept in the history, or listed in a
+summary) and calls the next one; asked to summarise (Strands' "Please
+summarize this conversation.", LangChain's summary prompt) it writes
+``SUMMARY: keys numbers 10 to 15; looked up K10 K11 ...``. So an episode goes on correctly after a
+compaction only when the summary it reads is the one its own summary call
+wrote.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mtrl_runtime.engines import ScriptedReply
+from mtrl_runtime.types import Task
+
+KEYS = 6
+_KEY = re.compile(r"\bK(\d\d)\b")
+_START = re.compile(r"numbers (\d\d) to")
+# what each framework's summary call asks (Strands' generate_summary; LangChain's DEFAULT_SUMMARY_PROMPT)
+SUMMARY_ASKS = ("Please summarize this conversation.", "Context Extraction Assistant")
+
+
+def task(i: int) -> Task:
+    start = 10 + 10 * i
+    return Task(id=f"c{i:02d}", prompt=f"Look up {KEYS} keys, numbers {start} to {start + KEYS - 1}, one call each.")
+
+
+def compacting_policy(request: Any, prompt: str) -> ScriptedReply | str:
+    """The scripted policy (see the module docstring); ``prompt`` is the rendered prompt text."""
+    start = int(_START.search(prompt).group(1))
+    if any(ask in prompt for ask in SUMMARY_ASKS):
+        done = sorted(set(_KEY.findall(prompt)))
+        return f"SUMMARY: keys numbers {start} to {start + KEYS - 1}; looked up " + " ".join(f"K{k}" for k in done) + "."
+    done = {int(k) for k in _KEY.findall(prompt)}
+    todo = [k for k in range(start, start + KEYS) if k not in done]
+    if todo:
+        return ScriptedReply.tool_call("lookup", {"key": f"K{todo[0]}"})
+    return "All keys looked up. DONE"
+
+
+def lookup(key: str) -> str:
+    """Look a key up in the table."""
+    return f"value-{key.lower()}"
