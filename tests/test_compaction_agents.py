@@ -5,12 +5,11 @@ it is ``compacted`` and carries the summary, and the samples of its segments sha
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from _adapter_support import specs
-from _compacting_agents import KEYS, compacting_policy, lookup, task
-from mtrl_adapters import aupdate_reward, rollout, rollout_scope
+from _compacting_agents import KEYS, compacting_policy, langchain_agent, strands_agent, task
+from mtrl_adapters import rollout_scope
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.algorithms import build_samples, episode_tokens
 from mtrl_runtime.engines import ScriptedEngine
@@ -22,57 +21,16 @@ pytest.importorskip("strands")
 pytest.importorskip("langchain.agents.middleware")
 
 
-def _strands_agent():
-    from strands import Agent, tool
-    from strands.agent.conversation_manager import SummarizingConversationManager
-    from strands.models.openai import OpenAIModel
-
-    from mtrl_adapters.strands import agent_factory
-
-    # the user's own configuration: a real provider URL and key, untouched by mtrl
-    model = OpenAIModel(client_args={"api_key": "sk-user-real-key", "base_url": "https://api.openai.com/v1"},
-                        model_id="gpt-4o-mini")
-    manager = SummarizingConversationManager(summary_ratio=0.5, preserve_recent_messages=2,
-                                             summarization_system_prompt="Summarize the conversation in one line.")
-    return agent_factory(lambda: Agent(model=model, tools=[tool(lookup)], conversation_manager=manager,
-                                       callback_handler=None))
-
-
-def _langchain_agent(summarizer=None):
-    from langchain.agents import create_agent
-    from langchain.agents.middleware import SummarizationMiddleware
-    from langchain_core.tools import tool
-    from langchain_openai import ChatOpenAI
-
-    # an async HTTP client of its own: langchain-openai's shared one keeps connections of an earlier test's loop
-    llm = ChatOpenAI(model="gpt-4o-mini", api_key="sk-user-real-key", base_url="https://api.openai.com/v1",
-                     max_retries=0, http_async_client=httpx.AsyncClient())
-    middleware = SummarizationMiddleware(model=llm, trigger=("messages", 8), keep=("messages", 3),
-                                         **({"summarizer": summarizer} if summarizer else {}))
-    return create_agent(model=llm, tools=[tool(lookup)], middleware=[middleware])
+def _done(text: str) -> float:
+    return 1.0 if "DONE" in text else 0.0
 
 
 def _run_strands(handle, n: int = 1):
-    make_agent = _strands_agent()
-
-    @rollout
-    async def run(t):
-        agent = make_agent()
-        result = await agent.invoke_async(t.prompt)
-        await aupdate_reward(1.0 if "DONE" in str(result) else 0.0)
-
-    return _run(handle, run, n)
+    return _run(handle, strands_agent(_done), n)
 
 
 def _run_langchain(handle, n: int = 1, summarizer=None):
-    agent = _langchain_agent(summarizer)
-
-    @rollout
-    async def run(t):
-        state = await agent.ainvoke({"messages": [{"role": "user", "content": t.prompt}]})
-        await aupdate_reward(1.0 if "DONE" in str(state["messages"][-1].content) else 0.0)
-
-    return _run(handle, run, n)
+    return _run(handle, langchain_agent(_done, summarizer), n)
 
 
 async def _run(handle, run, n):
