@@ -84,6 +84,7 @@ def _check_samples(r, turns, compacted):
     assert trained.episode_tokens == sum(len(s.token_ids_T) for s in samples)
     assert trained.trained_tokens == sum(sum(s.loss_mask_T) for s in samples)
     assert masked_figures.trained_tokens == sum(sum(s.loss_mask_T) for s in masked)
+    assert masked_figures.episode_tokens == sum(len(s.token_ids_T) for s in masked)
     assert trained.compactions == len(compacted) and all(a < b for a, b in zip(trained.tokens_after, trained.tokens_before))
 
 

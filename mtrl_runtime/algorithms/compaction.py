@@ -8,8 +8,8 @@ before the summary call), ``tokens_after`` the compacted turn's prompt,
 ``summary_tokens`` what the summary turn generated.
 
 ``episode_tokens`` counts the tokens of the rollout's training sequences
-(one per segment: its last turn's prompt + completion, what ``build_samples``
-makes) and ``trained_tokens`` those under the loss mask. Their ratio,
+(one per segment with a trained turn: its last turn's prompt + completion,
+what ``build_samples`` makes) and ``trained_tokens`` those under the loss mask. Their ratio,
 trained tokens per episode token, is what a compaction costs the update: the
 summary call re-reads the history it summarises, and each segment re-reads
 its prompt.
@@ -63,9 +63,10 @@ def episode_tokens(rollout: Rollout, train_summary: bool = True) -> EpisodeToken
         before.append(len(last.prompt_ids) + len(last.completion_ids) if last is not None else 0)
         after.append(len(turn.prompt_ids))
         summary.append(len(writer.completion_ids) if writer is not None else 0)
-    ends = {t.segment: t for t in turns}  # the last turn of each segment
-    episode = sum(len(t.prompt_ids) + len(t.completion_ids) for t in ends.values())
     untrained = set() if train_summary else rollout.summary_turns
+    ends = {t.segment: t for t in turns}  # the last turn of each segment
+    idle = {t.segment for t in turns} - {t.segment for t in turns if t.index not in untrained}  # no sample
+    episode = sum(len(t.prompt_ids) + len(t.completion_ids) for s, t in ends.items() if s not in idle)
     trained = sum(len(t.completion_ids) for t in turns if t.index not in untrained)
     return EpisodeTokens(len(after), tuple(before), tuple(after), tuple(summary), episode, trained)
 
