@@ -27,6 +27,8 @@ NAMES = [
     "background_calls", "max_tokens_clamped", "tool_calls_from_wire",
     # added with the server's bounds (issue 47): answers that could not be written, reward reports refused
     "answers_unwritable", "rewards_refused",
+    # added with context compaction (issue 43): a compaction whose summary no call of the rollout wrote, refused
+    "compactions_unattributed",
 ]
 
 
