@@ -76,6 +76,11 @@ def _check_samples(r, turns, compacted):
     for sample in samples:
         trained = [a for a, m in zip(sample.advantages_T, sample.loss_mask_T) if m]
         assert trained and set(trained) == {0.75}
+    # per-turn advantages cross the boundary: each turn's tokens carry its own, in whichever segment it sits
+    per_turn = build_samples(r, [float(t.index) for t in turns])
+    for sample in per_turn:
+        carried = {a for a, m in zip(sample.advantages_T, sample.loss_mask_T) if m}
+        assert carried == {float(t.index) for t in turns if t.segment == sample.segment and t.completion_ids}
     summary_segments = {turns[t.index - 1].segment for t in compacted}
     masked = build_samples(r, [0.75] * len(turns), r.summary_turns)
     assert [s.segment for s in masked] == [s for s in segments if s not in summary_segments]
