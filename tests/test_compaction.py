@@ -125,3 +125,35 @@ def test_the_trace_shows_the_compaction_boundary(tmp_path):
     assert trace.info.tags["mtrl.compactions"] == "1"
     root = next(s for s in trace.data.spans if s.parent_id is None)
     assert root.outputs["episode"]["trained_tokens"] == 35.0
+
+
+def test_rescore_prepares_a_step_as_the_run_s_summary_setting_did():
+    """``mtrl rescore`` reads ``advanced.summary_turns`` as the loop does: a masked run's summary turn stays out."""
+    from mtrl_runtime.algorithms import AdvantageParams
+    from mtrl_runtime.rescore import step_signal
+    from mtrl_runtime.rollouts import GroupResult
+    from mtrl_runtime.training import batch_options
+    from mtrl_runtime.types import Task
+
+    def turn(rid, index, segment, prompt, completion, reason=None):
+        return Turn(rid, index, ({"role": "user", "content": "go"},), tuple(prompt), tuple(completion),
+                    (-0.5,) * len(completion), "stop", "", segment=segment, break_reason=reason,
+                    started_at=float(index))
+
+    def episode(rid, reward):  # token ids that extend within each segment, as the endpoint records them
+        first = list(range(1, 11))
+        turns = (turn(rid, 0, 0, first, range(11, 16)), turn(rid, 1, 0, [*first, *range(11, 18)], range(18, 20)),
+                 turn(rid, 2, 1, range(30, 40), range(40, 60), BreakReason.HISTORY_REWRITTEN),  # the summary call
+                 turn(rid, 3, 2, range(60, 70), range(70, 75), BreakReason.COMPACTED))
+        return Rollout(rid, "t1", "g-1", RolloutStatus.COMPLETED, turns=turns, reward=reward)
+
+    good, bad = episode("r-1", 1.0), episode("r-2", 0.0)
+    assert good.summary_turns == {2}
+    group = GroupResult("g-1", Task("t1", "go"), (good, bad), (good, bad), dropped=False)
+    trained = {}
+    for setting in ("train", "mask"):
+        config = MtrlConfig.from_dict({"core": {"model": "m"}, "advanced": {"summary_turns": setting}})
+        assert batch_options(config)["train_summary"] is (setting == "train")
+        signal = step_signal(0, [group], "group_based", AdvantageParams(), 0, 1, batch_options(config))
+        trained[setting] = signal.tokens_trained
+    assert trained["train"] - trained["mask"] == 2 * 20  # each rollout's 20-token summary turn

@@ -22,6 +22,7 @@ from ..config import REWARD_LIMIT
 from ..evaluation import StrictComparison, StrictScorer, compare_with_strict, final_text
 from ..rewards import Trajectory, score_trajectory, trajectory_of
 from ..rollouts import GroupResult
+from ..training import batch_options
 from ..types import Rollout, RolloutStatus, Task
 from ._run import StoredRun, StoredStep
 from ._signal import StepSignal, step_signal, with_rewards
@@ -127,13 +128,14 @@ def rescore_run(
         raise ValueError(f"--advantage: unknown advantage method {method!r}; known: {', '.join(ADVANTAGES.names())}")
     params = AdvantageParams(success_threshold=core.success_threshold)
     bound = off_policy_bound(run)
+    options = batch_options(run.config)
     steps = []
     for stored in run.steps:
         scores = score_rollouts(stored.rollouts, run.tasks, reward_fn, reward_name)
         rescored_groups = [_regroup(g, scores) for g in stored.groups]
         version = stored.policy_version
-        original = step_signal(stored.step, stored.groups, original_method, params, version, bound)
-        rescored = step_signal(stored.step, rescored_groups, method, params, version, bound)
+        original = step_signal(stored.step, stored.groups, original_method, params, version, bound, options)
+        rescored = step_signal(stored.step, rescored_groups, method, params, version, bound, options)
         strict_pair = (None, None)
         if strict is not None:
             new_rollouts = [r for g in rescored_groups for r in g.finished]

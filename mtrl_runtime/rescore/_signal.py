@@ -86,9 +86,11 @@ def step_signal(
     params: AdvantageParams,
     version: int,
     max_off_policy: int,
+    options: Mapping[str, bool] | None = None,
 ) -> StepSignal:
-    """The figures of one step's groups (already carrying the rewards to measure) under ``method``."""
-    prepared = prepare_batch(groups, method, params, version, max_off_policy)
+    """The figures of one step's groups (already carrying the rewards to measure) under ``method``; ``options``:
+    the run's ``training.batch_options``, so that the batch is prepared as its loop prepared it."""
+    prepared = prepare_batch(groups, method, params, version, max_off_policy, **(options or {}))
     rollouts = [r for g in groups for r in g.finished]
     rewards = tuple(r.total_reward for r in rollouts)
     kept_groups = sum(1 for g in groups if g.kept)

@@ -28,7 +28,7 @@ _EXPORTS: dict[str, str] = {
                      "follow_training", "sharded_update_from_config", "shard_policy", "Ranks", "check_world_divides",
                      "init_ranks", "join_torchrun", "launched_distributed", "rank_device"), ".distributed"),
     **dict.fromkeys(("INIT_KEY", "load_initial_weights"), "._init_weights"),
-    **dict.fromkeys(("PreparedBatch", "group_advantages", "prepare_batch", "staleness", "valid_mean"), "._batch"),
+    **dict.fromkeys(("PreparedBatch", "batch_options", "group_advantages", "prepare_batch", "staleness", "valid_mean"), "._batch"),
     **dict.fromkeys(("SampledStep", "sample_step", "sampling_metrics", "useful_mask"), "._dynamic_sampling"),
     **dict.fromkeys(("POLICY_FOLDER", "CheckpointState", "Checkpoints", "StepRecord"), "._checkpoint"),
     **dict.fromkeys(("StepReport", "TrainingLoop", "off_policy_bound"), "._loop"),

@@ -17,7 +17,7 @@ its samples reached the update.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..algorithms import (
     AdvantageParams, GroupRewards, PrefixError, SampleStats, build_samples, compaction_step_metrics, compute_advantages,
@@ -43,6 +43,13 @@ class PreparedBatch:
     rollout_ids: list[str]
     metrics: dict[str, float] = field(default_factory=dict)
     staleness_S: tuple[int, ...] = ()  # per kept sample
+
+
+def batch_options(config: Any) -> dict[str, bool]:
+    """The ``prepare_batch`` options a run's config sets, read one way by its loop and by ``mtrl rescore``:
+    ``train_silent`` when a distillation teacher is set, ``train_summary`` from ``advanced.summary_turns``."""
+    return {"train_silent": config.advanced.distill_teacher is not None,
+            "train_summary": config.advanced.summary_turns == "train"}
 
 
 def prepare_batch(

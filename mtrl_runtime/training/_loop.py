@@ -57,7 +57,7 @@ from ..torch_support import on_own_thread
 from ..tracking import NullTracker
 from ..tripwires import TripwireStop
 from ..types import MeasuresTemplateDrift, RecordsTrips, RunTracker, Task
-from ._batch import prepare_batch
+from ._batch import batch_options, prepare_batch
 from ._checkpoint import Checkpoints
 from ._dynamic_sampling import SampledStep, sample_step
 from ._metrics import onset_suspects, rollout_metrics
@@ -219,8 +219,7 @@ class TrainingLoop:
         core, batch = self.config.core, sampled.batch
         params = AdvantageParams(success_threshold=core.success_threshold)
         prepared = prepare_batch(batch.groups, core.advantage_method, params, int(self.update.version), bound,
-                                 train_silent=self.config.advanced.distill_teacher is not None,
-                                 train_summary=self.config.advanced.summary_turns == "train")
+                                 **batch_options(self.config))
         started = time.perf_counter()
         if prepared.samples:
             update_metrics = await self.weights.apply(prepared.samples)
