@@ -12,6 +12,12 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+# One torch (OpenMP) thread per process, for the workers and every process a test starts (they inherit it): the
+# README's three workers on 2 cores keep both cores busy, and a second torch thread then only adds OpenMP
+# hand-offs. Measured on 2 cores under load: one scripted `mtrl train` step (docs/training.md's first block)
+# took 25.1 and 28.1 s of CPU with torch's default 2 threads, 20.8 and 21.4 s with one. Set before any test
+# imports torch; a test that is about threads gives its processes their own count (tests/test_torch_threads.py).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_configure(config: pytest.Config) -> None:
