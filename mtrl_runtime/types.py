@@ -151,6 +151,10 @@ class Generation:
     ``finish_reason`` is "stop" (an eos or stop string was produced) or
     "length" (max_tokens reached). ``top_logprobs_T`` holds, per token, the
     top alternatives as (token_id, logprob) pairs when they were asked for.
+    ``policy_version`` is the version that produced the first token;
+    ``token_versions`` the version that produced each token when they differ
+    (a partial rollout: new weights published while the turn was generated),
+    None when every token is ``policy_version``'s.
     """
 
     completion_ids: tuple[int, ...]
@@ -158,6 +162,7 @@ class Generation:
     finish_reason: str
     policy_version: int = 0
     top_logprobs_T: tuple[tuple[tuple[int, float], ...], ...] | None = None
+    token_versions: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -253,6 +258,17 @@ class Turn:
     # behind a closed endpoint wrote it, passed through by the coordinator (an evaluation's reference side); such a
     # turn has no token ids and is never trained on: consumers that need ids refuse it (``algorithms.samples``)
     model: str | None = None
+    # the policy version that produced each completion id, when they differ (a partial rollout: new weights were
+    # published while the turn was generated; ``policy_version`` is then the first token's). None: every id is
+    # ``policy_version``'s (a turn within one version, or a turn of a store before schema 5)
+    token_versions: tuple[int, ...] | None = None
+
+    @property
+    def versions_T(self) -> tuple[int, ...]:
+        """The policy version that produced each completion id (one per ``completion_ids``)."""
+        if self.token_versions is not None:
+            return self.token_versions
+        return (self.policy_version,) * len(self.completion_ids)
 
 
 # The metrics the coordinator itself adds to a rollout as it ends (a count, or 1.0 for yes; the policy_calls_* ones
@@ -484,8 +500,13 @@ class SharedModelEngine(PolicyEngine, Protocol):
     def set_policy_version(self, version: int) -> None:
         """Record that the shared weights now are policy ``version``."""
 
-    async def on_worker(self, fn: Callable[[], R]) -> R:
-        """Run ``fn()`` on the engine's worker thread between forward passes; its result or its error."""
+    async def on_worker(self, fn: Callable[[], R], *, drain: bool = False) -> R:
+        """Run ``fn()`` on the engine's worker thread between forward passes; its result or its error.
+
+        ``drain``: only once no generation is in flight, starting none meanwhile (a weight change then
+        never reaches a turn being generated); otherwise a turn in flight continues under the new weights,
+        each token labelled with the version that produced it (``Generation.token_versions``).
+        """
 
     def on_worker_sync(self, fn: Callable[[], R]) -> R:
         """``on_worker`` for a caller outside an event loop: blocks until ``fn`` ran."""

@@ -109,6 +109,26 @@ async def test_turns_round_trip_with_extended_prompts_and_exact_logprobs(store: 
         await store.aadd_turn(turn("nope", 0, (1,)))
 
 
+async def test_a_partial_rollouts_turn_keeps_the_version_of_each_token(store: TrajectoryStore) -> None:
+    """A turn generated across a weight update stores the version behind each completion id; one generated
+    under one version stores none (every id is ``policy_version``'s); a wrong length or a negative version is
+    refused naming the field."""
+    start(store, "r1")
+    spanning = turn("r1", 0, (1, 2), policy_version=3, token_versions=(3, 3, 4))
+    whole = turn("r1", 1, spanning.prompt_ids + spanning.completion_ids, policy_version=4)
+    await store.aadd_turn(spanning)
+    await store.aadd_turn(whole)
+    got = store.get_rollout("r1").turns
+    assert got == (spanning, whole)
+    assert got[0].token_versions == (3, 3, 4) and got[0].versions_T == (3, 3, 4)
+    assert got[1].token_versions is None and got[1].versions_T == (4, 4, 4)
+    with pytest.raises(ValueError, match="turn.token_versions must have one version per completion id: 2 versions"):
+        await store.aadd_turn(turn("r1", 2, (1,), token_versions=(1, 2)))
+    with pytest.raises(ValueError, match="turn.token_versions must be integers"):
+        await store.aadd_turn(turn("r1", 2, (1,), token_versions=(1, -1, 2)))
+    assert store.count_turns("r1") == 2
+
+
 async def test_a_finished_rollout_refuses_a_turn(store: TrajectoryStore) -> None:
     start(store, "r1")
     assert await store.afinish_rollout("r1", RolloutStatus.FAILED, "agent crashed")

@@ -73,11 +73,11 @@ def build_samples(
             _check_prefix(rollout, turn, token_ids, segment)
             if turn.index in untrained:
                 continue
-            for offset, logprob in enumerate(turn.logprobs):
+            for offset, (logprob, version) in enumerate(zip(turn.logprobs, turn.versions_T)):
                 mask_T[start + offset] = 1
                 logprobs_T[start + offset] = float(logprob)
                 adv_T[start + offset] = float(advantages_per_turn[position])
-                version_T[start + offset] = turn.policy_version
+                version_T[start + offset] = version  # a partial rollout's turn: several versions
         if all(turn.index in untrained for turn, _ in members):
             continue
         samples.append(
@@ -117,7 +117,7 @@ def per_turn_samples(rollout: Rollout, advantages_per_turn: Sequence[float]) -> 
                 loss_mask_T=(0,) * p + (1,) * c,
                 behaviour_logprobs_T=(0.0,) * p + tuple(float(x) for x in turn.logprobs),
                 advantages_T=(0.0,) * p + (adv,) * c,
-                policy_version_T=(-1,) * p + (turn.policy_version,) * c,
+                policy_version_T=(-1,) * p + turn.versions_T,
             )
         )
     return samples
@@ -210,6 +210,11 @@ def _check_turn(rollout: Rollout, turn: Turn) -> None:
     if len(turn.logprobs) != len(turn.completion_ids):
         raise ValueError(
             f"rollout {rollout.id}: turn {turn.index} has {len(turn.logprobs)} logprobs "
+            f"for {len(turn.completion_ids)} completion_ids"
+        )
+    if len(turn.versions_T) != len(turn.completion_ids):
+        raise ValueError(
+            f"rollout {rollout.id}: turn {turn.index} has {len(turn.versions_T)} token_versions "
             f"for {len(turn.completion_ids)} completion_ids"
         )
 

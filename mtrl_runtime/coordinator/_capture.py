@@ -263,6 +263,7 @@ class CallCapture:
             tool_calls=tuple(message.get("tool_calls") or ()),
             tools=tuple(tools),
             policy_version=gen.policy_version,
+            token_versions=gen.token_versions,  # a partial rollout: new weights arrived mid-turn
             segment=plan.segment,
             break_reason=plan.break_reason,
             malformed_tool_call=malformed > 0,

@@ -129,6 +129,7 @@ class TurnRow(NamedTuple):
     reasoning: str | None
     reasoning_tokens: int
     model: str | None
+    token_versions: bytes | None  # uint32 LE, one per completion id; None: every id is policy_version's
 
 
 def encode_task(task: Task) -> tuple:
@@ -194,7 +195,19 @@ def encode_turn(turn: Turn) -> TurnRow:
         reasoning=check_str("turn.reasoning", turn.reasoning, optional=True, empty=True),
         reasoning_tokens=check_int("turn.reasoning_tokens", turn.reasoning_tokens),
         model=_reference_model(turn),
+        token_versions=_token_versions(turn, len(completion_ids)),
     )
+
+
+def _token_versions(turn: Turn, completions: int) -> bytes | None:
+    """``turn.token_versions``, checked: one version >= 0 per completion id (a partial rollout's turn)."""
+    if turn.token_versions is None:
+        return None
+    versions = ids_array("turn.token_versions", turn.token_versions)
+    if len(versions) != completions:
+        raise ValueError(f"turn.token_versions must have one version per completion id: "
+                         f"{len(versions)} versions for {completions} ids")
+    return to_blob(versions)
 
 
 def _reference_model(turn: Turn) -> str | None:
@@ -210,7 +223,7 @@ def _reference_model(turn: Turn) -> str | None:
 def decode_turn(row: TurnRow) -> Turn:
     (rollout_id, index, messages, tools, prompt_ids, completion_ids, logprobs, finish_reason,
      completion_text, tool_calls, policy_version, segment, break_reason, malformed, started_at,
-     latency_s, reasoning, reasoning_tokens, model) = row
+     latency_s, reasoning, reasoning_tokens, model, token_versions) = row
     return Turn(
         rollout_id=rollout_id,
         index=index,
@@ -231,6 +244,7 @@ def decode_turn(row: TurnRow) -> Turn:
         reasoning=reasoning,
         reasoning_tokens=reasoning_tokens,
         model=model,
+        token_versions=None if token_versions is None else tuple(from_blob(_IDS, token_versions)),
     )
 
 

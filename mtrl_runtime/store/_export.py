@@ -15,11 +15,13 @@ Each line is an object with these keys (times are Unix seconds)::
     task        {id, prompt, messages, ground_truth, split, data}
     turns       [{index, messages, tools, prompt_ids, completion_ids, logprobs, finish_reason,
                   completion_text, tool_calls, policy_version, segment, break_reason,
-                  malformed_tool_call, started_at, latency_s, reasoning, reasoning_tokens, model}]
-                                                            by index; prompt_ids is the full prompt;
+                  malformed_tool_call, started_at, latency_s, reasoning, reasoning_tokens, model,
+                  token_versions}]                          by index; prompt_ids is the full prompt;
                                                             reasoning: the reply's reasoning_content or null;
                                                             model: null (the policy's turn) or the reference
-                                                            model that wrote it (no ids; never trained)
+                                                            model that wrote it (no ids; never trained);
+                                                            token_versions: null (every id policy_version's)
+                                                            or the version behind each completion id
     tool_calls  [{call_id, name, arguments, result, error, status, latency_s, turn_index, started_at, source}]
                                                             in order of arrival
     model_calls [{rollout_id, protocol, model, latency_s, started_at, input_tokens, output_tokens, stream,
@@ -111,6 +113,7 @@ def _turn_record(turn: Turn) -> dict[str, Any]:
         "reasoning": turn.reasoning,
         "reasoning_tokens": turn.reasoning_tokens,
         "model": turn.model,
+        "token_versions": None if turn.token_versions is None else list(turn.token_versions),
     }
 
 

@@ -47,11 +47,13 @@ class Row:
     sampling: RowSampling
     max_new: int  # max_tokens, capped by the model's context
     stop: tuple[str, ...]
-    policy_version: int = 0
+    policy_version: int = 0  # the version in effect at prefill (the first token's)
+    logits_version: int = 0  # the version of the forward pass that computed the row's next-token logits
     base: bool = False  # decoded with the adapter switched off (``GenerationRequest.base_model``)
     cache_epoch: int = 0  # the prefix cache's epoch at prefill: its KV may be stored only while it holds
     completion_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)  # the version that produced each completion id
     top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
 
     @property

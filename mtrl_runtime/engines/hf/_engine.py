@@ -16,7 +16,9 @@ Semantics worth knowing:
   completed a stop string (the stop string is not stripped here; the
   endpoint cuts the text).
 - ``Generation.policy_version`` is the version in effect when the request
-  was prefilled. ``request.adapter``: this engine serves only its current
+  was prefilled; ``Generation.token_versions`` the version of the forward
+  pass behind each token when a new version arrived mid-turn (a partial
+  rollout; None when all are the first one's). ``request.adapter``: this engine serves only its current
   weights; a request for another version is served with the current one
   (counted in ``stats.adapter_mismatches``), and the Generation says so.
 - ``generate_stream`` (``types.StreamingEngine``): the worker hands each
@@ -29,7 +31,9 @@ loads a saved peft adapter onto the engine's own model; or an in-process
 trainer shares ``engine.model``, changes its weights while holding
 ``weights_lock`` (every forward pass of the worker holds it), then calls
 ``set_policy_version``. Rows in flight keep their KV cache across such an
-update, so their remaining tokens come from the new weights. The shared
+update, so their remaining tokens come from the new weights (each token
+labelled with its version); ``on_worker(fn, drain=True)`` instead runs the
+update once the running rows have finished, admitting none meanwhile. The shared
 model must stay in eval mode (or have no dropout) while the engine serves.
 
 LoRA folding (``lora_fold``, see ``_lora_fold``): while the engine serves,
@@ -283,17 +287,19 @@ class HFEngine(WorkerLoop):
             raise FileNotFoundError(f"adapter path {str(path)!r}: no adapter_config.json there")
         await self.on_worker(lambda: self._swap_adapter(folder, version))
 
-    async def on_worker(self, fn: Callable[[], T]) -> T:
+    async def on_worker(self, fn: Callable[[], T], *, drain: bool = False) -> T:
         """Run ``fn()`` on the worker thread between decode steps and return its result (or raise its error).
 
         For torch work on this engine's model from elsewhere: a training step
         on the shared weights, an adapter switch. ``_worker`` says why it must
-        not run on another long-lived thread. Raises ``EngineClosedError``
-        once the engine is closed.
+        not run on another long-lived thread. ``drain``: wait until no row is
+        being decoded (admitting none meanwhile), so a weight change made by
+        ``fn`` never reaches a turn in flight (partial rollouts off). Raises
+        ``EngineClosedError`` once the engine is closed.
         """
         if threading.current_thread() is self._thread:
             return fn()
-        return await asyncio.wrap_future(self._call(fn))
+        return await asyncio.wrap_future(self._call(fn, drain))
 
     def on_worker_sync(self, fn: Callable[[], T]) -> T:
         """``on_worker`` for callers outside an event loop: blocks until ``fn`` ran on the worker."""
@@ -301,8 +307,8 @@ class HFEngine(WorkerLoop):
             return fn()
         return self._call(fn).result()
 
-    def _call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
-        call = Call(fn)
+    def _call(self, fn: Callable[[], Any], drain: bool = False) -> concurrent.futures.Future:
+        call = Call(fn, drain)
         self._submit(call)
         return call.future
 

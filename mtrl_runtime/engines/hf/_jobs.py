@@ -43,12 +43,17 @@ class Job:
 
 
 class Call:
-    """A function the worker runs between decode steps; its result or error goes to ``future``."""
+    """A function the worker runs between decode steps; its result or error goes to ``future``.
 
-    __slots__ = ("fn", "future")
+    ``drain``: run it only once no row is being decoded (admitting no new row
+    meanwhile), so a weight change it makes never reaches a turn in flight.
+    """
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
+    __slots__ = ("fn", "future", "drain")
+
+    def __init__(self, fn: Callable[[], Any], drain: bool = False) -> None:
         self.fn = fn
+        self.drain = drain
         self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
     def run(self) -> None:

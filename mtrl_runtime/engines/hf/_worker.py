@@ -48,29 +48,35 @@ class WorkerLoop:
     def _work(self) -> None:
         batch: DecodeBatch | None = None
         waiting: deque[Job] = deque()
+        held: deque[Call] = deque()  # draining calls waiting for the running rows to finish
         if self.num_threads is not None:
             torch.set_num_threads(self.num_threads)  # called in the worker thread: the caller's count is kept
-        while self._pull(waiting, block=batch is None and not waiting):
+        while self._pull(waiting, held, block=batch is None and not waiting and not held):
+            while held and batch is None:
+                held.popleft().run()
             try:
                 with torch.inference_mode():
-                    batch = self._admit(batch, waiting)
+                    if not held:  # a draining call waits: the running rows finish, no new row joins them
+                        batch = self._admit(batch, waiting)
                     batch = self._step(batch) if batch is not None else None
             except Exception as exc:  # a failed pass fails its rows; the engine keeps serving
                 for row in batch.rows if batch is not None else ():
                     row.job.settle(None, exc)
                 batch = None
         closed = EngineClosedError("the hf engine is closed")
-        for job in [*(row.job for row in (batch.rows if batch else ())), *waiting]:
+        for job in [*(row.job for row in (batch.rows if batch else ())), *waiting, *held]:
             job.settle(None, closed)
 
-    def _pull(self, waiting: deque[Job], block: bool) -> bool:
-        """Run queued calls and move queued jobs into ``waiting``; False once close() was called."""
+    def _pull(self, waiting: deque[Job], held: deque[Call], block: bool) -> bool:
+        """Run queued calls (hold draining ones), move queued jobs into ``waiting``; False once close() was called."""
         try:
             item = self._queue.get() if block else self._queue.get_nowait()
             while True:
                 if item is None:
                     return False
-                if isinstance(item, Call):
+                if isinstance(item, Call) and item.drain:
+                    held.append(item)
+                elif isinstance(item, Call):
                     item.run()  # outside inference mode: a training step needs autograd
                 else:
                     waiting.append(item)
@@ -109,7 +115,7 @@ class WorkerLoop:
             rows = [self._row(job) for job in jobs]
             with self.weights_lock, self.lora_fold.without_adapter(base):  # base: every row of these passes
                 for row in rows:
-                    row.policy_version = 0 if base else self.policy_version
+                    row.policy_version = row.logits_version = 0 if base else self.policy_version
                     row.cache_epoch = cache.epoch if cache is not None else 0
                 new = prefill_rows(self._model, rows, cache, self._pad_id, self.device, self.stats,
                                    kv_cache=self.kv_cache,
@@ -159,6 +165,7 @@ class WorkerLoop:
         for i, row in enumerate(batch.rows):
             row.completion_ids.append(choice.tokens_B[i])
             row.logprobs.append(choice.logprobs_B[i])
+            row.token_versions.append(row.logits_version)
             if choice.top_B[i] is not None:
                 row.top_logprobs.append(choice.top_B[i])
             row.job.emit(choice.tokens_B[i], choice.logprobs_B[i])  # a streamed request gets it now
@@ -182,6 +189,8 @@ class WorkerLoop:
             started = time.perf_counter()
             batch.decode(self._model, [row.completion_ids[-1] for row in batch.rows])
             self.stats.decode_s += time.perf_counter() - started
+            for row in batch.rows:  # these logits are the weights' now: a new version mid-turn shows from here on
+                row.logits_version = 0 if row.base else self.policy_version
         self.stats.decode_passes += 1
         if batch.prefixes:
             self.stats.shared_prefix_passes += 1
@@ -212,6 +221,8 @@ class WorkerLoop:
             finish_reason=reason,
             policy_version=row.policy_version,
             top_logprobs_T=tuple(row.top_logprobs) if row.sampling.top_logprobs > 0 else None,
+            token_versions=(tuple(row.token_versions)
+                            if any(v != row.policy_version for v in row.token_versions) else None),
         )
         row.job.settle(generation)
 

@@ -15,7 +15,7 @@ import json
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 BUSY_TIMEOUT_MS = 10_000
 
 _TABLES_V1 = """
@@ -127,6 +127,11 @@ ALTER TABLE turns ADD COLUMN model TEXT;                                -- NULL:
     # (every call of an earlier version was recorded without it: NULL)
     4: """
 ALTER TABLE tool_calls ADD COLUMN source TEXT;                          -- NULL: a local tool, or unrecorded
+""",
+    # 5: the policy version behind each completion id of a turn generated across a weight update (a partial
+    # rollout, advanced.async_config.partial_rollouts). Every earlier turn ran under one version: NULL
+    5: """
+ALTER TABLE turns ADD COLUMN token_versions BLOB;                       -- uint32 LE per completion id; NULL: all policy_version
 """,
 }
 
