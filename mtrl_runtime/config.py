@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .algorithms import ADVANTAGES, LOSSES
+from .algorithms.stale import STALE_CORRECTIONS
 from .chat.formats import CHAT_FORMATS
 from .engines import ENGINES, POOL_OPTIONS, check_pool_options
 from .executors import AgentCoreSettings
@@ -131,8 +132,36 @@ def _known(registry: Registry[Any], value: str) -> str:
 
 
 class AsyncConfig(_Section):
+    """Asynchronous training: rollouts of later steps run while a step trains (docs/training.md, "Asynchronous")."""
+
     enabled: bool = False
     max_steps_off_policy: int = Field(default=0, ge=0, le=100)  # 0 = on-policy
+    # a turn being generated when a new version is published continues under the new weights, each token
+    # keeping the version that produced it; off: the publication waits until the turns in flight have ended
+    partial_rollouts: bool = False
+    # how the loss treats tokens an older version generated: a name in algorithms.stale.STALE_CORRECTIONS
+    # (none | truncated_is | masked_is); None: truncated_is with partial_rollouts, none without
+    stale_correction: str | None = None
+    stale_cap: float = Field(default=2.0, ge=1.0, le=1000.0)  # the correction's bound on pi_prox / pi_behaviour
+
+    @field_validator("stale_correction")
+    @classmethod
+    def _known_correction(cls, value: str | None) -> str | None:
+        return None if value is None else _known(STALE_CORRECTIONS, value)
+
+    @model_validator(mode="after")
+    def _partial_needs_async(self) -> "AsyncConfig":
+        if self.partial_rollouts and not self.enabled:
+            raise ValueError("partial_rollouts: true needs enabled: true (a synchronous run trains only once "
+                             "every turn has ended: no turn is in flight when the weights change)")
+        return self
+
+    @property
+    def correction(self) -> str:
+        """The stale-token correction in effect (``stale_correction``, or its default)."""
+        if self.stale_correction is not None:
+            return self.stale_correction
+        return "truncated_is" if self.partial_rollouts else "none"
 
 
 class GroupPolicyConfig(_Section):
@@ -348,6 +377,12 @@ class MtrlConfig(_Section):
             return self
         advanced = self.advanced
         check_pool_options(advanced.engine_options, "advanced.engine_options.")  # servers, urls, gpus_per_server
+        if advanced.async_config.partial_rollouts:
+            raise ValueError(
+                "advanced.async_config.partial_rollouts: true with core.engine: 'vllm' is not supported yet: mtrl "
+                "asks vLLM for each rollout's own adapter version, and continuing a turn under a newer one "
+                "(abort and resume with the prefix kept) is not built; use core.engine: hf, or partial_rollouts: false"
+            )
         if advanced.full_finetune:
             raise ValueError(
                 "advanced.full_finetune: true with core.engine: 'vllm' is not supported: mtrl pushes each new "

@@ -108,6 +108,49 @@ def test_truncated_importance_sampling_weights_by_capped_mismatch():
     assert metrics["clip_fraction"] == 0.0
 
 
+LAG = torch.tensor([[1, 0, 2, 1]])  # versions behind the trainer per token: tokens 0 and 2 are stale
+
+
+@pytest.mark.parametrize("name", ["ppo", "cispo", "importance_sampling"])
+def test_stale_tokens_get_the_truncated_importance_weight_and_current_ones_stay_as_they_were(name):
+    """``truncated_is``: a stale token's ratio is taken against the trainer's own detached logprobs and its loss
+    weighed by min(pi/pi_behaviour, cap); a token of the current version gets exactly the loss it had."""
+    ratios = [4.0, 0.5, 1.5, 0.7]
+    logp, plain_logp = current(ratios), current(ratios)
+    params = LossParams(stale_correction="truncated_is", stale_cap=2.0)
+    loss, metrics = LOSSES.get(name)(logp, OLD, ADV, MASK, params, lag_BT=LAG)
+    plain, _ = LOSSES.get(name)(plain_logp, OLD, ADV, MASK, LossParams())
+    loss.backward()
+    plain.backward()
+    assert logp.grad[0, 1].item() == pytest.approx(plain_logp.grad[0, 1].item())  # the current token: unchanged
+    # stale tokens: ratio 1 against the proximal policy (no clipping), d/dlogp of -(w * r * A) = -w * A
+    # (cispo: -(w * 1 * A * logp) also -w * A); w = min(4, 2) = 2 for token 0, min(1.5, 2) = 1.5 for token 2
+    assert logp.grad[0, 0].item() == pytest.approx(-2.0 / 3)
+    assert logp.grad[0, 2].item() == pytest.approx(1.5 / 3)
+    assert logp.grad[0, 3].item() == 0.0  # masked, though stale
+    assert metrics["stale_token_fraction"] == pytest.approx(2 / 3)
+    assert metrics["stale_weight_mean"] == pytest.approx((2.0 + 1.5) / 2)
+    assert metrics["stale_weight_changed_fraction"] == pytest.approx(0.5)  # token 0 was truncated
+
+
+def test_masked_is_leaves_stale_tokens_beyond_the_cap_out_and_none_changes_nothing():
+    ratios = [4.0, 0.5, 1.5, 0.7]
+    logp = current(ratios)
+    loss, metrics = LOSSES.get("ppo")(logp, OLD, ADV, MASK, LossParams(stale_correction="masked_is"), lag_BT=LAG)
+    loss.backward()
+    assert logp.grad[0, 0].item() == 0.0  # w = 4 > cap 2: out of the gradient
+    assert logp.grad[0, 2].item() == pytest.approx(1.5 / 3)  # w = 1.5 kept whole
+    assert metrics["stale_weight_mean"] == pytest.approx(0.75)
+    same, plain = current(ratios), current(ratios)
+    with_lag, m = LOSSES.get("ppo")(same, OLD, ADV, MASK, LossParams(stale_correction="none"), lag_BT=LAG)
+    without, _ = LOSSES.get("ppo")(plain, OLD, ADV, MASK, LossParams())
+    assert with_lag.item() == without.item() and m["stale_token_fraction"] == pytest.approx(2 / 3)
+    with pytest.raises(KeyError, match="unknown stale-token correction 'clip'; known: masked_is, none, truncated_is"):
+        LossParams(stale_correction="clip")
+    with pytest.raises(ValueError, match="stale_cap must be >= 1, got 0.5"):
+        LossParams(stale_cap=0.5)
+
+
 def test_bounds_must_bracket_one():
     with pytest.raises(ValueError, match="clip_low is a ratio bound.*1.5"):
         LOSSES.get("ppo")(current(), OLD, ADV, MASK, LossParams(clip_low=1.5))

@@ -24,6 +24,14 @@ Options shared by all losses (``LossParams``):
   logprobs (one optimizer step per batch, so pi_prox = pi_theta in value),
   the loss's ratio is taken against it, and each token's loss is multiplied by
   the detached weight min(pi_prox / pi_behaviour, tis_cap).
+- ``stale_correction`` / ``stale_cap``: tokens an older policy version
+  generated (``lag_BT`` > 0, versions behind the trainer; async runs and
+  partial rollouts) get their ratio against the proximal policy and the
+  weight a correction of ``algorithms.stale`` computes from
+  pi_prox / pi_behaviour (``truncated_is``: min(w, stale_cap)); with
+  ``none`` (the default) they are trained as any token. Tokens of the
+  current version are untouched. Every loss takes ``lag_BT`` (None: all
+  current).
 
 On-policy distillation (``distill``) takes one more input, the teacher's
 log-probabilities of the student's own sampled tokens (``teacher_logprobs_BT``,
@@ -37,6 +45,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from ..registry import Registry
+from .stale import STALE_CORRECTIONS
 
 if TYPE_CHECKING:  # the losses use tensor methods only, so the registry's names load without torch
     import torch
@@ -64,6 +73,8 @@ class LossParams:
     def needs_teacher(self) -> bool:
         """Whether the update must score the teacher's logprobs of the sampled tokens (the distill loss)."""
         return self.distill_coef > 0
+    stale_correction: str = "none"  # a name in algorithms.stale.STALE_CORRECTIONS, for tokens with lag > 0
+    stale_cap: float = 2.0
 
     @property
     def needs_reference(self) -> bool:
@@ -81,6 +92,10 @@ class LossParams:
             raise ValueError(f"distill_rl_coef must be >= 0, got {self.distill_rl_coef}")
         if self.tis_cap is not None and self.tis_cap <= 0:
             raise ValueError(f"tis_cap must be > 0, got {self.tis_cap}")
+        if self.stale_correction not in STALE_CORRECTIONS:
+            STALE_CORRECTIONS.get(self.stale_correction)  # the error names the value and the known ones
+        if self.stale_cap < 1.0:
+            raise ValueError(f"stale_cap must be >= 1, got {self.stale_cap}")
         self.bounds(None, None)  # explicit bounds fail here, not at the first step
 
     @classmethod
@@ -96,6 +111,8 @@ class LossParams:
             # the teacher term exists only with a teacher to score (the config pairs it with loss_fn: distill)
             distill_coef=advanced.distill_coef if advanced.distill_teacher is not None else 0.0,
             distill_rl_coef=advanced.distill_rl_coef,
+            stale_correction=advanced.async_config.correction,
+            stale_cap=advanced.async_config.stale_cap,
         )
 
     def bounds(self, default_low: float | None, default_high: float | None) -> tuple[float | None, float | None]:
@@ -113,15 +130,42 @@ class LossParams:
 
 
 def _ratio_and_weight(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, params: LossParams
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, params: LossParams, mask: torch.Tensor,
+    lag: torch.Tensor | None, metrics: dict[str, float],
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(ratio the loss clips, detached TIS weight or None). See the module docstring."""
-    if params.tis_cap is None:
-        log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-        return log_ratio.exp(), None
+    """(ratio the loss clips, detached per-token weight or None), their metrics added to ``metrics``.
+
+    See the module docstring: ``tis_cap`` weighs every token, the stale correction the tokens with lag > 0
+    (replacing the TIS weight there).
+    """
     proximal = logprobs.detach()
-    weight = (proximal - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT).exp()
-    return (logprobs - proximal).exp(), weight.clamp(max=params.tis_cap)
+    log_w = (proximal - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # log pi_prox / pi_behaviour
+    if params.tis_cap is None:
+        ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT).exp()
+        weight = None
+    else:
+        ratio = (logprobs - proximal).exp()
+        weight = log_w.exp().clamp(max=params.tis_cap)
+        metrics["tis_weight_mean"] = _masked_mean(weight, mask)
+        metrics["tis_capped_fraction"] = _masked_mean((weight >= params.tis_cap).to(mask.dtype), mask)
+    if lag is None:
+        return ratio, weight
+    stale = (lag > 0) & (mask > 0)
+    metrics["stale_token_fraction"] = _masked_mean(stale.to(mask.dtype), mask)
+    stale_weight = STALE_CORRECTIONS.get(params.stale_correction)(log_w, params.stale_cap)
+    if stale_weight is None or not bool(stale.any()):
+        return ratio, weight
+    on_stale = stale.to(mask.dtype)
+    metrics["stale_weight_mean"] = _masked_mean(stale_weight, on_stale)
+    metrics["stale_weight_changed_fraction"] = _masked_mean((stale_weight != log_w.exp()).to(mask.dtype), on_stale)
+    ratio = _where(stale, (logprobs - proximal).exp(), ratio)
+    weight = _where(stale, stale_weight, weight if weight is not None else stale_weight.new_ones(()))
+    return ratio, weight
+
+
+def _where(condition: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.where`` through tensor methods (this module imports torch only for type checking)."""
+    return a.where(condition, b)
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -165,8 +209,6 @@ def _finish(
     loss_BT = -objective_BT
     if weight is not None:
         loss_BT = loss_BT * weight
-        metrics["tis_weight_mean"] = _masked_mean(weight, mask)
-        metrics["tis_capped_fraction"] = _masked_mean((weight >= params.tis_cap).to(mask.dtype), mask)
     if params.kl_coef > 0:
         if ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs_BT (the reference policy's logprobs)")
@@ -198,6 +240,7 @@ def ppo(
     *,
     ref_logprobs_BT: torch.Tensor | None = None,
     normalizer: float | None = None,
+    lag_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate: loss_t = -min(r A, clip(r, lo, hi) A); default bounds 0.8 / 1.2.
 
@@ -205,12 +248,13 @@ def ppo(
     (their gradient is zero).
     """
     low, high = params.bounds(0.8, 1.2)
-    ratio, weight = _ratio_and_weight(logprobs_BT, old_logprobs_BT, params)
+    mask = mask_BT.to(logprobs_BT.dtype)
+    metrics: dict[str, float] = {}
+    ratio, weight = _ratio_and_weight(logprobs_BT, old_logprobs_BT, params, mask, lag_BT, metrics)
     unclipped = ratio * advantages_BT
     clipped = ratio.clamp(low, high) * advantages_BT
     objective = unclipped.minimum(clipped)
-    mask = mask_BT.to(logprobs_BT.dtype)
-    metrics = {"clip_fraction": _masked_mean((clipped < unclipped).to(mask.dtype), mask)}
+    metrics["clip_fraction"] = _masked_mean((clipped < unclipped).to(mask.dtype), mask)
     return _finish(
         objective, logprobs_BT, old_logprobs_BT, mask_BT, params, weight, ref_logprobs_BT, normalizer, metrics
     )
@@ -226,6 +270,7 @@ def cispo(
     *,
     ref_logprobs_BT: torch.Tensor | None = None,
     normalizer: float | None = None,
+    lag_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO (MiniMax-M1, arXiv:2506.13585): loss_t = -sg(clip(r, lo, hi)) * A * log pi_theta.
 
@@ -238,12 +283,13 @@ def cispo(
     clip_fraction counts tokens whose ratio lies outside the bounds.
     """
     low, high = params.bounds(0.0, 7.0)
-    ratio, weight = _ratio_and_weight(logprobs_BT, old_logprobs_BT, params)
+    mask = mask_BT.to(logprobs_BT.dtype)
+    metrics: dict[str, float] = {}
+    ratio, weight = _ratio_and_weight(logprobs_BT, old_logprobs_BT, params, mask, lag_BT, metrics)
     clipped = ratio.detach().clamp(low, high)
     objective = clipped * advantages_BT * logprobs_BT
-    mask = mask_BT.to(logprobs_BT.dtype)
     outside = (ratio.detach() != clipped).to(mask.dtype)
-    metrics = {"clip_fraction": _masked_mean(outside, mask)}
+    metrics["clip_fraction"] = _masked_mean(outside, mask)
     return _finish(
         objective, logprobs_BT, old_logprobs_BT, mask_BT, params, weight, ref_logprobs_BT, normalizer, metrics
     )
@@ -259,6 +305,7 @@ def importance_sampling(
     *,
     ref_logprobs_BT: torch.Tensor | None = None,
     normalizer: float | None = None,
+    lag_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Off-policy REINFORCE: loss_t = -r * A, whose gradient is -r * A * grad log pi_theta.
 
@@ -266,10 +313,11 @@ def importance_sampling(
     to them (tokens outside get no gradient), and clip_fraction counts those.
     """
     low, high = params.bounds(None, None)
-    ratio, weight = _ratio_and_weight(logprobs_BT, old_logprobs_BT, params)
-    used = ratio.clamp(low, high) if (low is not None or high is not None) else ratio
     mask = mask_BT.to(logprobs_BT.dtype)
-    metrics = {"clip_fraction": _masked_mean((used.detach() != ratio.detach()).to(mask.dtype), mask)}
+    metrics: dict[str, float] = {}
+    ratio, weight = _ratio_and_weight(logprobs_BT, old_logprobs_BT, params, mask, lag_BT, metrics)
+    used = ratio.clamp(low, high) if (low is not None or high is not None) else ratio
+    metrics["clip_fraction"] = _masked_mean((used.detach() != ratio.detach()).to(mask.dtype), mask)
     return _finish(
         used * advantages_BT, logprobs_BT, old_logprobs_BT, mask_BT, params, weight, ref_logprobs_BT,
         normalizer, metrics,
@@ -286,13 +334,15 @@ def nll(
     *,
     ref_logprobs_BT: torch.Tensor | None = None,
     normalizer: float | None = None,
+    lag_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Advantage-weighted negative log-likelihood: loss_t = -A_t * log pi_theta(token_t).
 
     With A = 1 on demonstrated tokens it is supervised fine-tuning's NLL
     (``mtrl sft``); behaviour logprobs and ratio bounds play no part. The KL
     term is added as for every loss when ``kl_coef`` > 0; ratio settings
-    (``clip_low``, ``clip_high``, ``tis_cap``) are refused, not ignored.
+    (``clip_low``, ``clip_high``, ``tis_cap``) are refused, not ignored; ``lag_BT`` plays no part (the
+    demonstrations are no policy's samples).
     ``nll`` in the metrics is the masked mean of -log pi_theta.
     """
     named = {k: v for k, v in (("clip_low", params.clip_low), ("clip_high", params.clip_high),
@@ -328,6 +378,7 @@ def distill(
     ref_logprobs_BT: torch.Tensor | None = None,
     teacher_logprobs_BT: torch.Tensor | None = None,
     normalizer: float | None = None,
+    lag_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """On-policy distillation: per-token reverse KL to a teacher, alone or added to the RL advantage.
 
@@ -339,8 +390,8 @@ def distill(
 
     so tokens the teacher finds likelier than the student are pushed up, and the others down; with
     ``distill_rl_coef`` 0 it is distillation alone (the RL advantage plays no part), with 1 the teacher term
-    shapes the RL advantage token by token. Ratio bounds, ``tis_cap`` and ``kl_coef`` act as for
-    ``importance_sampling``. Metrics: ``distill_reverse_kl`` (the masked mean of k_t) and
+    shapes the RL advantage token by token. Ratio bounds, ``tis_cap``, ``kl_coef`` and the stale-token
+    correction act as for ``importance_sampling``. Metrics: ``distill_reverse_kl`` (the masked mean of k_t) and
     ``teacher_logprob`` (of the teacher's logprobs).
     """
     if params.distill_coef <= 0 or teacher_logprobs_BT is None:
@@ -350,7 +401,7 @@ def distill(
     reverse_kl_BT = (logprobs_BT.detach() - teacher_logprobs_BT).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     shaped_BT = params.distill_rl_coef * advantages_BT - params.distill_coef * reverse_kl_BT
     loss, metrics = importance_sampling(logprobs_BT, old_logprobs_BT, shaped_BT, mask_BT, params,
-                                        ref_logprobs_BT=ref_logprobs_BT, normalizer=normalizer)
+                                        ref_logprobs_BT=ref_logprobs_BT, normalizer=normalizer, lag_BT=lag_BT)
     metrics["distill_reverse_kl"] = _masked_mean(reverse_kl_BT, mask)
     metrics["teacher_logprob"] = _masked_mean(teacher_logprobs_BT, mask)
     return loss, metrics

@@ -273,6 +273,9 @@ class PolicyUpdate:
         mask_BT = rows((s.loss_mask_T for s in batch), 0, torch.float32)[:, 1:]
         old_BT = rows((s.behaviour_logprobs_T for s in batch), 0.0, torch.float32)[:, 1:]
         adv_BT = rows((s.advantages_T for s in batch), 0.0, torch.float32)[:, 1:]
+        version_BT = rows((s.policy_version_T for s in batch), -1, torch.long)[:, 1:]
+        # versions behind the one training (0 where masked): the loss's stale-token correction reads it
+        lag_BT = (self.version - version_BT).clamp(min=0) * (version_BT >= 0)
         keep_K = torch.nonzero(mask_BT.any(0)).squeeze(-1)  # positions (in target space) any row trains
         targets_BK = ids_BT[:, 1:][:, keep_K]
         logprobs_BK = self._logprobs(self.policy.model, ids_BT, attention_BT, keep_K, targets_BK, shared, step)
@@ -294,6 +297,7 @@ class PolicyUpdate:
             ref_logprobs_BT=ref_BK,
             normalizer=normalizer,
             **extra,
+            lag_BT=lag_BT[:, keep_K],
         )
 
     def _logprobs(
