@@ -215,7 +215,8 @@ class _Run:
             self.update = PolicyUpdate(policy, settings, weights_lock=engine.weights_lock,
                                        teacher=_teacher(config, policy))
             self.update.check_fits()  # before the first rollout: a step that cannot fit fails here, with the numbers
-            self.weights = SharedWeights(engine, self.update)
+            self.weights = SharedWeights(engine, self.update,
+                                         partial_rollouts=config.advanced.async_config.partial_rollouts)
         else:
             if config.advanced.full_finetune:  # the config refuses engine: vllm; this catches an engine object given
                 raise ConfigError(

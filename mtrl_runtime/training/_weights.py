@@ -14,6 +14,12 @@ update, then make its version the one served):
   worker thread (``engine.on_worker``), the one thread that runs torch on
   that model: on CPU a second long-lived torch thread makes both slower
   (``engines.hf._worker`` has the measurements).
+  Turns in flight when the update is due: with ``partial_rollouts`` the
+  update runs between two decode steps and those turns continue under the
+  new weights, each token labelled with the version that produced it;
+  without, the update waits until the engine has finished the turns it is
+  decoding (admitting no new one meanwhile: ``on_worker(drain=True)``), so
+  every turn is one version's. The wait is ``time/update_wait``.
 - ``PushedWeights``: the engine lives elsewhere (a vLLM server, another
   process). Each new version is saved as an adapter folder
   (``<run_dir>/adapters/v<N>``) and handed over with
@@ -27,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
@@ -63,9 +70,10 @@ def shares_model(engine: Any) -> bool:
 class SharedWeights:
     """The engine and the trainer hold the same model object (see the module docstring)."""
 
-    def __init__(self, engine: SharedModelEngine, update: PolicyUpdate) -> None:
+    def __init__(self, engine: SharedModelEngine, update: PolicyUpdate, partial_rollouts: bool = False) -> None:
         self.engine = engine
         self.update = update
+        self.partial_rollouts = partial_rollouts  # see the module docstring
         engine.on_worker_sync(self._fold_again)
 
     def _unfolded(self) -> Any:
@@ -79,16 +87,18 @@ class SharedWeights:
         with self.engine.weights_lock, self._unfolded():
             pass
 
-    def _step(self, samples: Sequence[Sample]) -> dict[str, float]:
+    def _step(self, samples: Sequence[Sample], queued: float) -> dict[str, float]:
+        waited = time.perf_counter() - queued  # decode steps (partial rollouts) or whole turns (drained) before it
         # re-entrant: the update takes the same lock; it trains base + LoRA, never folded weights
         with self.engine.weights_lock:
             with self._unfolded():
                 metrics = self.update.step(samples)
             self.engine.set_policy_version(self.update.version)
-        return metrics
+        return {**metrics, "time/update_wait": waited}
 
     async def apply(self, samples: Sequence[Sample]) -> dict[str, float]:
-        return await self.engine.on_worker(lambda: self._step(samples))
+        queued = time.perf_counter()
+        return await self.engine.on_worker(lambda: self._step(samples, queued), drain=not self.partial_rollouts)
 
     async def publish(self) -> None:
         """Make the engine's version the trainer's (after a resume restored the weights in place)."""
