@@ -24,7 +24,8 @@ per step (the same learning: first and last steps' means side by side).
 The arms alternate (on, off, on, off, ...) so the machine's load falls on
 both alike.
 
-    python bench/partial_rollouts.py [--steps 8] [--repeats 2] [--out bench/results/partial_rollouts.json]
+    python bench/partial_rollouts.py [--steps 8] [--repeats 2] [--max-tokens 16] [--lr 1e-2]
+        [--out bench/results/partial_rollouts.json]
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def build_agent() -> Any:
     return agent
 
 
-def run_arm(partial: bool, steps: int, seed: int, max_tokens: int) -> dict[str, Any]:
+def run_arm(partial: bool, steps: int, seed: int, max_tokens: int, lr: float) -> dict[str, Any]:
     from mtrl_runtime.config import MtrlConfig
     from mtrl_runtime.engines import HFEngine
     from mtrl_runtime.store import SQLiteStore
@@ -99,7 +100,7 @@ def run_arm(partial: bool, steps: int, seed: int, max_tokens: int) -> dict[str, 
     with tempfile.TemporaryDirectory() as tmp:
         config = MtrlConfig.from_dict({
             "core": {"run_dir": str(Path(tmp) / "run"), "group_size": 4, "train_batch_size": 2, "max_steps": steps,
-                     "learning_rate": 3e-3, "max_turns": 12, "seed": seed, "loss_fn": "ppo",
+                     "learning_rate": lr, "max_turns": 12, "seed": seed, "loss_fn": "ppo",
                      "sampling_params": {"max_tokens": max_tokens, "temperature": 1.0}},
             "advanced": {"full_finetune": True, "checkpoint_every": 0, "max_concurrency": 16,
                          "rollout_timeout_s": 900,
@@ -154,6 +155,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "partial_rollouts.json"))
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -161,7 +163,7 @@ def main() -> None:
     load_before = os.getloadavg()
     rows = []
     for repeat, partial in itertools.product(range(args.repeats), (True, False)):
-        row = run_arm(partial, args.steps, args.seed + repeat, args.max_tokens)
+        row = run_arm(partial, args.steps, args.seed + repeat, args.max_tokens, args.lr)
         row["repeat"] = repeat
         rows.append(row)
         print(f"repeat {repeat} partial={partial!s:5} {row['seconds_per_step_mean']:.2f} s/step, idle "
@@ -184,7 +186,7 @@ def main() -> None:
         "machine": machine_info(load_before, load_after, threads=1, dtype=rows[0]["dtype"]),
         "load": load_note(load_before, load_after, "seconds are noisy; the arms alternate, so compare the ratios"),
         "task": (f"plain OpenAI-client agent, episodes of {min(TURNS)}-{max(TURNS)} turns ({list(TURNS)}), "
-                 f"{args.max_tokens} tokens a turn, tiny model (hidden 64, 2 layers), hf engine, full fine-tuning, "
+                 f"{args.max_tokens} tokens a turn, learning rate {args.lr:g}, tiny model (hidden 64, 2 layers), hf engine, full fine-tuning, "
                  "2 prompts x 4 rollouts a step, max_steps_off_policy 1, stale_correction truncated_is"),
         "results": rows,
         "ratios": ratios,
