@@ -58,7 +58,9 @@ def plan_resume(store: TrajectoryStore, start_step: int, version: int) -> Resume
     for rollout_id in candidates:
         rollout = store.get_rollout(rollout_id)
         assert rollout is not None and rollout.step is not None
-        newest = max((t.policy_version for t in rollout.turns), default=rollout.policy_version)
+        # a partial rollout's turn ends under a later version than it began: its tokens' newest counts
+        newest = max((v for t in rollout.turns for v in (t.policy_version, *t.versions_T)),
+                     default=rollout.policy_version)
         if newest <= version:
             reuse[rollout.step][rollout.group_id].append(rollout)
             reused.append(rollout.id)
