@@ -17,7 +17,12 @@ step run on yet another thread.
 
 Between decode steps the worker runs queued calls, then admits queued jobs
 into the running batch (continuous batching, see ``_decoding``), samples one
-token per row, and resolves the rows that finished.
+token per row, and resolves the rows that finished. A draining call
+(``Call.drain``: an update without partial rollouts) is held until the
+running rows have finished, and no job is admitted while one is held.
+Each sampled token is labelled with the version of the forward pass that
+computed its logits (``Row.logits_version``), so a row that crosses a
+weight update reports both versions (``Generation.token_versions``).
 
 Base-model rows (``GenerationRequest.base_model``) decode in the same batch
 with the adapter's term taken off for them (``LoraFold.without_adapter``);
