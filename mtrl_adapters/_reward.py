@@ -15,7 +15,8 @@ from ._context import current_rollout
 from ._values import reward_report
 
 
-def update_reward(reward: float | Sequence[float], metrics: Mapping[str, float] | None = None) -> bool:
+def update_reward(reward: float | Sequence[float], metrics: Mapping[str, float] | None = None, *,
+                  role_rewards: Mapping[str, float] | None = None) -> bool:
     """Report the current rollout's reward: a finite float, or one float per turn.
 
     ``metrics`` are named floats stored with the rollout. Repeating the same
@@ -25,12 +26,17 @@ def update_reward(reward: float | Sequence[float], metrics: Mapping[str, float] 
     default reward and is flagged ``reward_defaulted``. Returns True when
     recorded, False outside a rollout.
 
+    ``role_rewards`` (a run whose ``policy_models`` maps roles to model ids,
+    docs/roles.md): each named role's own reward, ``{"planner": 0.5}``; a
+    role left out is trained on ``reward``. A role the run does not have is
+    refused (400) naming it.
+
     Called from async agent code, the report is sent in the background (the
     event loop is never blocked), after the reports made before it, and a
     refusal is raised when the rollout closes; ``await aupdate_reward(...)``
     reports and raises at once.
     """
-    report = reward_report(reward, metrics)
+    report = reward_report(reward, metrics, role_rewards)
     ctx = current_rollout()
     if ctx is None:
         warnings.warn("update_reward called outside a rollout: nothing recorded", RuntimeWarning, stacklevel=2)
@@ -42,9 +48,10 @@ def update_reward(reward: float | Sequence[float], metrics: Mapping[str, float] 
     return True
 
 
-async def aupdate_reward(reward: float | Sequence[float], metrics: Mapping[str, float] | None = None) -> bool:
+async def aupdate_reward(reward: float | Sequence[float], metrics: Mapping[str, float] | None = None, *,
+                         role_rewards: Mapping[str, float] | None = None) -> bool:
     """:func:`update_reward` for async code (does not block the event loop)."""
-    report = reward_report(reward, metrics)
+    report = reward_report(reward, metrics, role_rewards)
     ctx = current_rollout()
     if ctx is None:
         warnings.warn("aupdate_reward called outside a rollout: nothing recorded", RuntimeWarning, stacklevel=2)

@@ -13,11 +13,16 @@ MAX_RESULT_CHARS = 65536  # a tool result longer than this is cut (the store kee
 
 
 def policy_model_ids(value: Any) -> frozenset[str] | None:
-    """``policy_models`` as a set of model ids (None stays None: ``_policy_rule``'s unnamed rule); bad values raise."""
+    """``policy_models`` as a set of model ids (None stays None: ``_policy_rule``'s unnamed rule); bad values raise.
+
+    A mapping of roles to model ids (``{"planner": "plan-model", "worker": "work-model"}``) names its values: the
+    coordinator tells the roles apart by the model id each call names."""
     if value is None:
         return None
     if isinstance(value, str):
         value = [value]
+    elif isinstance(value, Mapping):
+        value = list(value.values())
     ids = frozenset(value)
     if not ids or not all(isinstance(m, str) and m for m in ids):
         raise ValueError(f"policy_models must be a non-empty list of model ids (strings), got {value!r}")
@@ -38,14 +43,19 @@ def sampling_fields(sampling: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def reward_report(reward: Any, metrics: Mapping[str, float] | None) -> RewardReport:
+def reward_report(reward: Any, metrics: Mapping[str, float] | None,
+                  role_rewards: Mapping[str, float] | None = None) -> RewardReport:
     """Validate ``update_reward``'s arguments into a report; bad values raise naming the field."""
     clean_metrics = {str(k): _real(f"metrics[{k!r}]", v) for k, v in dict(metrics or {}).items()}
+    if role_rewards is not None and not isinstance(role_rewards, Mapping):
+        raise TypeError(f"role_rewards must be a mapping of role names to floats, got {role_rewards!r}")
+    roles = None if role_rewards is None else {
+        str(k): _real(f"role_rewards[{k!r}]", v) for k, v in role_rewards.items()}
     try:
         if isinstance(reward, (list, tuple)):
             turn_rewards = [_real(f"turn_rewards[{i}]", r) for i, r in enumerate(reward)]
-            return RewardReport(turn_rewards=turn_rewards, metrics=clean_metrics)
-        return RewardReport(reward=_real("reward", reward), metrics=clean_metrics)
+            return RewardReport(turn_rewards=turn_rewards, metrics=clean_metrics, role_rewards=roles)
+        return RewardReport(reward=_real("reward", reward), metrics=clean_metrics, role_rewards=roles)
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         raise ValueError(_first_error(exc)) from None
 

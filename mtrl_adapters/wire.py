@@ -118,6 +118,21 @@ class RewardReport(_Strict):
     reward: float | None = None
     turn_rewards: list[float] | None = Field(default=None, max_length=10000)
     metrics: dict[str, float] = Field(default_factory=dict, max_length=1000)
+    # each role's own reward (a run whose policy_models maps roles to model ids); a role left out gets the episode's
+    role_rewards: dict[str, float] | None = Field(default=None, max_length=64)
+
+    @field_validator("role_rewards")
+    @classmethod
+    def _roles_finite(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is not None:
+            if not v:
+                raise ValueError("role_rewards is empty; give {role: float, ...} for the roles rewarded apart, or "
+                                 "leave it out")
+            for role, r in v.items():
+                if not role:
+                    raise ValueError(f"role_rewards names an empty role, got {v!r}")
+                _finite(f"role_rewards[{role!r}]", r)
+        return v
 
     @field_validator("reward")
     @classmethod

@@ -23,6 +23,7 @@ from .executors import AgentCoreSettings
 from .group_policies import GROUP_POLICIES
 from .registry import Registry
 from .rewards import JudgeSpec
+from .roles import RoleMap, RoleSettings, role_map
 from .run_folder import RunFolder
 from .sandboxes import SandboxSettings
 from .store import DEFAULT_STORE, STORES
@@ -268,7 +269,10 @@ class AdvancedConfig(_Section):
     # the model ids whose calls inside a rollout are the policy's; other models' calls pass through to their own
     # endpoints, recorded but never trained on (docs/protocols.md, "Selective capture"). None: a rollout's calls are
     # the policy's while alike; one unlike them is refused (or passed through beside a client aimed at the coordinator)
-    policy_models: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1)
+    # A mapping of role names to model ids ({planner: plan-model, worker: work-model}) trains one LoRA adapter per
+    # role, each on its own calls (``roles``, docs/roles.md); ``roles`` says how they take turns
+    policy_models: list[Annotated[str, Field(min_length=1)]] | dict[str, str] | None = Field(default=None, min_length=1)
+    roles: RoleSettings = Field(default_factory=RoleSettings)
     # rewards (scalar and per turn) outside [low, high] are refused with a 400; bounds within +-REWARD_LIMIT
     reward_range: tuple[float, float] = (-1.0, 1.0)
     checkpoint_every: int = Field(default=5, ge=0)
@@ -310,6 +314,26 @@ class AdvancedConfig(_Section):
             raise ValueError(f"advanced.distill_teacher: {value!r} holds neither adapter_config.json (a LoRA "
                              "adapter) nor config.json (a model)")
         return str(folder)
+
+    @field_validator("policy_models", mode="before")
+    @classmethod
+    def _role_map(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            RoleMap.parse(value, "policy_models")  # raises naming the role and the value
+        return value
+
+    @property
+    def role_map(self) -> RoleMap | None:
+        """The run's roles (``policy_models`` as a mapping); None: one policy."""
+        return role_map(self.policy_models)
+
+    @property
+    def policy_model_ids(self) -> tuple[str, ...] | None:
+        """The model ids whose calls are the policy's (a mapping's values), as the RolloutSpec carries them."""
+        roles = self.role_map
+        if roles is not None:
+            return roles.model_ids
+        return None if self.policy_models is None else tuple(self.policy_models)
 
     @field_validator("chat_format")
     @classmethod
@@ -363,6 +387,25 @@ class MtrlConfig(_Section):
         if teacher is not None and loss != "distill":
             raise ValueError(f"advanced.distill_teacher: {teacher!r} is set, but core.loss_fn is {loss!r}; the "
                              "teacher is read only by core.loss_fn: distill")
+        return self
+
+    @model_validator(mode="after")
+    def _role_rules(self) -> "MtrlConfig":
+        """Roles train one LoRA adapter each: not with full fine-tuning, and an alternating schedule needs two."""
+        advanced = self.advanced
+        roles = advanced.role_map
+        if roles is None:
+            if advanced.roles != RoleSettings():
+                raise ValueError(f"advanced.roles: {advanced.roles.model_dump()!r} is set, but advanced.policy_models "
+                                 f"is {advanced.policy_models!r}, not a mapping of roles to model ids; name the roles "
+                                 "({planner: <model id>, worker: <model id>}) or drop advanced.roles")
+            return self
+        if advanced.full_finetune:
+            raise ValueError(f"advanced.policy_models: the roles {list(roles.roles)!r} train one LoRA adapter each on "
+                             "the same base; advanced.full_finetune: true has no adapters to give them. Use LoRA")
+        if advanced.roles.schedule == "alternating" and len(roles.roles) < 2:
+            raise ValueError(f"advanced.roles.schedule: 'alternating' freezes all roles but one per phase; "
+                             f"advanced.policy_models names one role ({roles.roles[0]!r}): use 'joint' or name more")
         return self
 
     @model_validator(mode="after")

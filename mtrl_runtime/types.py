@@ -133,6 +133,8 @@ class GenerationRequest:
     ``base_model``: produce the tokens with the engine's adapter switched off
     (the base model it was trained from), beside requests that use it; only
     an engine that ``MixesBaseRows`` takes it (others refuse it).
+    ``role``: produce the tokens with that role's adapter (``roles``); only an
+    engine that ``ServesRoles`` takes it.
     """
 
     prompt_ids: tuple[int, ...]
@@ -142,6 +144,7 @@ class GenerationRequest:
     turn_index: int = 0
     stop_token_ids: frozenset[int] = frozenset()
     base_model: bool = False
+    role: str | None = None  # the role whose adapter produces the tokens (``roles``); None: the one policy
 
 
 @dataclass(frozen=True)
@@ -262,6 +265,8 @@ class Turn:
     # published while the turn was generated; ``policy_version`` is then the first token's). None: every id is
     # ``policy_version``'s (a turn within one version, or a turn of a store before schema 5)
     token_versions: tuple[int, ...] | None = None
+    # the role whose model id the call named (``advanced.policy_models`` as a mapping, ``roles``); None: one policy
+    role: str | None = None
 
     @property
     def versions_T(self) -> tuple[int, ...]:
@@ -269,6 +274,10 @@ class Turn:
         if self.token_versions is not None:
             return self.token_versions
         return (self.policy_version,) * len(self.completion_ids)
+
+
+ROLE_REWARD_PREFIX = "role_reward/"
+"""A rollout's metric ``role_reward/<role>`` holds that role's own reward (``Rollout.role_rewards``)."""
 
 
 # The metrics the coordinator itself adds to a rollout as it ends (a count, or 1.0 for yes; the policy_calls_* ones
@@ -315,6 +324,12 @@ class Rollout:
     step: int | None = None  # the training step whose batch this rollout belongs to
     created_at: float = 0.0
     finished_at: float | None = None
+    @property
+    def role_rewards(self) -> dict[str, float]:
+        """Each role's own reward where the agent reported one (``update_reward(..., role_rewards=...)``), kept in
+        ``metrics`` as ``role_reward/<role>``; a role left out is rewarded with the episode's (``roles.role_view``)."""
+        return {name[len(ROLE_REWARD_PREFIX):]: float(value) for name, value in self.metrics.items()
+                if name.startswith(ROLE_REWARD_PREFIX)}
 
     @property
     def total_reward(self) -> float:
@@ -354,6 +369,7 @@ class Sample:
     behaviour_logprobs_T: tuple[float, ...]
     advantages_T: tuple[float, ...]
     policy_version_T: tuple[int, ...]
+    role: str | None = None  # the role whose adapter these tokens train (``roles``); None: the one policy
 
 
 @dataclass(frozen=True)
@@ -862,6 +878,7 @@ AgentFn = Callable[..., Any | Awaitable[Any]]
 
 
 __all__ = [
+    "ROLE_REWARD_PREFIX",
     "Abandoned",
     "AgentEnded",
     "AgentFn",

@@ -394,7 +394,7 @@ def test_reopen_after_close_keeps_everything(tmp_path: Path) -> None:
 
     second = SQLiteStore(path)
     try:
-        assert second.schema_version == 5 and second.get_meta("schema_version") == 5
+        assert second.schema_version == 6 and second.get_meta("schema_version") == 6
         assert second.get_rollout(rollout.id) == rollout and second.trained_step(rollout.id) == 7
         assert second.metric_history() == [(7, "train/loss", 0.5)]
         assert second.get_meta("checkpoint") == {"step": 7, "data_position": 1024}
@@ -412,7 +412,7 @@ def test_opens_a_version_1_store_and_migrates_it_to_version_2(tmp_path: Path) ->
     with sqlite3.connect(path) as conn:
         conn.executescript((ROOT / "tests" / "data" / "store_v1.sql").read_text())
     with SQLiteStore(path) as store:
-        assert store.schema_version == 5 and store.get_meta("schema_version") == 5
+        assert store.schema_version == 6 and store.get_meta("schema_version") == 6
         old = store.get_rollout("r1")
         assert old is not None and old.status is RolloutStatus.COMPLETED and old.reward == 1.0
         assert [t.index for t in old.turns] == [0, 1] and old.turns[1].prompt_ids == (1, 2, 3, 10, 11, 12, 13, 20, 21)
@@ -423,6 +423,7 @@ def test_opens_a_version_1_store_and_migrates_it_to_version_2(tmp_path: Path) ->
         assert [c.source for c in old.tool_calls] == [None] * len(old.tool_calls)  # version 4: none recorded before
         assert [t.token_versions for t in old.turns] == [None, None]  # version 5: each turn under one version
         assert all(t.versions_T == (t.policy_version,) * len(t.completion_ids) for t in old.turns)
+        assert [t.role for t in old.turns] == [None, None]  # version 6: a version-1 turn is the one policy's
         start_rollout(store, "r-new")
         store.add_turn(make_turn("r-new", 0, (1, 2), reasoning="check the logbook", reasoning_tokens=4))
     with SQLiteStore(path) as again:  # reopened at version 2: nothing migrates twice, the new turn kept its reasoning

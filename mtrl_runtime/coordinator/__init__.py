@@ -88,13 +88,14 @@ class Coordinator:
             engine, store, self._live, self.counters, chat_format, self.config.advanced.history_training,
             default_seed=self.default_sampling.seed,
             background_models=frozenset(self.config.advanced.server.background_models),
+            roles=self.config.advanced.role_map,
         )
         self._drift = DriftMeter(engine.tokenizer, self._capture.renderer.template, chat_format)
         tripwires = self.config.advanced.tripwires
         self._trips = TripwireWatch(tripwires, RunFolder(core.run_dir).tripwires) if tripwires.enabled else None
         self._ends = RolloutEnds(store, self._live, self.counters, self.config.advanced.default_reward, self._trips)
         self._reports = ReportIntake(store, self._live, self._ends, self.counters, self.config.advanced.reward_range,
-                                     self._trips)
+                                     self._trips, roles=self.config.advanced.role_map)
         self._reference: ReferenceClient | None = None  # set inside ``reference_side``
 
     # ------------------------------------------------------------------ what the server shows

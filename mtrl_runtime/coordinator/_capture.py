@@ -31,6 +31,7 @@ from ..chat import (
 )
 from ..chat.formats import ChatFormat, opened_reasoning, resolve_format
 from ..errors import AnswerFailure, BadRequest, Conflict, EngineFailure, MtrlError
+from ..roles import RoleMap
 from ..seeds import derived_seed, turn_seed
 from ..types import (
     BreakReason, ChatOptions, ChatResult, Generation, GenerationRequest, ModelCall, PolicyEngine, SamplingParams,
@@ -65,8 +66,10 @@ class CallCapture:
         history_training: str = "extend",
         default_seed: int | None = None,
         background_models: frozenset[str] = frozenset(),
+        roles: RoleMap | None = None,
     ) -> None:
         self.engine = engine
+        self.roles = roles  # ``advanced.policy_models`` as a mapping: each call's model id names its role
         self.default_seed = default_seed  # the run's ``sampling_params.seed``
         self.background_models = background_models  # ``advanced.server.background_models``
         self.store = store
@@ -129,7 +132,22 @@ class CallCapture:
                 sampling = replace(sampling, seed=turn_seed(seed, live.turns))
             if live.reference is not None:  # an evaluation's reference side: passed through, recorded without ids
                 return await self._reference_turn(live, normalized, tools, sampling, options, respond)
-            return await self._attributed_turn(live, normalized, tools, sampling, options, stream, respond, off_loop)
+            role = self._role(live, options.model)
+            return await self._attributed_turn(live, normalized, tools, sampling, options, stream, respond, off_loop,
+                                               role)
+
+    def _role(self, live: LiveRollout, model: str | None) -> str | None:
+        """The role whose model id the call names (``roles``); with roles, a call naming none is refused (400): it
+        could only be trained as some role's by a guess."""
+        if self.roles is None:
+            return None
+        role = self.roles.role_of(model)
+        if role is None:
+            raise BadRequest(
+                f"rollout {live.rollout_id!r}: the call names model {model!r}, which is none of this run's roles "
+                f"({dict(self.roles.models)!r}, advanced.policy_models); name the model id of the role the call "
+                "plays, so its turn trains that role's adapter", param="model")
+        return role
 
     def _seed(self, live: LiveRollout, asked: int | None) -> int | None:
         """The seed a rollout's call samples with: the one the call names (the adapters put the rollout's
@@ -230,12 +248,13 @@ class CallCapture:
 
     async def _attributed_turn(
         self, live: LiveRollout, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions,
-        stream: ChatStream | None, respond: Respond, off_loop: bool,
+        stream: ChatStream | None, respond: Respond, off_loop: bool, role: str | None = None,
     ) -> Any:
         started = time.time()
         live.note_answers(messages)
-        plan, prefix = await self._planned(live.conversation, messages, tools, options, off_loop)
-        if plan.break_reason is not None:
+        state = live.conversation if role is None else live.role_conversations.get(role)  # each role its own
+        plan, prefix = await self._planned(state, messages, tools, options, off_loop)
+        if plan.break_reason is not None and role is None:  # compaction is read on the rollout's own conversation
             plan = self._compacted(live, plan, messages)
         sampling = self._fit_context(len(plan.prompt_ids), sampling)
         request = GenerationRequest(
@@ -246,6 +265,7 @@ class CallCapture:
             turn_index=live.turns,
             stop_token_ids=self.renderer.stop_token_ids,  # the format's stop tokens (and eos)
             base_model=live.base_model,
+            role=role,
         )
         gen = await self._generate(request, self._streaming(stream, prefix, tools, sampling, len(plan.prompt_ids)))
         text, message, finish, malformed, reasoning_tokens = self._reply(gen, tools, sampling, prefix)
@@ -264,19 +284,23 @@ class CallCapture:
             tools=tuple(tools),
             policy_version=gen.policy_version,
             token_versions=gen.token_versions,  # a partial rollout: new weights arrived mid-turn
-            segment=plan.segment,
+            segment=plan.segment if role is None else live.role_segment(role, plan.segment),
             break_reason=plan.break_reason,
             malformed_tool_call=malformed > 0,
             started_at=started,
             latency_s=time.time() - started,
             reasoning=message.get("reasoning_content"),
             reasoning_tokens=reasoning_tokens,
+            role=role,
         )
-        conversation = await _work(off_loop, self.builder.advance, live.conversation, plan, messages, tools,
+        conversation = await _work(off_loop, self.builder.advance, state, plan, messages, tools,
                                    gen.completion_ids, gen.finish_reason, message)  # pure: nothing changes yet
         answer = await self._answer(respond, ChatResult(message, finish, plan.prompt_ids, gen, text))
         await self.store.aadd_turn(turn)  # the last step that can fail; durable before the answer is sent
-        live.previous, live.conversation = live.conversation, conversation
+        if role is None:
+            live.previous, live.conversation = live.conversation, conversation
+        else:
+            live.role_conversations[role] = conversation
         live.note_calls(message.get("tool_calls") or (), tools, turn.index)
         live.turns += 1
         self.counters.turns += 1

@@ -78,6 +78,16 @@ class LiveRollout:
     calls: dict[str, tuple[str, str]] = field(default_factory=dict)  # tool-call id -> the model's (name, arguments)
     results: dict[str, str] = field(default_factory=dict)  # tool-call id -> the result text the agent sent back
     wire_tool_calls: bool = False  # store its tool calls from the wire at its end (``CompletionReport``)
+    # roles (``roles``): each role's conversation extends its own turns; its segments numbered across the rollout
+    role_conversations: dict[str, ConversationState] = field(default_factory=dict)
+    role_segments: dict[tuple[str, int], int] = field(default_factory=dict)  # (role, its own segment) -> rollout's
+
+    def role_segment(self, role: str, own: int) -> int:
+        """The rollout's segment number of ``role``'s segment ``own``: one of its own, never another role's."""
+        key = (role, own)
+        if key not in self.role_segments:
+            self.role_segments[key] = len(self.role_segments)
+        return self.role_segments[key]
 
     def note_answers(self, messages: list[dict]) -> None:
         """Remember which of the model's tool calls the agent answered (a ``tool`` message naming its id), and

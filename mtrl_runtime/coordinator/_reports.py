@@ -9,8 +9,9 @@ import time
 from mtrl_adapters.wire import CompletionReport, ModelCallReport, RewardReport, RolloutState, ToolCallReport
 
 from ..errors import BadRequest, Conflict, RolloutNotFound
+from ..roles import RoleMap
 from ..tripwires import TripwireWatch
-from ..types import AgentEnded, ModelCall, RewardReported, RolloutStatus, ToolCall, TrajectoryStore
+from ..types import ROLE_REWARD_PREFIX, AgentEnded, ModelCall, RewardReported, RolloutStatus, ToolCall, TrajectoryStore
 from ._counters import CoordinatorCounters
 from ._ends import RolloutEnds
 from ._errors import client_data
@@ -29,6 +30,7 @@ class ReportIntake:
     def __init__(
         self, store: TrajectoryStore, live: LiveRollouts, ends: RolloutEnds, counters: CoordinatorCounters,
         reward_range: tuple[float, float] = (-1.0, 1.0), trips: TripwireWatch | None = None,
+        roles: RoleMap | None = None,
     ) -> None:
         self.store = store
         self.live = live
@@ -36,6 +38,7 @@ class ReportIntake:
         self.counters = counters
         self.reward_range = reward_range  # advanced.reward_range: a reward outside is refused, nothing stored
         self.trips = trips  # advanced.tripwires: each recorded call is checked as it is recorded
+        self.roles = roles  # advanced.policy_models as a mapping: role_rewards may name these roles
 
     async def record_tool_call(self, rollout_id: str, token: str | None, report: ToolCallReport) -> None:
         live = self.live.running(rollout_id, token)
@@ -129,9 +132,29 @@ class ReportIntake:
                 f"turn_rewards has {len(report.turn_rewards)} values but rollout {rollout_id!r} has {live.turns} turns",
                 param="turn_rewards",
             )
+        metrics = {**report.metrics, **self._role_metrics(rollout_id, report)}
         with client_data("reward"):
-            await self.store.aset_reward(rollout_id, report.reward, _tuple(report.turn_rewards), dict(report.metrics))
+            await self.store.aset_reward(rollout_id, report.reward, _tuple(report.turn_rewards), metrics)
         await self.ends.observe(rollout_id, RewardReported())
+
+    def _role_metrics(self, rollout_id: str, report: RewardReport) -> dict[str, float]:
+        """``role_rewards`` as the metrics ``role_reward/<role>`` (``types.Rollout.role_rewards``); a role this run
+        does not have, or an agent's own metric under that prefix, is a 400 naming it (nothing recorded)."""
+        taken = sorted(name for name in report.metrics if name.startswith(ROLE_REWARD_PREFIX))
+        if taken:
+            raise BadRequest(f"metrics[{taken[0]!r}]: names under {ROLE_REWARD_PREFIX!r} hold role rewards; report "
+                             "them as role_rewards={role: reward}, or rename the metric", param="metrics")
+        if report.role_rewards is None:
+            return {}
+        known = self.roles.roles if self.roles is not None else ()
+        unknown = sorted(set(report.role_rewards) - set(known))
+        if unknown:
+            raise BadRequest(
+                f"role_rewards names the role {unknown[0]!r}, which rollout {rollout_id!r}'s run does not have "
+                + (f"(its roles: {list(known)!r}, advanced.policy_models)" if known else
+                   "(advanced.policy_models names no roles: map roles to model ids to train one adapter per role)")
+                + "; nothing was recorded", param="role_rewards")
+        return {f"{ROLE_REWARD_PREFIX}{role}": value for role, value in report.role_rewards.items()}
 
     def _check_range(self, report: RewardReport) -> None:
         """A reward outside ``advanced.reward_range`` is a 400 naming the value and the range."""
@@ -139,6 +162,7 @@ class ReportIntake:
         values = [("reward", report.reward)] if report.turn_rewards is None else [
             (f"turn_rewards[{i}]", r) for i, r in enumerate(report.turn_rewards)
         ]
+        values += [(f"role_rewards[{role!r}]", r) for role, r in (report.role_rewards or {}).items()]
         for name, value in values:
             if value is not None and not low <= value <= high:
                 self.counters.reward_out_of_range += 1

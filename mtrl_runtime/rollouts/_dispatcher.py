@@ -274,7 +274,7 @@ class Dispatcher:
                 sampling=sampling,
                 max_turns=core.max_turns,
                 timeout_s=advanced.rollout_timeout_s,
-                policy_models=tuple(advanced.policy_models) if advanced.policy_models is not None else None,
+                policy_models=advanced.policy_model_ids,
             )
             event: RolloutEvent
             try:

@@ -130,6 +130,7 @@ class TurnRow(NamedTuple):
     reasoning_tokens: int
     model: str | None
     token_versions: bytes | None  # uint32 LE, one per completion id; None: every id is policy_version's
+    role: str | None
 
 
 def encode_task(task: Task) -> tuple:
@@ -196,6 +197,7 @@ def encode_turn(turn: Turn) -> TurnRow:
         reasoning_tokens=check_int("turn.reasoning_tokens", turn.reasoning_tokens),
         model=_reference_model(turn),
         token_versions=_token_versions(turn, len(completion_ids)),
+        role=check_str("turn.role", turn.role, optional=True),
     )
 
 
@@ -223,7 +225,7 @@ def _reference_model(turn: Turn) -> str | None:
 def decode_turn(row: TurnRow) -> Turn:
     (rollout_id, index, messages, tools, prompt_ids, completion_ids, logprobs, finish_reason,
      completion_text, tool_calls, policy_version, segment, break_reason, malformed, started_at,
-     latency_s, reasoning, reasoning_tokens, model, token_versions) = row
+     latency_s, reasoning, reasoning_tokens, model, token_versions, role) = row
     return Turn(
         rollout_id=rollout_id,
         index=index,
@@ -245,6 +247,7 @@ def decode_turn(row: TurnRow) -> Turn:
         reasoning_tokens=reasoning_tokens,
         model=model,
         token_versions=None if token_versions is None else tuple(from_blob(_IDS, token_versions)),
+        role=role,
     )
 
 

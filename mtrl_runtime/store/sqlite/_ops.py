@@ -145,13 +145,13 @@ def _execute_insert_turn(conn: sqlite3.Connection, row: TurnRow, prefix_len: int
     conn.execute(
         "INSERT INTO turns(rollout_id, idx, messages, tools, prompt_prefix_len, prompt_ids, completion_ids, "
         "logprobs, finish_reason, completion_text, tool_calls, policy_version, segment, break_reason, "
-        "malformed_tool_call, started_at, latency_s, reasoning, reasoning_tokens, model, token_versions) "
-        "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "malformed_tool_call, started_at, latency_s, reasoning, reasoning_tokens, model, token_versions, role) "
+        "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             row.rollout_id, row.index, row.messages, row.tools, prefix_len, to_blob(row.prompt_ids[prefix_len:]),
             row.completion_ids, row.logprobs, row.finish_reason, row.completion_text, row.tool_calls,
             row.policy_version, row.segment, row.break_reason, row.malformed_tool_call, row.started_at,
-            row.latency_s, row.reasoning, row.reasoning_tokens, row.model, row.token_versions,
+            row.latency_s, row.reasoning, row.reasoning_tokens, row.model, row.token_versions, row.role,
         ),
     )
 

@@ -15,7 +15,7 @@ import json
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 BUSY_TIMEOUT_MS = 10_000
 
 _TABLES_V1 = """
@@ -132,6 +132,11 @@ ALTER TABLE tool_calls ADD COLUMN source TEXT;                          -- NULL:
     # rollout, advanced.async_config.partial_rollouts). Every earlier turn ran under one version: NULL
     5: """
 ALTER TABLE turns ADD COLUMN token_versions BLOB;                       -- uint32 LE per completion id; NULL: all policy_version
+""",
+    # 6: the role whose model id a turn's call named (``advanced.policy_models`` as a mapping: ``roles``); every
+    # earlier turn was the one policy's: NULL
+    6: """
+ALTER TABLE turns ADD COLUMN role TEXT;                                 -- NULL: the one policy's turn
 """,
 }
 
