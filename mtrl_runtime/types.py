@@ -539,6 +539,15 @@ class MixesBaseRows(Protocol):
 
 
 @runtime_checkable
+class ServesRoles(Protocol):
+    """An engine that serves ``GenerationRequest.role`` requests with that role's LoRA adapter (``roles``):
+    ``serves_roles()`` names the roles it can serve now. ``hf`` holds every role's adapter on one base and decodes
+    rows of different roles in one batch."""
+
+    def serves_roles(self) -> frozenset[str]: ...
+
+
+@runtime_checkable
 class StreamingEngine(PolicyEngine, Protocol):
     """An engine that hands out tokens as it decodes them (``hf``, ``scripted``, ``vllm``).
 
@@ -879,6 +888,7 @@ AgentFn = Callable[..., Any | Awaitable[Any]]
 
 __all__ = [
     "ROLE_REWARD_PREFIX",
+    "ServesRoles",
     "Abandoned",
     "AgentEnded",
     "AgentFn",

@@ -73,6 +73,7 @@ class RoleUpdates:
             with torch.random.fork_rng(devices=[]):  # the process's random state is left as it was
                 torch.manual_seed(seed * 1000 + i)
                 model.add_adapter(role, dataclasses.replace(config))
+        model.set_adapter(roles[0])
         model.delete_adapter("default")
         for param in model.parameters():  # LoRA weights and their AdamW state in fp32 over any base
             if param.requires_grad and param.dtype != torch.float32:

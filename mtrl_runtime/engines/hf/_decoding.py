@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from ...torch_support import cache_of
 from ._kv_buffer import KV_CACHES, mergeable, reserve_columns
+from ._lora_fold import ACTIVE, BASE
 from ._prefix_cache import KV
 from ._sampling import RowSampling
 from ._shared_prefix import (SHARED_PREFIX_KWARG, HeldPrefixes, SharedPrefix, choose_shared, cut_shared,
@@ -49,7 +50,9 @@ class Row:
     stop: tuple[str, ...]
     policy_version: int = 0  # the version in effect at prefill (the first token's)
     logits_version: int = 0  # the version of the forward pass that computed the row's next-token logits
-    base: bool = False  # decoded with the adapter switched off (``GenerationRequest.base_model``)
+    # the weights it decodes with (``_lora_fold.ACTIVE``: the adapter served now; ``BASE``: the adapter switched off,
+    # ``GenerationRequest.base_model``; a role's name: that role's adapter, ``GenerationRequest.role``)
+    variant: str = ACTIVE
     cache_epoch: int = 0  # the prefix cache's epoch at prefill: its KV may be stored only while it holds
     completion_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -59,6 +62,10 @@ class Row:
     @property
     def next_position(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
+
+    @property
+    def base(self) -> bool:
+        return self.variant == BASE
 
 
 class DecodeBatch:
@@ -96,11 +103,11 @@ class DecodeBatch:
         """For each variant of ``source``'s rows that holds no prefix yet: hold the stretch most of those rows
         begin with (``choose_shared``) as a new prefix; its users are those rows, at ``offset`` in this batch.
         Returns ``source``'s mask with the users' leading columns dropped (``drops`` per source row, added to)."""
-        held = {p.base for p in self.prefixes}
-        for base in sorted({r.base for r in source.rows}):
-            if base in held:
+        held = {p.variant for p in self.prefixes}
+        for variant in sorted({r.variant for r in source.rows}):
+            if variant in held:
                 continue
-            index = [b for b, r in enumerate(source.rows) if r.base == base]
+            index = [b for b, r in enumerate(source.rows) if r.variant == variant]
             choice = choose_shared([source.rows[b].prompt_ids for b in index]) if index else None
             if choice is None:
                 continue
@@ -108,7 +115,7 @@ class DecodeBatch:
             users_B = torch.zeros(offset + len(source.rows), dtype=torch.bool, device=self.mask_BL.device)
             users_B[[offset + m for m in members]] = True
             kv = leading_columns(source.cache, source.mask_BL, members[0], n)
-            self.prefixes.append(SharedPrefix(source.rows[members[0]].prompt_ids[:n], kv, users_B, base))
+            self.prefixes.append(SharedPrefix(source.rows[members[0]].prompt_ids[:n], kv, users_B, variant))
             for m in members:
                 drops[m] = n
         return drop_leading_columns(source.cache, source.mask_BL, drops)
@@ -118,6 +125,12 @@ class DecodeBatch:
         if not any(r.base for r in self.rows):
             return None
         return torch.tensor([r.base for r in self.rows], dtype=torch.bool, device=self.mask_BL.device)
+
+    def variants_B(self) -> list[str] | None:
+        """Each row's variant (``Row.variant``), or None when every row decodes with the adapter served now."""
+        if all(r.variant == ACTIVE for r in self.rows):
+            return None
+        return [r.variant for r in self.rows]
 
     def decode(self, model: Any, tokens_B: list[int]) -> None:
         """Feed one new token per row; ``logits_BV`` becomes the logits after it."""
@@ -159,11 +172,11 @@ class DecodeBatch:
             _, other.mask_BL = cut_shared(other.cache, other.mask_BL, prefix, 0)
         other.prefixes = []
         drops, joined = [0] * len(other.rows), {}
-        for base in sorted({r.base for r in other.rows}):
-            mine = next((i for i, p in enumerate(self.prefixes) if p.base == base), None)
+        for variant in sorted({r.variant for r in other.rows}):
+            mine = next((i for i, p in enumerate(self.prefixes) if p.variant == variant), None)
             if mine is None:
                 continue
-            index = [b for b, r in enumerate(other.rows) if r.base == base]
+            index = [b for b, r in enumerate(other.rows) if r.variant == variant]
             n, joining = plan_join(self.prefixes[mine], [other.rows[b].prompt_ids for b in index])
             cut, self.mask_BL = cut_shared(self.cache, self.mask_BL, self.prefixes[mine], n)
             assert cut is not None  # plan_join keeps at least MIN_SHARED_PREFIX tokens

@@ -21,6 +21,10 @@ Semantics worth knowing:
   rollout; None when all are the first one's). ``request.adapter``: this engine serves only its current
   weights; a request for another version is served with the current one
   (counted in ``stats.adapter_mismatches``), and the Generation says so.
+- ``request.role`` (``types.ServesRoles``): the row decodes with the LoRA
+  adapter of that name (one per role, ``mtrl_runtime.roles``) in the same
+  batches as rows of the other roles (``_lora_fold.rows_as``); each role's
+  prompts are cached apart.
 - ``generate_stream`` (``types.StreamingEngine``): the worker hands each
   sampled token to the request's event loop (``loop.call_soon_threadsafe``)
   in the decode step that sampled it; the row batches as any other, and the
@@ -180,7 +184,7 @@ class HFEngine(WorkerLoop):
         self.weights_lock = threading.RLock()
         # None when disabled, or when the model's cache has layers (sliding windows, ...) KV cannot be cut from
         self._prefix = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens and plain_kv_cache(model) else None
-        self._base_prefix = PrefixCache(prefix_cache_tokens) if self._prefix is not None else None  # base-model rows
+        self._variant_prefixes: dict[str, PrefixCache] = {}  # base-model rows', each role's (``_worker._prefix_for``)
         self.policy_version = 0
         self.stats = EngineStats()
         self.max_batch_size = max_batch_size
@@ -236,13 +240,19 @@ class HFEngine(WorkerLoop):
         if self._prefix is not None:
             with self.weights_lock:
                 self._prefix.clear()
-                self._base_prefix.clear()
+                for cache in self._variant_prefixes.values():
+                    cache.clear()
 
     def mixes_base_rows(self) -> bool:
         """Whether a ``base_model`` request can be served beside the adapter's (``types.MixesBaseRows``): the
         model holds a LoRA adapter whose term can be taken off per row (``LoraFold.per_row``). Read without the
         weights lock (callers are event loops; the worker holds it for whole passes)."""
         return self.lora_fold.per_row()
+
+    def serves_roles(self) -> frozenset[str]:
+        """The roles whose requests it serves (``types.ServesRoles``): the LoRA adapters its model holds by name,
+        each row decoded with its role's adapter beside rows of the others in one batch (``_lora_fold.rows_as``)."""
+        return self.lora_fold.adapters() if self.lora_fold.per_row() else frozenset()
 
     def set_policy_version(self, version: int) -> None:
         """Record that the shared weights now are policy ``version`` (in-process trainer); clears the prefix cache."""
@@ -329,6 +339,9 @@ class HFEngine(WorkerLoop):
         if request.base_model and not self.mixes_base_rows():
             raise ValueError("base_model: this engine's model holds no LoRA adapter it can switch off per row "
                              "(none loaded, or one of another kind); evaluate its base model on its own instead")
+        if request.role is not None and request.role not in self.serves_roles():
+            raise ValueError(f"role: {request.role!r} names no LoRA adapter this engine's model holds "
+                             f"({sorted(self.serves_roles())!r}); a run with roles adds one per role (RoleUpdates)")
         if len(request.prompt_ids) >= self.context_length:
             raise ValueError(
                 f"prompt_ids: {len(request.prompt_ids)} tokens leave no room in the context of {self.context_length}"

@@ -26,6 +26,14 @@ adapter's term taken off again, ``- scale * B(A(x))`` for those rows only
 added by peft's forward. In fp32 that is the base model's output to float
 error; in bf16 the folded weight's rounding stays in it, as it does in
 the fine-tuned rows.
+
+Rows of other adapters (``rows_as``, roles): a model may hold several
+adapters by name (one per role, ``mtrl_runtime.roles``), one of them active
+(folded, or added by peft's forward). A row of another adapter gets, per
+adapted layer, the active adapter's term taken off and its own added,
+``- s_a * B_a(A_a(x)) + s_r * B_r(A_r(x))`` for its rows only: rows of
+different adapters decode in one batch, each as if its adapter alone were
+served (same tokens as serving it alone, up to float summation order).
 """
 
 from __future__ import annotations
@@ -35,6 +43,9 @@ import functools
 from typing import Any, Iterator
 
 import torch
+
+ACTIVE = ""  # a row decoded with the adapter served now (folded or active)
+BASE = "<base>"  # a row decoded with the adapter switched off (the base model); never a role's name (``roles``)
 
 
 def _lora_layers(model: Any) -> Iterator[tuple[str, Any]]:
@@ -133,6 +144,33 @@ class LoraFold:
             for handle in handles:
                 handle.remove()
 
+    def adapters(self) -> frozenset[str]:
+        """The names of the LoRA adapters the model holds (a row may decode with any of them, ``rows_as``)."""
+        layers = self._layers()
+        return frozenset(layers[0][1].lora_A) if layers else frozenset()
+
+    @contextlib.contextmanager
+    def rows_as(self, variants_B: list[str] | str | None) -> Iterator[None]:
+        """Forward passes inside compute each row ``b`` as ``variants_B[b]`` says (``ACTIVE``: as served; ``BASE``:
+        without the adapter; an adapter's name: with that adapter instead of the active one); one string: every
+        row of every pass, whatever its batch size; None: all ACTIVE."""
+        if variants_B is None or variants_B == ACTIVE:
+            yield
+            return
+        if isinstance(variants_B, str):
+            groups: list[tuple[str, torch.Tensor | None]] = [(variants_B, None)]
+        else:
+            device = next(iter(self.model.parameters())).device
+            groups = [(name, torch.tensor([b for b, v in enumerate(variants_B) if v == name], device=device))
+                      for name in sorted(set(variants_B) - {ACTIVE})]
+        handles = [layer.register_forward_hook(functools.partial(_switch_adapter, groups))
+                   for _, layer in self._layers() if not layer.disable_adapters]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
     def forget(self) -> None:
         """Unfold, then drop the kept base weights (before the model's base weights change otherwise)."""
         self.unfold()
@@ -157,4 +195,34 @@ def _take_off_adapter(index_R: torch.Tensor | None, layer: Any, args: tuple[Any,
     return out.index_add_(0, index_R, delta.to(out.dtype), alpha=-1)  # in place: served passes record no grads
 
 
-__all__ = ["LoraFold"]
+def _lora_term(layer: Any, name: str, x: torch.Tensor) -> torch.Tensor:
+    lora_A, lora_B = layer.lora_A[name], layer.lora_B[name]
+    return lora_B(lora_A(x.to(lora_A.weight.dtype))) * layer.scaling[name]
+
+
+def _switch_adapter(groups: list[tuple[str, torch.Tensor | None]], layer: Any, args: tuple[Any, ...],
+                    out: torch.Tensor) -> torch.Tensor:
+    """Forward hook: for each (variant, rows ``index_R``; None: all), the layer's output for those rows with the
+    active adapters' term taken off and, for an adapter's name, that adapter's term added instead."""
+    active = [name for name in layer.active_adapters if name in layer.lora_A]
+    for variant, index_R in groups:
+        if variant in active:  # already what the layer computed
+            continue
+        x_R = args[0] if index_R is None else args[0].index_select(0, index_R)
+        delta = None
+        for name in active:
+            term = -_lora_term(layer, name, x_R)
+            delta = term if delta is None else delta + term
+        if variant != BASE:
+            own = _lora_term(layer, variant, x_R)
+            delta = own if delta is None else delta + own
+        if delta is None:
+            continue
+        if index_R is None:
+            out.add_(delta.to(out.dtype))
+        else:
+            out.index_add_(0, index_R, delta.to(out.dtype))  # in place: served passes record no grads
+    return out
+
+
+__all__ = ["ACTIVE", "BASE", "LoraFold"]

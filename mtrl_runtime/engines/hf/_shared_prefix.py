@@ -48,6 +48,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ._lora_fold import ACTIVE
 from ._prefix_cache import KV, common_length
 
 SHARED_PREFIX_KWARG = "mtrl_shared_prefix"  # the model forward's keyword that carries a SharedPrefix to attention
@@ -61,7 +62,7 @@ class SharedPrefix:
     ids: tuple[int, ...]
     kv: KV
     users_B: torch.Tensor  # bool, one per row of the batch
-    base: bool = False  # computed without the adapter: only base-model rows may use it (``Row.base``)
+    variant: str = ACTIVE  # the weights that computed it: only rows of that variant may use it (``Row.variant``)
 
     def __post_init__(self) -> None:
         lengths = {t.shape[2] for pair in self.kv for t in pair}
@@ -266,7 +267,7 @@ def cut_shared(cache: Any, mask_BL: torch.Tensor, shared: SharedPrefix, n: int,
     if not start:
         return None, mask_BL
     kept = SharedPrefix(shared.ids[:start], [(k[:, :, :start], v[:, :, :start]) for k, v in shared.kv],
-                        shared.users_B, shared.base)
+                        shared.users_B, shared.variant)
     return kept, mask_BL
 
 

@@ -25,9 +25,9 @@ computed its logits (``Row.logits_version``), so a row that crosses a
 weight update reports both versions (``Generation.token_versions``).
 
 Base-model rows (``GenerationRequest.base_model``) decode in the same batch
-with the adapter's term taken off for them (``LoraFold.without_adapter``);
+with the adapter's term taken off for them (``LoraFold.rows_as``);
 their KV differs from the adapter's, so they are prefilled in a pass of
-their own and their prompts are cached apart (``_base_prefix``).
+their own and their prompts are cached apart (``_prefix_for``); so are each role's rows (``rows_as``).
 """
 
 from __future__ import annotations
@@ -42,9 +42,18 @@ from ...types import Generation, GenerationRequest
 from .._stats import EngineClosedError
 from ._decoding import DecodeBatch, Row
 from ._jobs import Call, Job
+from ._lora_fold import ACTIVE, BASE
 from ._prefix_cache import PrefixCache
 from ._prefix_prefill import prefill_rows, store_finished
 from ._sampling import RowSampling, choose_tokens
+
+
+def variant_of(request: GenerationRequest) -> str:
+    """The weights a request's row decodes with (``_lora_fold``): the base model's, a role's adapter, or the
+    adapter served now."""
+    if request.base_model:
+        return BASE
+    return request.role if request.role is not None else ACTIVE
 
 
 class WorkerLoop:
@@ -107,20 +116,20 @@ class WorkerLoop:
             longest = longest_next
         if not jobs:
             return batch
-        for base in (False, True):  # the adapter's rows and the base model's, each prefilled in its own pass
-            group = [job for job in jobs if job.request.base_model == base]
-            if group:
-                batch = self._prefill_into(batch, group, base)
+        # each variant's rows (the adapter's, the base model's, each role's) prefilled in a pass of their own
+        for variant in sorted({variant_of(job.request) for job in jobs}):
+            group = [job for job in jobs if variant_of(job.request) == variant]
+            batch = self._prefill_into(batch, group, variant)
         return batch
 
-    def _prefill_into(self, batch: DecodeBatch | None, jobs: list[Job], base: bool) -> DecodeBatch | None:
-        """Prefill ``jobs`` (all base-model rows, or none) and merge them into ``batch``."""
-        cache = self._prefix_for(base)
+    def _prefill_into(self, batch: DecodeBatch | None, jobs: list[Job], variant: str) -> DecodeBatch | None:
+        """Prefill ``jobs`` (all of one variant) and merge them into ``batch``."""
+        cache = self._prefix_for(variant)
         try:
             rows = [self._row(job) for job in jobs]
-            with self.weights_lock, self.lora_fold.without_adapter(base):  # base: every row of these passes
+            with self.weights_lock, self.lora_fold.rows_as(variant):  # every row of these passes
                 for row in rows:
-                    row.policy_version = row.logits_version = 0 if base else self.policy_version
+                    row.policy_version = row.logits_version = 0 if variant == BASE else self.policy_version
                     row.cache_epoch = cache.epoch if cache is not None else 0
                 new = prefill_rows(self._model, rows, cache, self._pad_id, self.device, self.stats,
                                    kv_cache=self.kv_cache,
@@ -136,13 +145,18 @@ class WorkerLoop:
         self.stats.joins += 1
         return batch
 
-    def _prefix_for(self, base: bool) -> PrefixCache | None:
-        """The prefix cache of the adapter's rows, or of the base model's."""
-        return self._base_prefix if base else self._prefix
+    def _prefix_for(self, variant: str) -> PrefixCache | None:
+        """The prefix cache of the adapter's rows, or of another variant's (the base model's, a role's): KV is
+        valid only for the weights that computed it."""
+        if variant == ACTIVE or self._prefix is None:
+            return self._prefix
+        if variant not in self._variant_prefixes:
+            self._variant_prefixes[variant] = PrefixCache(self._prefix.max_tokens)
+        return self._variant_prefixes[variant]
 
     def _tokens_to_prefill(self, request: GenerationRequest) -> int:
         """Prompt tokens past the longest stored prefix (an estimate: the cache may change before prefill)."""
-        cache = self._prefix_for(request.base_model)
+        cache = self._prefix_for(variant_of(request))
         return len(request.prompt_ids) - (cache.match_length(request.prompt_ids) if cache is not None else 0)
 
     def _row(self, job: Job) -> Row:
@@ -160,7 +174,7 @@ class WorkerLoop:
             sampling=RowSampling(s.temperature, s.top_p, s.top_logprobs, generator),
             max_new=min(s.max_tokens, self.context_length - len(request.prompt_ids)),
             stop=tuple(s.stop),
-            base=request.base_model,
+            variant=variant_of(request),
         )
 
     def _step(self, batch: DecodeBatch) -> DecodeBatch | None:
@@ -181,7 +195,7 @@ class WorkerLoop:
                 keep.append(i)
             else:
                 self._resolve(row, reason)
-                store_finished(self._prefix_for(row.base), batch, i)
+                store_finished(self._prefix_for(row.variant), batch, i)
         batch.keep(keep)
         if not batch.rows:
             return None
@@ -190,7 +204,10 @@ class WorkerLoop:
             base_rows = int(base_B.sum())
             self.stats.base_rows_decoded += base_rows
             self.stats.mixed_passes += base_rows < len(batch.rows)
-        with self.weights_lock, self.lora_fold.without_adapter(base_B):
+        variants_B = batch.variants_B()
+        if variants_B is not None:
+            self.stats.mixed_passes += 0 if base_B is not None else len(set(variants_B)) > 1
+        with self.weights_lock, self.lora_fold.rows_as(variants_B):
             started = time.perf_counter()
             batch.decode(self._model, [row.completion_ids[-1] for row in batch.rows])
             self.stats.decode_s += time.perf_counter() - started
