@@ -12,6 +12,9 @@ the role) and one ``PolicyUpdate`` (its own AdamW state) per adapter. A step
 trains each role's adapter on that role's samples only: peft's
 ``set_adapter`` makes the role's adapter the active and only trainable one
 while its update runs, so another role's weights receive no gradient.
+``RoleUpdates`` stands where a ``PolicyUpdate`` stands (the weights
+strategies, the loop, checkpoints): ``step`` takes the step's samples of
+every role and returns each role's metrics under ``role/<role>/``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from ..roles import role_view
 from ..rollouts import GroupResult
 from ..types import Sample
 from ._batch import PreparedBatch, prepare_batch
-from .update import Policy, PolicyUpdate, UpdateSettings
+from .update import TRAINER_STATE, WEIGHTS_FOLDER, NonFiniteWeights, Policy, PolicyUpdate, UpdateSettings, atomic_folder
 
 
 def prepare_role_batch(
@@ -87,6 +90,7 @@ class RoleUpdates:
             model.set_adapter(role)  # the optimizer takes the parameters trainable now: this role's alone
             self.updates[role] = PolicyUpdate(policy, settings, weights_lock)
         self.weights_lock = weights_lock
+        self.version = 0  # steps that trained some role (what the engine's policy version and staleness count)
         model.eval()
 
     @property
@@ -94,38 +98,75 @@ class RoleUpdates:
         """Each role's optimizer steps taken."""
         return {role: update.version for role, update in self.updates.items()}
 
-    def step(self, samples: Sequence[Sample], trained: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
-        """Train each role in ``trained`` (default: all) on its own samples; returns each role's step metrics.
+    def check_fits(self) -> None:
+        """Each role's step fits in memory (``PolicyUpdate.check_fits``)."""
+        for role, update in self.updates.items():
+            with self.weights_lock:
+                self.policy.model.set_adapter(role)
+                update.check_fits()
 
-        A sample of a role not trained now (an alternating schedule's frozen role) is left out; a sample with no
-        role, or a role this run does not have, is refused naming it.
+    def weights_finite(self) -> bool:
+        return all(update.weights_finite() for update in self.updates.values())
+
+    def step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """Train each role that has samples here on its own samples (an alternating schedule's frozen role gets
+        none: ``roles.trained_roles``); returns each role's step metrics under ``role/<role>/``, and ``version``
+        counts the calls that trained some role.
+
+        A sample with no role, or a role this run does not have, is refused naming it.
         """
-        trained = self.roles if trained is None else tuple(trained)
         by_role: dict[str, list[Sample]] = {role: [] for role in self.roles}
         for sample in samples:
             if sample.role not in by_role:
                 raise ValueError(f"sample of rollout {sample.rollout_id!r}: role {sample.role!r} is none of this "
                                  f"run's roles {list(self.roles)!r}")
             by_role[sample.role].append(sample)
-        out = {}
-        for role in trained:
-            if not by_role[role]:
+        per_role = {}
+        for role, mine in by_role.items():
+            if not mine:
                 continue
             with self.weights_lock:
                 self.policy.model.set_adapter(role)
-                out[role] = self.updates[role].step(by_role[role])
-        return out
+                per_role[role] = self.updates[role].step(mine)
+        if any(m.get("train/tokens_trained", 0.0) > 0 and not m.get("train/skipped") for m in per_role.values()):
+            self.version += 1
+        metrics = role_metrics(per_role)
+        metrics["train/tokens_trained"] = sum(m.get("train/tokens_trained", 0.0) for m in per_role.values())
+        metrics["train/policy_version"] = float(self.version)
+        return metrics
 
-    def save_weights(self, folder: str | Path) -> dict[str, Path]:
-        """Each role's adapter in ``folder/<role>`` (a peft adapter folder an engine loads by the role's name)."""
-        saved = {}
-        with self.weights_lock:
+    # -- checkpoints: every role's adapter and optimizer state in one folder ------------------------------------
+    def save_checkpoint(self, folder: str | Path) -> Path:
+        """Every role's adapter (``weights/<role>/``) and AdamW state, atomically; never non-finite weights."""
+        if not self.weights_finite():
+            raise NonFiniteWeights(f"refusing to write checkpoint {folder}: a role's adapter holds non-finite weights")
+        with self.weights_lock, atomic_folder(folder) as tmp:
             for role in self.roles:
-                target = Path(folder) / role
-                target.mkdir(parents=True, exist_ok=True)
-                self.policy.model.save_pretrained(str(target), selected_adapters=[role])
-                saved[role] = target / role  # peft writes a named adapter into a subfolder of its name
-        return saved
+                self.policy.model.save_pretrained(str(tmp / WEIGHTS_FOLDER / role), selected_adapters=[role])
+            state = {"optimizers": {r: u.optimizer.state_dict() for r, u in self.updates.items()},
+                     "versions": self.versions, "version": self.version}
+            torch.save(state, tmp / TRAINER_STATE)
+        return Path(folder)
+
+    def load_checkpoint(self, folder: str | Path) -> None:
+        """Restore what ``save_checkpoint`` wrote (each role's adapter by its name)."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        with self.weights_lock:
+            state = torch.load(folder / TRAINER_STATE, map_location=self.policy.device, weights_only=True)
+            missing = sorted(set(self.roles) - set(state.get("optimizers", {})))
+            if missing:
+                raise ValueError(f"checkpoint {str(folder)!r} holds no state for the roles {missing!r}; it was "
+                                 "written by a run with other roles (advanced.policy_models)")
+            for role in self.roles:
+                [weights] = sorted((folder / WEIGHTS_FOLDER / role).rglob("adapter_model.safetensors"))
+                set_peft_model_state_dict(self.policy.model, load_file(str(weights), device=str(self.policy.device)),
+                                          adapter_name=role)
+                self.updates[role].optimizer.load_state_dict(state["optimizers"][role])
+                self.updates[role].version = int(state["versions"][role])
+            self.version = int(state["version"])
 
 
 __all__ = ["RoleUpdates", "prepare_role_batch", "role_metrics"]
