@@ -403,6 +403,10 @@ class MtrlConfig(_Section):
         if advanced.full_finetune:
             raise ValueError(f"advanced.policy_models: the roles {list(roles.roles)!r} train one LoRA adapter each on "
                              "the same base; advanced.full_finetune: true has no adapters to give them. Use LoRA")
+        if advanced.distill_teacher is not None:
+            raise ValueError(f"advanced.distill_teacher: {advanced.distill_teacher!r} with roles "
+                             f"{list(roles.roles)!r} is not supported yet (one teacher per role is not designed); "
+                             "train the roles with an RL loss, or distil one policy")
         if advanced.roles.schedule == "alternating" and len(roles.roles) < 2:
             raise ValueError(f"advanced.roles.schedule: 'alternating' freezes all roles but one per phase; "
                              f"advanced.policy_models names one role ({roles.roles[0]!r}): use 'joint' or name more")

@@ -217,3 +217,71 @@ def test_bad_role_rewards_are_refused_before_sending():
         reward_report(1.0, None, {"planner": float("nan")})
     assert reward_report(1.0, None, {"planner": 0.5}).role_rewards == {"planner": 0.5}
     assert json.loads(reward_report(1.0, None).model_dump_json())["role_rewards"] is None
+
+
+# ---------------------------------------------------------------- training through the trainer (hf engine)
+TRAIN = [{"id": f"t{i}", "prompt": f"inspect aircraft N{i}0"} for i in range(2)]
+
+
+def _parity(text: str) -> float:
+    import zlib
+
+    return float(zlib.crc32(text.encode()) % 2)
+
+
+@rollout
+async def planner_and_worker(task: Task) -> str:
+    """The two-role agent for the training test: the planner's plan, then the worker's reply; each rewarded apart
+    by a parity of what it wrote (the tiny model samples at random: rewards vary within each group)."""
+    client = openai.AsyncOpenAI(api_key="sk-user", base_url="https://api.openai.com/v1")
+    plan = await client.chat.completions.create(model=ROLES["planner"], messages=[
+        {"role": "user", "content": f"Plan: {task.prompt}"}])
+    plan_text = plan.choices[0].message.content or ""
+    reply = await client.chat.completions.create(model=ROLES["worker"], messages=[
+        {"role": "system", "content": plan_text}, {"role": "user", "content": task.prompt}])
+    answer = reply.choices[0].message.content or ""
+    update_reward(_parity(answer), role_rewards={"planner": _parity(plan_text)})
+    return answer
+
+
+def test_training_steps_train_each_roles_adapter_on_its_own_calls(tmp_path, tiny_model_dir):
+    """Two steps of the real trainer, hf engine on the tiny model: every call is its role's turn, each role's
+    adapter leaves its initialisation, MLflow's metric store holds each role's figures, the run's adapter folder
+    holds one adapter per role."""
+    from mtrl_runtime.training import MultiTurnRLTrainer
+
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)
+    config = MtrlConfig.from_dict({
+        "core": {"run_dir": str(tmp_path / "run"), "model": str(tiny_model_dir), "engine": "hf", "group_size": 4,
+                 "train_batch_size": 2, "max_steps": 2, "val_every": 0, "max_turns": 2, "lora_rank": 4,
+                 "lora_alpha": 8, "learning_rate": 1e-2, "sampling_params": {"max_tokens": 8}},
+        "advanced": {"checkpoint_every": 0, "rollout_timeout_s": 60, "policy_models": ROLES,
+                     "chat_format": "hermes"},
+    })
+    trainer = MultiTurnRLTrainer(agent_env=planner_and_worker, training_dataset=TRAIN, config=config,
+                                 tracking=False)
+    result = trainer.train(progress=False)
+    assert result.final_step == 2
+    store = SQLiteStore(tmp_path / "run" / "trajectories.db")
+    try:
+        rollouts = [r for r in store.rollouts() if r.step is not None]
+        assert len(rollouts) == 16
+        for r in rollouts:
+            assert [t.role for t in r.turns] == ["planner", "worker"], r.error
+            assert set(r.role_rewards) == {"planner"}
+        history = {name for name in ("role/planner/train/tokens_trained", "role/worker/train/tokens_trained",
+                                     "role/planner/rollout/reward/mean", "role/worker/analysis/zero_adv_groups")
+                   if store.metric_history(name)}
+        assert len(history) == 4
+        trained = {role: sum(v for _, _, v in store.metric_history(f"role/{role}/train/tokens_trained"))
+                   for role in ROLES}
+        assert trained["planner"] > 0 and trained["worker"] > 0
+    finally:
+        store.close()
+    from safetensors.torch import load_file
+
+    for role in ROLES:  # B starts at zero: a trained adapter's B is not
+        [weights] = sorted((result.output_adapter_path / role).rglob("adapter_model.safetensors"))
+        lora_B = [t for name, t in load_file(str(weights)).items() if "lora_B" in name]
+        assert lora_B and any(bool(t.abs().sum() > 0) for t in lora_B), role

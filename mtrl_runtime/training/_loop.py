@@ -52,16 +52,18 @@ from ..config import MtrlConfig
 from ..diagnostics import TEMPLATE_DRIFT, VAL_REWARD, ZERO_ADV
 from ..evaluation import StrictScorer, run_validation
 from ..monitor import StepObserver
-from ..rollouts import Dispatcher, TaskSchedule
+from ..roles import trained_roles
+from ..rollouts import Dispatcher, StepBatch, TaskSchedule
 from ..torch_support import on_own_thread
 from ..tracking import NullTracker
 from ..tripwires import TripwireStop
 from ..types import MeasuresTemplateDrift, RecordsTrips, RunTracker, Task
-from ._batch import batch_options, prepare_batch
+from ._batch import PreparedBatch, batch_options, prepare_batch
 from ._checkpoint import Checkpoints
 from ._dynamic_sampling import SampledStep, sample_step
 from ._metrics import onset_suspects, rollout_metrics
 from ._resume import ResumePlan
+from ._roles import RoleUpdates, merge_role_batches, prepare_role_batch
 from ._weights import WeightSync
 from .distributed import ShardedUpdate
 from .update import PolicyUpdate
@@ -118,7 +120,7 @@ class TrainingLoop:
     monitor: StepObserver | None = None  # monitor.DiagnosticsMonitor
 
     @property
-    def update(self) -> PolicyUpdate | ShardedUpdate:
+    def update(self) -> PolicyUpdate | ShardedUpdate | RoleUpdates:
         return self.weights.update
 
     @property
@@ -218,8 +220,7 @@ class TrainingLoop:
     ) -> StepReport:
         core, batch = self.config.core, sampled.batch
         params = AdvantageParams(success_threshold=core.success_threshold)
-        prepared = prepare_batch(batch.groups, core.advantage_method, params, int(self.update.version), bound,
-                                 **batch_options(self.config))
+        prepared = self._prepared(batch, params, bound)
         started = time.perf_counter()
         if prepared.samples:
             update_metrics = await self.weights.apply(prepared.samples)
@@ -254,6 +255,16 @@ class TrainingLoop:
         self._stop_on_trips(batch.step, tripped, len(batch.rollouts))
         saved = await self._maybe_checkpoint(batch.step + 1)
         return StepReport(batch.step, core.max_steps, metrics, batch.warnings + found, saved)
+
+    def _prepared(self, batch: StepBatch, params: AdvantageParams, bound: int) -> PreparedBatch:
+        """The step's samples: of the one policy, or of each role the schedule trains now (``roles``)."""
+        method, version = self.config.core.advantage_method, int(self.update.version)
+        roles = self.config.advanced.role_map
+        if roles is None:
+            return prepare_batch(batch.groups, method, params, version, bound, **batch_options(self.config))
+        trained = trained_roles(roles.roles, self.config.advanced.roles, batch.step)
+        per_role = prepare_role_batch(batch.groups, trained, method, params, version, bound)
+        return merge_role_batches(per_role, frozen=[r for r in roles.roles if r not in trained])
 
     async def _maybe_checkpoint(self, next_step: int) -> str | None:
         every = self.config.advanced.checkpoint_every

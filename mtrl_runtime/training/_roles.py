@@ -39,17 +39,48 @@ def prepare_role_batch(
     roles: Sequence[str],
     method: str,
     params: AdvantageParams,
-    versions: Mapping[str, int],
+    version: int,
     max_off_policy: int,
 ) -> dict[str, PreparedBatch]:
-    """Each role's samples, advantaged within each group by that role's rewards; staleness by its own version."""
+    """Each role's samples, advantaged within each group by that role's rewards, with what it played: its mean
+    reward (``rollout/reward/mean``), turns and generated tokens per rollout, over the groups' kept rollouts."""
     out = {}
     for role in roles:
         seen = [dataclasses.replace(g, kept=tuple(role_view(r, role) for r in g.kept)) for g in groups]
-        batch = prepare_batch(seen, method, params, int(versions[role]), max_off_policy)
+        batch = prepare_batch(seen, method, params, version, max_off_policy)
         samples = [dataclasses.replace(s, role=role) for s in batch.samples]
-        out[role] = dataclasses.replace(batch, samples=samples)
+        played = [r for g in seen for r in g.kept]
+        metrics = dict(batch.metrics)
+        if played:
+            metrics["rollout/reward/mean"] = sum(r.total_reward for r in played) / len(played)
+            metrics["rollout/turns/mean"] = sum(len(r.turns) for r in played) / len(played)
+            metrics["rollout/tokens/response_mean"] = sum(
+                len(t.completion_ids) for r in played for t in r.turns) / len(played)
+        out[role] = dataclasses.replace(batch, samples=samples, metrics=metrics)
     return out
+
+
+_SUMMED = ("samples/", "async/stale_samples_dropped", "analysis/zero_adv_groups", "analysis/equal_reward_groups")
+
+
+def merge_role_batches(batches: Mapping[str, PreparedBatch], frozen: Sequence[str] = ()) -> PreparedBatch:
+    """One update's batch from each trained role's: their samples together; metrics under ``role/<role>/`` and,
+    unprefixed, counts summed over the roles and the rest averaged (what a one-policy run's charts read);
+    ``role/<role>/frozen`` 1.0 for each role an alternating schedule holds still this step."""
+    samples = [s for b in batches.values() for s in b.samples]
+    rollout_ids = list(dict.fromkeys(rid for b in batches.values() for rid in b.rollout_ids))
+    metrics = role_metrics({role: b.metrics for role, b in batches.items()})
+    names = set.intersection(*(set(b.metrics) for b in batches.values())) if batches else set()
+    for name in sorted(names):
+        values = [b.metrics[name] for b in batches.values()]
+        if name == "async/staleness_max":
+            metrics[name] = max(values)
+        else:
+            metrics[name] = sum(values) if name.startswith(_SUMMED) else sum(values) / len(values)
+    metrics.update({f"role/{role}/frozen": 1.0 for role in frozen})
+    metrics.update({f"role/{role}/frozen": 0.0 for role in batches})
+    staleness = tuple(d for b in batches.values() for d in b.staleness_S)
+    return PreparedBatch(samples, rollout_ids, metrics, staleness)
 
 
 def role_metrics(per_role: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
@@ -169,4 +200,4 @@ class RoleUpdates:
             self.version = int(state["version"])
 
 
-__all__ = ["RoleUpdates", "prepare_role_batch", "role_metrics"]
+__all__ = ["RoleUpdates", "merge_role_batches", "prepare_role_batch", "role_metrics"]

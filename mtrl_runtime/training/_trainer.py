@@ -46,6 +46,7 @@ from ._init_weights import load_initial_weights
 from ._loop import StepReport, TrainingLoop
 from ._progress import ProgressDisplay
 from ._resume import plan_resume
+from ._roles import RoleUpdates
 from ._weights import PushedWeights, SharedWeights, WeightSync, shares_model
 from .distributed import Ranks, ShardedUpdate, sharded_update_from_config
 from .update import Policy, PolicyUpdate, Teacher, UpdateSettings, load_teacher, policy_from_config, preflight_folder
@@ -212,12 +213,21 @@ class _Run:
                               "torchrun is not supported yet; run mtrl train on one process")
         if shares_model(engine) and self.ranks is None:
             policy = policy_from_config(config, engine.model, engine.tokenizer)
-            self.update = PolicyUpdate(policy, settings, weights_lock=engine.weights_lock,
-                                       teacher=_teacher(config, policy))
+            roles = config.advanced.role_map
+            if roles is None:
+                self.update = PolicyUpdate(policy, settings, weights_lock=engine.weights_lock,
+                                           teacher=_teacher(config, policy))
+            else:  # one adapter per role on the engine's model: it serves each role's rows with its own
+                self.update = RoleUpdates(policy, roles.roles, settings, engine.weights_lock, seed=config.core.seed)
             self.update.check_fits()  # before the first rollout: a step that cannot fit fails here, with the numbers
             self.weights = SharedWeights(engine, self.update,
                                          partial_rollouts=config.advanced.async_config.partial_rollouts)
         else:
+            if config.advanced.role_map is not None:
+                raise ConfigError(
+                    f"advanced.policy_models: roles {list(config.advanced.role_map.roles)!r} train one adapter each on "
+                    f"the model the engine serves; {type(engine).__name__} does not share its model with the trainer "
+                    "(or training runs under torchrun). Use core.engine: hf on one process")
             if config.advanced.full_finetune:  # the config refuses engine: vllm; this catches an engine object given
                 raise ConfigError(
                     f"advanced.full_finetune: true needs an engine that serves the trainer's own model (hf); "
