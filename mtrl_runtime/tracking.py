@@ -21,7 +21,10 @@ outputs (``algorithms.compaction``).
 Traces are tagged ``mtrl.rollout_id``, ``mtrl.group_id``, ``mtrl.step`` and
 ``mtrl.reward``, and ``mtrl.chat_format`` when the Tracker is given the
 endpoint's chat format (a warm start parses each reply's text back with it).
-Token ids and logprobs never go to MLflow.
+Token ids and logprobs never go to MLflow. A run with roles (``roles``)
+logs each role's step figures under ``role/<role>/`` (its reward, turns,
+advantages, samples and update), each role's own reward per rollout as
+``role_reward/<role>``, and names each LLM span's role (attribute ``mtrl.role``).
 
 Traces are written by one background thread so the training loop never
 waits on them; ``flush()`` waits until every queued trace is written.
@@ -334,6 +337,8 @@ def _turn_io(turn: Turn) -> tuple[Any, Any, dict[str, Any]]:
         attributes["mtrl.break_reason"] = turn.break_reason.value
     if turn.model is not None:  # a reference model's turn (an evaluation's reference side): no token ids
         attributes["mtrl.model"] = turn.model
+    if turn.role is not None:  # a run with roles: the role whose adapter wrote it (``roles``)
+        attributes["mtrl.role"] = turn.role
     return inputs, outputs, attributes
 
 

@@ -244,6 +244,25 @@ async def planner_and_worker(task: Task) -> str:
     return answer
 
 
+def _check_mlflow(result: Any) -> None:
+    """MLflow holds each role's figures at every step, and each LLM span names its role."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(result.tracking_uri)
+    for name in ("role/planner/train/tokens_trained", "role/worker/train/tokens_trained",
+                 "role/planner/rollout/reward/mean", "role/worker/rollout/reward/mean",
+                 "rollout/metrics/role_reward/planner"):
+        assert [m.step for m in client.get_metric_history(result.mlflow_run_id, name)] == [0, 1], name
+    run = client.get_run(result.mlflow_run_id)
+    mlflow.set_tracking_uri(result.tracking_uri)
+    traces = mlflow.search_traces(locations=[run.info.experiment_id], return_type="list", flush=True)
+    assert len(traces) == 16
+    for trace in traces:
+        llm = sorted((s for s in trace.data.spans if s.name.startswith("llm turn")), key=lambda s: s.name)
+        assert [s.attributes["mtrl.role"] for s in llm] == ["planner", "worker"]
+
+
 def test_training_steps_train_each_roles_adapter_on_its_own_calls(tmp_path, tiny_model_dir):
     """Two steps of the real trainer, hf engine on the tiny model: every call is its role's turn, each role's
     adapter leaves its initialisation, MLflow's metric store holds each role's figures, the run's adapter folder
@@ -259,10 +278,10 @@ def test_training_steps_train_each_roles_adapter_on_its_own_calls(tmp_path, tiny
         "advanced": {"checkpoint_every": 0, "rollout_timeout_s": 60, "policy_models": ROLES,
                      "chat_format": "hermes"},
     })
-    trainer = MultiTurnRLTrainer(agent_env=planner_and_worker, training_dataset=TRAIN, config=config,
-                                 tracking=False)
+    trainer = MultiTurnRLTrainer(agent_env=planner_and_worker, training_dataset=TRAIN, config=config)
     result = trainer.train(progress=False)
     assert result.final_step == 2
+    _check_mlflow(result)
     store = SQLiteStore(tmp_path / "run" / "trajectories.db")
     try:
         rollouts = [r for r in store.rollouts() if r.step is not None]
