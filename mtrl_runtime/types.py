@@ -548,6 +548,14 @@ class ServesRoles(Protocol):
 
 
 @runtime_checkable
+class LoadsRoleAdapters(Protocol):
+    """An engine that receives each role's adapter as a folder, each version loaded by the role's name
+    (``vllm``: ``<role>-v<version>``); the trainer pushes every role's adapter after each update."""
+
+    async def load_role_adapters(self, paths: Mapping[str, str], version: int) -> None: ...
+
+
+@runtime_checkable
 class StreamingEngine(PolicyEngine, Protocol):
     """An engine that hands out tokens as it decodes them (``hf``, ``scripted``, ``vllm``).
 
@@ -887,6 +895,7 @@ AgentFn = Callable[..., Any | Awaitable[Any]]
 
 
 __all__ = [
+    "LoadsRoleAdapters",
     "ROLE_REWARD_PREFIX",
     "ServesRoles",
     "Abandoned",

@@ -166,6 +166,13 @@ class RoleUpdates:
         metrics["train/policy_version"] = float(self.version)
         return metrics
 
+    def save_weights(self, folder: str | Path) -> dict[str, Path]:
+        """Each role's adapter in ``folder/<role>/`` (a peft adapter folder an engine loads by the role's name),
+        written atomically."""
+        with self.weights_lock, atomic_folder(folder) as tmp:
+            self.policy.model.save_pretrained(str(tmp), selected_adapters=list(self.roles))  # peft: tmp/<role>/
+        return {role: Path(folder) / role for role in self.roles}
+
     # -- checkpoints: every role's adapter and optimizer state in one folder ------------------------------------
     def save_checkpoint(self, folder: str | Path) -> Path:
         """Every role's adapter (``weights/<role>/``) and AdamW state, atomically; never non-finite weights."""

@@ -40,7 +40,7 @@ from ..rewards import judged_rewards
 from ..rollouts import HEARTBEAT_S, RolloutStack, TaskSchedule, executor_kind, load_tasks
 from ..torch_support import on_own_thread
 from ..tracking import NullTracker, Tracker
-from ..types import RolloutExecutor, RunTracker, Task
+from ..types import LoadsRoleAdapters, RolloutExecutor, RunTracker, Task
 from ._checkpoint import Checkpoints
 from ._init_weights import load_initial_weights
 from ._loop import StepReport, TrainingLoop
@@ -223,18 +223,23 @@ class _Run:
             self.weights = SharedWeights(engine, self.update,
                                          partial_rollouts=config.advanced.async_config.partial_rollouts)
         else:
-            if config.advanced.role_map is not None:
+            roles = config.advanced.role_map
+            if roles is not None and (self.ranks is not None or not isinstance(engine, LoadsRoleAdapters)):
                 raise ConfigError(
-                    f"advanced.policy_models: roles {list(config.advanced.role_map.roles)!r} train one adapter each on "
-                    f"the model the engine serves; {type(engine).__name__} does not share its model with the trainer "
-                    "(or training runs under torchrun). Use core.engine: hf on one process")
+                    f"advanced.policy_models: roles {list(roles.roles)!r} train one adapter each; "
+                    f"{type(engine).__name__} neither shares its model with the trainer nor loads an adapter per role"
+                    + (" (and training runs under torchrun)" if self.ranks is not None else "")
+                    + ". Use core.engine: hf or vllm, on one process")
             if config.advanced.full_finetune:  # the config refuses engine: vllm; this catches an engine object given
                 raise ConfigError(
                     f"advanced.full_finetune: true needs an engine that serves the trainer's own model (hf); "
                     f"{type(engine).__name__} receives each new policy version as a LoRA adapter folder")
             folder = resolve_model(config.core.model)
             preflight_folder(config, folder, world_size=1 if self.ranks is None else self.ranks.world_size)
-            if self.ranks is None:
+            if roles is not None:  # the engine loads each role's adapter by name after every update (vllm)
+                self.update = RoleUpdates(policy_from_config(config, folder), roles.roles, settings,
+                                          seed=config.core.seed)
+            elif self.ranks is None:
                 policy = policy_from_config(config, folder)
                 self.update = PolicyUpdate(policy, settings, teacher=_teacher(config, policy))
             else:  # every rank holds a shard, only this one reads the weights; it leads each step and save

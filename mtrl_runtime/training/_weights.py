@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from ..run_folder import RunFolder
-from ..types import PolicyEngine, Sample, SharedModelEngine
+from ..types import LoadsRoleAdapters, PolicyEngine, Sample, SharedModelEngine
+from ._roles import RoleUpdates
 from .distributed import ShardedUpdate
 from .update import PolicyUpdate
 
@@ -115,7 +116,7 @@ class SharedWeights:
 class PushedWeights:
     """The engine loads every new version from an adapter folder (see the module docstring)."""
 
-    def __init__(self, engine: PolicyEngine, update: PolicyUpdate | ShardedUpdate, run_dir: str | Path,
+    def __init__(self, engine: PolicyEngine, update: PolicyUpdate | ShardedUpdate | RoleUpdates, run_dir: str | Path,
                  keep: int = 2) -> None:
         self.engine = engine
         self.update = update
@@ -137,8 +138,14 @@ class PushedWeights:
     async def publish(self) -> None:
         version = int(self.update.version)
         target = self.folder / f"v{version}"
-        await self._on_thread(self.update.policy.save_weights, target)
-        await self.engine.load_adapter(str(target), version)
+        if isinstance(self.update, RoleUpdates):  # each role's adapter, loaded by its name
+            if not isinstance(self.engine, LoadsRoleAdapters):
+                raise TypeError(f"{type(self.engine).__name__} cannot load an adapter per role (types.LoadsRoleAdapters)")
+            saved = await self._on_thread(self.update.save_weights, target)
+            await self.engine.load_role_adapters({role: str(path) for role, path in saved.items()}, version)
+        else:
+            await self._on_thread(self.update.policy.save_weights, target)
+            await self.engine.load_adapter(str(target), version)
         self._published.append(target)
         for old in self._published[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)

@@ -31,6 +31,12 @@ longer loaded is served by the current one (counted in
 ``stats.adapter_mismatches``; the Generation says which version served it).
 Version 0 without an adapter is the base model.
 
+Roles (``types.ServesRoles``, ``mtrl_runtime.roles``): ``load_role_adapters
+({role: path}, version)`` loads each role's adapter of that version by its
+own name, ``<role>-v<version>``, in one pause; a request naming a role
+(``GenerationRequest.role``) is served by that role's adapter of its
+version, kept and unloaded as the single adapter's versions are.
+
 Failures: if the owned server dies, the requests in flight fail with the
 reason (its exit code and last log lines), the server is restarted with
 every kept adapter reloaded, and requests that arrive meanwhile wait for it
@@ -134,6 +140,7 @@ class VLLMEngine:
         self.max_model_len: int | None = None
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout_s, connect=10.0))
         self._adapters: dict[int, _Adapter] = {}
+        self._role_adapters: dict[int, dict[str, _Adapter]] = {}  # version -> role -> its adapter (roles)
         self._in_flight: Counter[int] = Counter()
         self._lock = asyncio.Lock()  # one of: start, restart, adapter load/unload at a time
         self._open = asyncio.Event()  # set while new requests may go to the server
@@ -180,6 +187,25 @@ class VLLMEngine:
             raise FileNotFoundError(f"adapter path {str(path)!r}: no adapter_config.json there")
         self._check_open()
         await self._runner.run(self._load_adapter(folder, version))
+
+    async def load_role_adapters(self, paths: Mapping[str, str], version: int) -> None:
+        """Load each role's peft LoRA folder (``{role: path}``) as policy ``version``, each by its own name."""
+        if not isinstance(version, int) or version < 0:
+            raise ValueError(f"version: expected an int >= 0, got {version!r}")
+        if not paths:
+            raise ValueError("paths: name at least one role's adapter folder")
+        folders = {}
+        for role, path in paths.items():
+            folder = Path(path).resolve()
+            if not (folder / "adapter_config.json").is_file():
+                raise FileNotFoundError(f"paths[{role!r}]: {str(path)!r} holds no adapter_config.json")
+            folders[role] = folder
+        self._check_open()
+        await self._runner.run(self._load_role_adapters(folders, version))
+
+    def serves_roles(self) -> frozenset[str]:
+        """The roles whose adapters of the current version are loaded (``types.ServesRoles``)."""
+        return frozenset(self._role_adapters.get(self.policy_version, {}))
 
     def loaded_versions(self) -> list[int]:
         """The adapter versions loaded on the server now (version 0 without an adapter is not listed)."""
@@ -243,7 +269,8 @@ class VLLMEngine:
     async def _serving(self, request: GenerationRequest) -> AsyncIterator[tuple[int, str, int]]:
         """Wait until requests may go out; the serving version, model name and server epoch, counted in flight."""
         await self._wait_serving()
-        version, name = self._route(request.adapter)
+        version, name = self._route(request.adapter) if request.role is None else self._route_role(
+            request.adapter, request.role)
         epoch = self._epoch
         self._in_flight[version] += 1
         try:
@@ -266,6 +293,25 @@ class VLLMEngine:
                 adapter = _Adapter(f"v{version}", str(folder))
                 await self._post_lora("/v1/load_lora_adapter", {"lora_name": adapter.name, "lora_path": adapter.path})
                 self._adapters[version] = adapter
+                self.policy_version = version
+            finally:
+                self._open.set()
+        await self._unload_stale()
+
+    async def _load_role_adapters(self, folders: Mapping[str, Path], version: int) -> None:
+        if version in self._role_adapters or version in self._adapters:
+            raise ValueError(f"version: {version} is already loaded; each adapter version is loaded once")
+        await self._start()
+        async with self._lock:
+            self._open.clear()  # pause new requests; those in flight keep their own adapters
+            try:
+                loaded: dict[str, _Adapter] = {}
+                for role, folder in folders.items():
+                    adapter = _Adapter(f"{role}-v{version}", str(folder))
+                    await self._post_lora("/v1/load_lora_adapter", {"lora_name": adapter.name,
+                                                                    "lora_path": adapter.path})
+                    loaded[role] = adapter
+                self._role_adapters[version] = loaded
                 self.policy_version = version
             finally:
                 self._open.set()
@@ -340,6 +386,9 @@ class VLLMEngine:
                 if version == self.policy_version:
                     raise
                 del self._adapters[version]  # its requests are served by the current version (a counted mismatch)
+        for version, roles in sorted(self._role_adapters.items()):
+            for adapter in roles.values():
+                await self._post_lora("/v1/load_lora_adapter", {"lora_name": adapter.name, "lora_path": adapter.path})
 
     async def _failure(self, epoch: int, error: VLLMRequestError) -> Exception:
         """The error for a failed request: ``error``, or, if the owned server died, that (and it is restarted)."""
@@ -374,10 +423,24 @@ class VLLMEngine:
             return current, self._adapters[current].name
         return current, str(self.base_model)
 
+    def _route_role(self, wanted: int | None, role: str) -> tuple[int, str]:
+        """The version that serves a role's request for ``wanted`` and its adapter's name (``_route`` for roles)."""
+        version = self.policy_version if wanted is None else wanted
+        adapter = self._role_adapters.get(version, {}).get(role)
+        if adapter is not None:
+            return version, adapter.name
+        current = self._role_adapters.get(self.policy_version, {}).get(role)
+        if current is None:
+            raise ValueError(f"role: {role!r} has no adapter loaded on this vLLM server (roles loaded now: "
+                             f"{sorted(self.serves_roles())!r}); load_role_adapters loads one per role")
+        self.stats.adapter_mismatches += 1
+        return self.policy_version, current.name
+
     def _stale(self) -> list[int]:
         """Versions older than the newest ``keep_versions`` that no request in flight uses."""
-        keep = set(sorted(self._adapters)[-self.keep_versions:]) | {self.policy_version}
-        return [v for v in self._adapters if v not in keep and not self._in_flight.get(v)]
+        versions = set(self._adapters) | set(self._role_adapters)
+        keep = set(sorted(versions)[-self.keep_versions:]) | {self.policy_version}
+        return [v for v in versions if v not in keep and not self._in_flight.get(v)]
 
     async def _unload_stale(self) -> None:
         stale = self._stale()
@@ -385,14 +448,15 @@ class VLLMEngine:
             return
         async with self._lock:
             for version in stale:
-                adapter = self._adapters.get(version)
-                if adapter is None or self._in_flight.get(version):
+                if self._in_flight.get(version):
                     continue
-                del self._adapters[version]  # first: no new request routes to it while it unloads
-                try:
-                    await self._post_lora("/v1/unload_lora_adapter", {"lora_name": adapter.name})
-                except (VLLMRequestError, httpx.HTTPError):
-                    pass  # a restarted server no longer has it; nothing routes to it any more
+                single = self._adapters.pop(version, None)  # first: no new request routes to it while it unloads
+                adapters = ([single] if single is not None else []) + list(self._role_adapters.pop(version, {}).values())
+                for adapter in adapters:
+                    try:
+                        await self._post_lora("/v1/unload_lora_adapter", {"lora_name": adapter.name})
+                    except (VLLMRequestError, httpx.HTTPError):
+                        pass  # a restarted server no longer has it; nothing routes to it any more
 
     async def _post_lora(self, route: str, body: Mapping[str, Any]) -> None:
         response = await self._http.post(self.url + route, json=dict(body), timeout=self.startup_timeout_s)
