@@ -18,7 +18,7 @@ Only plain LoRA on ``nn.Linear`` folds (no DoRA, no ``fan_in_fan_out``, no
 adapter weights trained in the base layer); any other model is left as it
 is and :meth:`LoraFold.fold` reports False.
 
-Rows without the adapter (``without_adapter``): in a batch that mixes rows
+Rows without the adapter (``rows_as`` with ``BASE``): in a batch that mixes rows
 for the fine-tuned model and rows for its base model (an evaluation's two
 sides at once), each adapted layer's output for the base rows has the
 adapter's term taken off again, ``- scale * B(A(x))`` for those rows only
@@ -123,26 +123,10 @@ class LoraFold:
             self.fold()
 
     def per_row(self) -> bool:
-        """Whether rows can be served without the adapter beside rows with it (``without_adapter``): the model
+        """Whether rows can be served without the adapter beside rows with it (``rows_as``): the model
         holds LoRA layers, all of a kind whose term can be taken off per row (those ``fold`` folds)."""
         layers = self._layers()
         return bool(layers) and all(_foldable(layer) or layer.disable_adapters for _, layer in layers)
-
-    @contextlib.contextmanager
-    def without_adapter(self, rows_B: torch.Tensor | bool | None) -> Iterator[None]:
-        """Forward passes inside compute the rows ``rows_B`` (a bool per batch row; True: every row of every
-        pass, whatever its batch size) without the adapter."""
-        if rows_B is None or rows_B is False or (isinstance(rows_B, torch.Tensor) and not bool(rows_B.any())):
-            yield
-            return
-        index_R = None if rows_B is True else rows_B.nonzero()[:, 0]
-        handles = [layer.register_forward_hook(functools.partial(_take_off_adapter, index_R))
-                   for _, layer in self._layers() if not layer.disable_adapters]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
 
     def adapters(self) -> frozenset[str]:
         """The names of the LoRA adapters the model holds (a row may decode with any of them, ``rows_as``)."""
@@ -175,24 +159,6 @@ class LoraFold:
         """Unfold, then drop the kept base weights (before the model's base weights change otherwise)."""
         self.unfold()
         self._base.clear()
-
-
-def _take_off_adapter(index_R: torch.Tensor | None, layer: Any, args: tuple[Any, ...], out: torch.Tensor,
-                      ) -> torch.Tensor:
-    """Forward hook: the layer's output less its adapters' term, for batch rows ``index_R`` (None: all)."""
-    x_R = args[0] if index_R is None else args[0].index_select(0, index_R)
-    delta = None
-    for name in layer.active_adapters:
-        if name not in layer.lora_A:
-            continue
-        lora_A, lora_B = layer.lora_A[name], layer.lora_B[name]
-        term = lora_B(lora_A(x_R.to(lora_A.weight.dtype))) * layer.scaling[name]
-        delta = term if delta is None else delta + term
-    if delta is None:
-        return out
-    if index_R is None:
-        return out.sub_(delta.to(out.dtype))
-    return out.index_add_(0, index_R, delta.to(out.dtype), alpha=-1)  # in place: served passes record no grads
 
 
 def _lora_term(layer: Any, name: str, x: torch.Tensor) -> torch.Tensor:
