@@ -62,6 +62,7 @@ def two_role_agent(planner_reward: float | None = None) -> Any:
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": "42"})
         roles = None if planner_reward is None else {"planner": planner_reward}
         update_reward(1.0 if "42" in (message.content or "") else 0.0, role_rewards=roles)
+        await client.close()
         return message.content or ""
 
     return run
@@ -139,7 +140,7 @@ async def test_per_role_advantages_within_the_group(served, tiny_tok):
             await two_role_agent(planner_reward)(task)
         rollouts.append(handle.store.get_rollout(spec.rollout_id))
     group = GroupResult(id="g0", task=task, kept=tuple(rollouts), finished=tuple(rollouts), dropped=False)
-    batches = prepare_role_batch([group], ("planner", "worker"), "group_based", _params(), {"planner": 0, "worker": 0}, 0)
+    batches = prepare_role_batch([group], ("planner", "worker"), "group_based", _params(), 0, 0)
     planner, worker = batches["planner"], batches["worker"]
     # the worker's reward is the episode's (1.0 every time): no signal, nothing to train
     assert worker.samples == [] and worker.metrics["analysis/zero_adv_groups"] == 1.0
@@ -241,6 +242,7 @@ async def planner_and_worker(task: Task) -> str:
         {"role": "system", "content": plan_text}, {"role": "user", "content": task.prompt}])
     answer = reply.choices[0].message.content or ""
     update_reward(_parity(answer), role_rewards={"planner": _parity(plan_text)})
+    await client.close()
     return answer
 
 

@@ -240,7 +240,7 @@ class HFEngine(WorkerLoop):
         if self._prefix is not None:
             with self.weights_lock:
                 self._prefix.clear()
-                for cache in self._variant_prefixes.values():
+                for cache in list(self._variant_prefixes.values()):  # the worker may add one meanwhile
                     cache.clear()
 
     def mixes_base_rows(self) -> bool:
