@@ -306,3 +306,17 @@ def test_training_steps_train_each_roles_adapter_on_its_own_calls(tmp_path, tiny
         [weights] = sorted((result.output_adapter_path / role).rglob("adapter_model.safetensors"))
         lora_B = [t for name, t in load_file(str(weights)).items() if "lora_B" in name]
         assert lora_B and any(bool(t.abs().sum() > 0) for t in lora_B), role
+
+
+def test_dynamic_sampling_counts_a_group_useful_when_some_role_has_signal():
+    """Equal episode rewards but different planner rewards: no signal for one policy, signal for the planner."""
+    from mtrl_runtime.training import useful_mask
+
+    task = Task(id="t", prompt="p")
+    turns = (Turn(rollout_id="r", index=0, messages=(), prompt_ids=(1,), completion_ids=(2,), logprobs=(-1.0,),
+                  finish_reason="stop", completion_text="plan", role="planner"),)
+    kept = tuple(Rollout(id=f"r{i}", task_id="t", group_id="g", status=RolloutStatus.COMPLETED, reward=1.0,
+                         turns=turns, metrics={"role_reward/planner": float(i % 2)}) for i in range(4))
+    group = GroupResult(id="g", task=task, kept=kept, finished=kept, dropped=False)
+    assert useful_mask([group], MtrlConfig()) == [False]
+    assert useful_mask([group], MtrlConfig.from_dict(CONFIG)) == [True]

@@ -33,11 +33,12 @@ metrics. Logged every step, whether refill is on or off (see
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from ..algorithms import AdvantageParams
 from ..config import MtrlConfig
+from ..roles import role_view
 from ..rollouts import Dispatcher, GroupResult, StepBatch, TaskSchedule, refill_group_id
 from ..types import Rollout
 from ._batch import group_advantages
@@ -56,12 +57,19 @@ class SampledStep:
 
 
 def useful_mask(groups: Sequence[GroupResult], config: MtrlConfig) -> list[bool]:
-    """Per group: does the update train on it (kept by the group policy, some advantage non-zero)?"""
+    """Per group: does the update train on it (kept by the group policy, some advantage non-zero)? With roles:
+    some role's view of it (``roles.role_view``: its turns, its own rewards) carries a non-zero advantage."""
     core = config.core
     params = AdvantageParams(success_threshold=core.success_threshold)
-    kept, advantages, _ = group_advantages(groups, core.advantage_method, params)
-    signal = {id(g) for g, adv in zip(kept, advantages) if adv is not None}
-    return [id(g) in signal for g in groups]
+    roles = config.advanced.role_map
+    views = [list(groups)] if roles is None else [
+        [replace(g, kept=tuple(role_view(r, role) for r in g.kept)) for g in groups] for role in roles.roles]
+    useful = [False] * len(groups)
+    for seen in views:
+        kept, advantages, _ = group_advantages(seen, core.advantage_method, params)
+        signal = {id(g) for g, adv in zip(kept, advantages) if adv is not None}
+        useful = [was or id(g) in signal for was, g in zip(useful, seen)]
+    return useful
 
 
 def extra_group_bound(config: MtrlConfig) -> int:
