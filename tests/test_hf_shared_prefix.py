@@ -11,6 +11,7 @@ import torch
 from mtrl_runtime.engines import HFEngine
 from mtrl_runtime.engines.hf import grouped_matmul_attention
 from mtrl_runtime.engines.hf._decoding import DecodeBatch, Row
+from mtrl_runtime.engines.hf._lora_fold import ACTIVE, BASE
 from mtrl_runtime.engines.hf._sampling import RowSampling
 from mtrl_runtime.engines.hf._shared_prefix import (MIN_SHARED_PREFIX, HeldPrefixes, SharedPrefix, choose_shared,
                                                     plan_join, shared_prefix_attention)
@@ -43,7 +44,7 @@ def test_shared_prefix_attention_is_attention_over_prefix_then_own_columns(users
     own_mask = torch.zeros(B, 1, 1, S)
     own_mask[1, ..., :4] = torch.finfo(torch.float32).min  # left padding of one row
     prefixes = [SharedPrefix(tuple(range(P)), [(torch.randn(1, K, P, D), torch.randn(1, K, P, D))], torch.tensor(u),
-                             base=bool(i)) for i, (P, u) in enumerate(zip((37, 23), users))]
+                             variant=BASE if i else ACTIVE) for i, (P, u) in enumerate(zip((37, 23), users))]
     held = HeldPrefixes(prefixes)
     held.prepare(torch.float32)
     out = shared_prefix_attention(query, keys, values, own_mask, D ** -0.5, held, 0)
