@@ -14,6 +14,8 @@ import re
 from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
+from ._template_pieces import CHATML_OTHER_ROLES, CHATML_TURNS_TO_CALLS, HERMES_CALL, HERMES_TOOLS_LIST
+
 DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 # ChatML (as SmolLM2-135M-Instruct uses it, same default system prompt) plus
@@ -33,31 +35,15 @@ CHATML_TOOLS_TEMPLATE = (
 {{- '<|im_start|>system\\n' + system_text -}}
 {%- if tools -%}
   {{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' -}}
-  {{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}
-  {%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}
-  {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments ' -}}
-  {{- 'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n' -}}
-  {{- '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>' -}}
+""" + HERMES_TOOLS_LIST + """\
 {%- endif -%}
 {{- '<|im_end|>\\n' -}}
-{%- for message in rest -%}
-  {%- if message['role'] == 'tool' -%}
-    {%- if loop.first or loop.previtem['role'] != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
-    {{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' -}}
-    {%- if loop.last or loop.nextitem['role'] != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}
-  {%- elif message['role'] == 'assistant' -%}
-    {{- '<|im_start|>assistant\\n' + (message['content'] or '') -}}
-    {%- for call in message['tool_calls'] or [] -%}
+""" + CHATML_TURNS_TO_CALLS + """\
       {%- set fn = call['function'] if call['function'] is defined else call -%}
-      {%- if message['content'] or not loop.first -%}{{- '\\n' -}}{%- endif -%}
-      {{- '<tool_call>\\n{"name": ' + (fn['name'] | tojson) + ', "arguments": ' -}}
-      {{- (fn['arguments'] if fn['arguments'] is string else (fn['arguments'] | tojson)) + '}\\n</tool_call>' -}}
+""" + HERMES_CALL + """\
     {%- endfor -%}
     {{- '<|im_end|>\\n' -}}
-  {%- else -%}
-    {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}
-  {%- endif -%}
-{%- endfor -%}
+""" + CHATML_OTHER_ROLES + """\
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"""
 )
 

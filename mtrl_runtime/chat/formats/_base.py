@@ -88,6 +88,27 @@ class ChatFormat(Protocol):
         ...
 
 
+class FormatDefaults:
+    """What a family's format has unless it says otherwise (a ``ChatFormat``'s fields, see there).
+
+    A call starts with ``tool_call_opener`` only, nothing in a streamed reply
+    is held back but its calls, the tokenizer's eos is the only stop token, a
+    reply is closed in history as the template closes it, and no generation
+    prompt opens a reasoning block.
+    """
+
+    tool_call_opener: str
+    held_headers: tuple[tuple[str, str], ...] = ()
+    stop_tokens: tuple[str, ...] = ()
+    history_terminators: tuple[tuple[str, str], ...] = ()
+    reasoning_openers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def call_openers(self) -> tuple[str, ...]:
+        """``tool_call_opener`` alone: the family starts every call the same way."""
+        return (self.tool_call_opener,)
+
+
 def tool_call(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
     """An OpenAI tool call with a fresh id; arguments serialized as JSON (unicode kept)."""
     return {

@@ -12,8 +12,11 @@ import json
 import re
 from typing import Any, Collection
 
+from .._template_pieces import JSON_ARGUMENTS, TOOLS_AS_JSON_LINES, split_system
 from .._toolparse import ParsedReply
-from ._base import ReasoningHistory, call_from_json, reply, split_reasoning, template_text, vocab_has
+from ._base import (
+    FormatDefaults, ReasoningHistory, call_from_json, reply, split_reasoning, template_text, vocab_has,
+)
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"
@@ -21,16 +24,13 @@ CALL_BEGIN = "<｜tool▁call▁begin｜>"
 CALL_END = "<｜tool▁call▁end｜>"
 SEP = "<｜tool▁sep｜>"
 
-TEMPLATE = """{{- bos_token -}}
-{%- if messages and messages[0]['role'] == 'system' -%}
-  {%- set system_text = messages[0]['content'] -%}{%- set rest = messages[1:] -%}
-{%- else -%}
-  {%- set system_text = '' -%}{%- set rest = messages -%}
-{%- endif -%}
-{{- system_text -}}
+TEMPLATE = (
+    "{{- bos_token -}}\n"
+    + split_system()
+    + """{{- system_text -}}
 {%- if tools -%}
   {{- '\\n\\n## Tools\\nYou have access to the following tools:' -}}
-  {%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}
+  """ + TOOLS_AS_JSON_LINES + """
   {{- '\\nTo call tools, reply with <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n' -}}
   {{- 'ARGUMENTS\\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>' -}}
 {%- endif -%}
@@ -49,7 +49,7 @@ TEMPLATE = """{{- bos_token -}}
       {%- for call in message['tool_calls'] -%}
         {%- set fn = call['function'] -%}
         {{- '<｜tool▁call▁begin｜>function<｜tool▁sep｜>' + fn['name'] + '\\n```json\\n' -}}
-        {{- (fn['arguments'] if fn['arguments'] is string else (fn['arguments'] | tojson)) + '\\n```<｜tool▁call▁end｜>' -}}
+        {{- """ + JSON_ARGUMENTS + """ + '\\n```<｜tool▁call▁end｜>' -}}
       {%- endfor -%}
       {{- '<｜tool▁calls▁end｜>' -}}
     {%- endif -%}
@@ -57,20 +57,16 @@ TEMPLATE = """{{- bos_token -}}
   {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt and (not messages or messages[-1]['role'] != 'tool') -%}{{- '<｜Assistant｜>' -}}{%- endif -%}"""
+)
 
 _FENCED = re.compile(r"\A\s*(?:function)?\s*" + re.escape(SEP) + r"\s*([^\n`]+?)\s*\n```(?:json)?\n(.*)\n```\s*\Z", re.S)
 
 
-class DeepSeekV3Format:
+class DeepSeekV3Format(FormatDefaults):
     name = "deepseek_v3"
     template = TEMPLATE
     reasoning_history = ReasoningHistory.DROPPED
     tool_call_opener = CALLS_BEGIN + CALL_BEGIN
-    call_openers = (tool_call_opener,)
-    held_headers: tuple[tuple[str, str], ...] = ()
-    stop_tokens: tuple[str, ...] = ()
-    history_terminators: tuple[tuple[str, str], ...] = ()  # the eos closes a reply as the template does
-    reasoning_openers: tuple[tuple[str, str], ...] = ()  # no generation prompt of the family opens reasoning
     vllm_tool_parser = "deepseek_v3"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:

@@ -30,7 +30,9 @@ import re
 from typing import Any, Collection
 
 from .._toolparse import ParsedReply
-from ._base import ReasoningHistory, reply, split_reasoning, template_text, tool_call, vocab_has
+from ._base import (
+    FormatDefaults, ReasoningHistory, reply, split_reasoning, template_text, tool_call, vocab_has,
+)
 
 Q = '<|"|>'  # Gemma's string delimiter, one token
 
@@ -156,19 +158,17 @@ _CALL = re.compile(r"<\|tool_call>call:([^{<\s]+)\{(.*?)\}<tool_call\|>", re.S)
 _TRAILING_STOPS = ("<|tool_response>", "<turn|>")
 
 
-class Gemma4Format:
+class Gemma4Format(FormatDefaults):
     name = "gemma4"
     template = TEMPLATE
     # a tool-calling turn's thought is kept after the last user message, an answer's is dropped
     reasoning_history = ReasoningHistory.DROPPED
     tool_call_opener = "<|tool_call>call:"
-    call_openers = (tool_call_opener,)
     # "<|channel>" then the channel's name: held back until the name is written ("though" is not content)
     held_headers = (("<|channel>", "thought"),)
     stop_tokens = ("<turn|>", "<|tool_response>")
     # a call ends with <|tool_response>, which history writes right after the call, its result inside
     history_terminators = (("<|tool_response>", "<|tool_response>"),)
-    reasoning_openers: tuple[tuple[str, str], ...] = ()  # no generation prompt of the family opens reasoning
     vllm_tool_parser = "gemma4"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:

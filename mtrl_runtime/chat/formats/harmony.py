@@ -27,8 +27,9 @@ import json
 import re
 from typing import Any, Collection
 
+from .._template_pieces import split_system
 from .._toolparse import ParsedReply
-from ._base import ReasoningHistory, call_from_json, reply, template_text, vocab_has
+from ._base import FormatDefaults, ReasoningHistory, call_from_json, reply, template_text, vocab_has
 
 # The tool schemas become the TypeScript-like declarations openai-harmony writes (its encoding.rs,
 # json_schema_to_typescript, rule for rule: oneOf unions, nullable, enums, titles, descriptions, examples,
@@ -131,13 +132,7 @@ _SCHEMA_MACROS = r"""
 {%- endmacro -%}
 """
 
-TEMPLATE = _SCHEMA_MACROS + r"""
-{%- if messages and messages[0]['role'] == 'system' -%}
-  {%- set system_text = messages[0]['content'] -%}{%- set rest = messages[1:] -%}
-{%- else -%}
-  {%- set system_text = '' -%}{%- set rest = messages -%}
-{%- endif -%}
-{{- '<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\n\n' -}}
+TEMPLATE = _SCHEMA_MACROS + "\n" + split_system() + r"""{{- '<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\n\n' -}}
 {{- 'Reasoning: ' + (reasoning_effort if reasoning_effort is defined else 'medium') + '\n\n' -}}
 {{- '# Valid channels: analysis, commentary, final. Channel must be included for every message.' -}}
 {%- if tools -%}{{- "\nCalls to these tools must go to the commentary channel: 'functions'." -}}{%- endif -%}
@@ -193,7 +188,7 @@ _MESSAGE_END = re.compile(r"<\|end\|>|<\|call\|>|<\|return\|>")
 _RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
 
 
-class HarmonyFormat:
+class HarmonyFormat(FormatDefaults):
     name = "harmony"
     template = TEMPLATE
     reasoning_history = ReasoningHistory.DROPPED
@@ -207,7 +202,6 @@ class HarmonyFormat:
     # openai-harmony renders a past call ending <|call|> as generated, a past final answer ending <|end|>, not the
     # <|return|> the model wrote: extension keeps the generated token (a rewrite there is drift, not glue)
     history_terminators = (("<|call|>", "<|call|>"), ("<|return|>", "<|end|>"))
-    reasoning_openers: tuple[tuple[str, str], ...] = ()  # no generation prompt of the family opens reasoning
     vllm_tool_parser = "openai"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:

@@ -16,32 +16,28 @@ import json
 from typing import Any, Collection
 
 from .._template import CHATML_TOOLS_TEMPLATE
+from .._template_pieces import CHATML_OTHER_ROLES, CHATML_TOOL_RESULTS, HERMES_CALL, HERMES_TOOLS_LIST
 from .._toolparse import ParsedReply, parse_tool_calls
-from ._base import ReasoningHistory, split_reasoning, template_text, vocab_has
+from ._base import FormatDefaults, ReasoningHistory, split_reasoning, template_text, vocab_has
 
 # Qwen3's documented layout: tools as JSON lines in <tools> in the system turn;
 # an assistant turn after the last user message keeps its <think> block, earlier
 # ones lose it; enable_thinking=false opens and closes an empty think block.
-QWEN3_TEMPLATE = """{%- if tools or (messages and messages[0]['role'] == 'system') -%}
+QWEN3_TEMPLATE = (
+    """{%- if tools or (messages and messages[0]['role'] == 'system') -%}
   {{- '<|im_start|>system\\n' -}}
   {%- if messages and messages[0]['role'] == 'system' -%}{{- messages[0]['content'] -}}{%- endif -%}
   {%- if tools -%}
     {%- if messages and messages[0]['role'] == 'system' -%}{{- '\\n\\n' -}}{%- endif -%}
     {{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' -}}
-    {{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}
-    {%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}
-    {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments ' -}}
-    {{- 'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n' -}}
-    {{- '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>' -}}
+""" + HERMES_TOOLS_LIST + """\
   {%- endif -%}
   {{- '<|im_end|>\\n' -}}
 {%- endif -%}
 {%- for message in messages -%}
   {%- if message['role'] == 'system' and loop.first -%}
   {%- elif message['role'] == 'tool' -%}
-    {%- if loop.first or loop.previtem['role'] != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
-    {{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' -}}
-    {%- if loop.last or loop.nextitem['role'] != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}
+""" + CHATML_TOOL_RESULTS + """\
   {%- elif message['role'] == 'assistant' -%}
     {{- '<|im_start|>assistant\\n' -}}
     {%- if message['reasoning_content'] and not (messages[loop.index0 + 1:] | selectattr('role', 'equalto', 'user') | first) -%}
@@ -50,30 +46,22 @@ QWEN3_TEMPLATE = """{%- if tools or (messages and messages[0]['role'] == 'system
     {{- message['content'] or '' -}}
     {%- for call in message['tool_calls'] or [] -%}
       {%- set fn = call['function'] -%}
-      {%- if message['content'] or not loop.first -%}{{- '\\n' -}}{%- endif -%}
-      {{- '<tool_call>\\n{"name": ' + (fn['name'] | tojson) + ', "arguments": ' -}}
-      {{- (fn['arguments'] if fn['arguments'] is string else (fn['arguments'] | tojson)) + '}\\n</tool_call>' -}}
+""" + HERMES_CALL + """\
     {%- endfor -%}
     {{- '<|im_end|>\\n' -}}
-  {%- else -%}
-    {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}
-  {%- endif -%}
-{%- endfor -%}
+""" + CHATML_OTHER_ROLES + """\
 {%- if add_generation_prompt -%}
   {{- '<|im_start|>assistant\\n' -}}
   {%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}
 {%- endif -%}"""
+)
 
 
-class HermesFormat:
+class HermesFormat(FormatDefaults):
     name = "hermes"
     template = CHATML_TOOLS_TEMPLATE
     reasoning_history = ReasoningHistory.DROPPED
     tool_call_opener = "<tool_call>\n"
-    call_openers = (tool_call_opener,)
-    held_headers: tuple[tuple[str, str], ...] = ()
-    stop_tokens: tuple[str, ...] = ()
-    history_terminators: tuple[tuple[str, str], ...] = ()  # the eos closes a reply as the template does
     # Qwen3's thinking checkpoints (2507) open <think> in the generation prompt; the reply continues it
     reasoning_openers = (("<think>\n", "\n</think>\n\n"),)
     vllm_tool_parser = "hermes"  # vLLM's --tool-call-parser for this family

@@ -11,16 +11,14 @@ from __future__ import annotations
 import json
 from typing import Any, Collection
 
+from .._template_pieces import JSON_ARGUMENTS, split_system
 from .._toolparse import ParsedReply
-from ._base import ReasoningHistory, call_from_json, reply, template_text, vocab_has
+from ._base import FormatDefaults, ReasoningHistory, call_from_json, reply, template_text, vocab_has
 
-TEMPLATE = """{{- bos_token -}}
-{%- if messages and messages[0]['role'] == 'system' -%}
-  {%- set system_text = messages[0]['content'] -%}{%- set rest = messages[1:] -%}
-{%- else -%}
-  {%- set system_text = '' -%}{%- set rest = messages -%}
-{%- endif -%}
-{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' -}}
+TEMPLATE = (
+    "{{- bos_token -}}\n"
+    + split_system()
+    + """{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' -}}
 {%- if tools -%}{{- 'Environment: ipython\\n\\n' -}}{%- endif -%}
 {{- system_text -}}
 {%- if tools -%}
@@ -39,7 +37,7 @@ TEMPLATE = """{{- bos_token -}}
       {%- set fn = call['function'] -%}
       {%- if not loop.first -%}{{- '; ' -}}{%- endif -%}
       {{- '{"name": ' + (fn['name'] | tojson) + ', "parameters": ' -}}
-      {{- (fn['arguments'] if fn['arguments'] is string else (fn['arguments'] | tojson)) + '}' -}}
+      {{- """ + JSON_ARGUMENTS + """ + '}' -}}
     {%- endfor -%}
     {{- '<|eot_id|>' -}}
   {%- else -%}
@@ -47,21 +45,20 @@ TEMPLATE = """{{- bos_token -}}
   {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{%- endif -%}"""
+)
 
 PYTHON_TAG = "<|python_tag|>"
 
 
-class Llama3JsonFormat:
+class Llama3JsonFormat(FormatDefaults):
     name = "llama3_json"
     template = TEMPLATE
     reasoning_history = ReasoningHistory.NONE
     tool_call_opener = '{"name": "'
     call_openers = (tool_call_opener, PYTHON_TAG)  # a call may also follow <|python_tag|>
-    held_headers: tuple[tuple[str, str], ...] = ()
     stop_tokens = ("<|eom_id|>", "<|eot_id|>")
     # a call after <|python_tag|> ends with <|eom_id|>; this template closes every assistant message with <|eot_id|>
     history_terminators = (("<|eom_id|>", "<|eot_id|>"),)
-    reasoning_openers: tuple[tuple[str, str], ...] = ()  # no generation prompt of the family opens reasoning
     vllm_tool_parser = "llama3_json"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:

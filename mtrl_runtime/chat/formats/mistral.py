@@ -12,20 +12,29 @@ import secrets
 import string
 from typing import Any, Collection
 
+from .._template_pieces import JSON_ARGUMENTS, split_system
 from .._toolparse import ParsedReply
-from ._base import ReasoningHistory, call_from_json, reply, split_reasoning, template_text, vocab_has
+from ._base import (
+    FormatDefaults, ReasoningHistory, call_from_json, reply, split_reasoning, template_text, vocab_has,
+)
 
 # Written for render speed, token for token the plain one (tests/test_mistral_template.py keeps that as REFERENCE):
 # one pass over the roles, not a scan of the later messages per user message; each tool result's JSON key by key
 # (the text of `{'content': ..., 'call_id': ...} | tojson`, without a dict and an encoder per result); a call's
 # body written twice, for the first call and after ', ', as `loop.first` is a sandboxed attribute lookup per call.
-TEMPLATE = """{{- bos_token -}}
-{%- if messages and messages[0]['role'] == 'system' -%}
-  {%- set system_text = messages[0]['content'] -%}{%- set rest = messages[1:] -%}
-{%- else -%}
-  {%- set system_text = '' -%}{%- set rest = messages -%}
-{%- endif -%}
-{%- set roles = rest | map(attribute='role') | list -%}
+# one call (``call``) as a JSON object, its id after its arguments when it has one
+_CALL = (
+    """        {%- set fn = call['function'] -%}
+        {{- '{"name": ' + (fn['name'] | tojson) + ', "arguments": ' -}}
+        {{- """ + JSON_ARGUMENTS + """ -}}
+        {%- if call['id'] -%}{{- ', "id": ' + (call['id'] | tojson) -}}{%- endif -%}
+        {{- '}' -}}
+"""
+)
+TEMPLATE = (
+    "{{- bos_token -}}\n"
+    + split_system()
+    + """{%- set roles = rest | map(attribute='role') | list -%}
 {%- for message in rest -%}
   {%- if message['role'] == 'user' -%}
     {%- set last_user = 'user' not in roles[loop.index0 + 1:] -%}
@@ -43,40 +52,28 @@ TEMPLATE = """{{- bos_token -}}
     {%- if message['tool_calls'] -%}
       {{- '[TOOL_CALLS][' -}}
       {%- for call in message['tool_calls'][:1] -%}
-        {%- set fn = call['function'] -%}
-        {{- '{"name": ' + (fn['name'] | tojson) + ', "arguments": ' -}}
-        {{- (fn['arguments'] if fn['arguments'] is string else (fn['arguments'] | tojson)) -}}
-        {%- if call['id'] -%}{{- ', "id": ' + (call['id'] | tojson) -}}{%- endif -%}
-        {{- '}' -}}
+""" + _CALL + """\
       {%- endfor -%}
       {%- for call in message['tool_calls'][1:] -%}
         {{- ', ' -}}
-        {%- set fn = call['function'] -%}
-        {{- '{"name": ' + (fn['name'] | tojson) + ', "arguments": ' -}}
-        {{- (fn['arguments'] if fn['arguments'] is string else (fn['arguments'] | tojson)) -}}
-        {%- if call['id'] -%}{{- ', "id": ' + (call['id'] | tojson) -}}{%- endif -%}
-        {{- '}' -}}
+""" + _CALL + """\
       {%- endfor -%}
       {{- ']' -}}
     {%- endif -%}
     {{- eos_token -}}
   {%- endif -%}
 {%- endfor -%}"""
+)
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
 
 
-class MistralFormat:
+class MistralFormat(FormatDefaults):
     name = "mistral"
     template = TEMPLATE
     reasoning_history = ReasoningHistory.DROPPED
     tool_call_opener = TOOL_CALLS
-    call_openers = (tool_call_opener,)
-    held_headers: tuple[tuple[str, str], ...] = ()
-    stop_tokens: tuple[str, ...] = ()
-    history_terminators: tuple[tuple[str, str], ...] = ()  # the eos closes a reply as the template does
-    reasoning_openers: tuple[tuple[str, str], ...] = ()  # no generation prompt of the family opens reasoning
     vllm_tool_parser = "mistral"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._template_pieces import TOOLS_AS_JSON_LINES, XML_CALL
 from ._base import ReasoningHistory, template_text
 from .qwen3_coder import Qwen3CoderFormat
 
@@ -44,7 +45,7 @@ TEMPLATE = (
     """{%- set has_system = messages and messages[0]['role'] == 'system' -%}
 {%- if tools -%}
   {{- '<|im_start|>system\\n""" + _TOOLS_PREAMBLE + """' -}}
-  {%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}
+  """ + TOOLS_AS_JSON_LINES + """
   {{- '""" + _TOOLS_INSTRUCTIONS + """' -}}
   {%- if has_system and messages[0]['content'] | trim -%}{{- '\\n\\n' + (messages[0]['content'] | trim) -}}{%- endif -%}
   {{- '<|im_end|>\\n' -}}
@@ -82,13 +83,7 @@ TEMPLATE = (
     {%- for call in message['tool_calls'] or [] -%}
       {%- set fn = call['function'] if call['function'] is defined else call -%}
       {%- if not loop.first -%}{{- '\\n' -}}{%- elif content | trim -%}{{- '\\n\\n' -}}{%- endif -%}
-      {{- '<tool_call>\\n<function=' + fn['name'] + '>\\n' -}}
-      {%- if fn['arguments'] is mapping -%}
-        {%- for key, value in fn['arguments'] | items -%}
-          {{- '<parameter=' + key + '>\\n' + (value if value is string else (value | tojson)) + '\\n</parameter>\\n' -}}
-        {%- endfor -%}
-      {%- endif -%}
-      {{- '</function>\\n</tool_call>' -}}
+""" + XML_CALL + """\
     {%- endfor -%}
     {{- '<|im_end|>\\n' -}}
   {%- elif message['role'] == 'tool' -%}

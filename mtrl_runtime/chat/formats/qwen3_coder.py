@@ -13,62 +13,40 @@ import json
 import re
 from typing import Any, Collection
 
+from .._template_pieces import CHATML_OTHER_ROLES, CHATML_TURNS_TO_CALLS, TOOLS_AS_JSON_LINES, XML_CALL, split_system
 from .._toolparse import ParsedReply
-from ._base import ReasoningHistory, reply, split_reasoning, template_text, tool_call
+from ._base import FormatDefaults, ReasoningHistory, reply, split_reasoning, template_text, tool_call
 
-TEMPLATE = """{%- if messages and messages[0]['role'] == 'system' -%}
-  {%- set system_text = messages[0]['content'] -%}{%- set rest = messages[1:] -%}
-{%- else -%}
-  {%- set system_text = 'You are Qwen, a helpful assistant.' -%}{%- set rest = messages -%}
-{%- endif -%}
-{{- '<|im_start|>system\\n' + system_text -}}
+TEMPLATE = (
+    split_system("You are Qwen, a helpful assistant.")
+    + """{{- '<|im_start|>system\\n' + system_text -}}
 {%- if tools -%}
   {{- '\\n\\n# Tools\\n\\nYou have access to the following functions:\\n\\n<tools>' -}}
-  {%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}
+  """ + TOOLS_AS_JSON_LINES + """
   {{- '\\n</tools>\\n\\nIf you choose to call a function ONLY reply in the following format with NO suffix:\\n\\n' -}}
   {{- '<tool_call>\\n<function=example_function_name>\\n<parameter=example_parameter_1>\\nvalue_1\\n</parameter>\\n</function>\\n</tool_call>' -}}
 {%- endif -%}
 {{- '<|im_end|>\\n' -}}
-{%- for message in rest -%}
-  {%- if message['role'] == 'tool' -%}
-    {%- if loop.first or loop.previtem['role'] != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
-    {{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' -}}
-    {%- if loop.last or loop.nextitem['role'] != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}
-  {%- elif message['role'] == 'assistant' -%}
-    {{- '<|im_start|>assistant\\n' + (message['content'] or '') -}}
-    {%- for call in message['tool_calls'] or [] -%}
+""" + CHATML_TURNS_TO_CALLS + """\
       {%- set fn = call['function'] -%}
       {%- if message['content'] or not loop.first -%}{{- '\\n' -}}{%- endif -%}
-      {{- '<tool_call>\\n<function=' + fn['name'] + '>\\n' -}}
-      {%- if fn['arguments'] is mapping -%}
-        {%- for key, value in fn['arguments'].items() -%}
-          {{- '<parameter=' + key + '>\\n' + (value if value is string else (value | tojson)) + '\\n</parameter>\\n' -}}
-        {%- endfor -%}
-      {%- endif -%}
-      {{- '</function>\\n</tool_call>' -}}
+""" + XML_CALL + """\
     {%- endfor -%}
     {{- '<|im_end|>\\n' -}}
-  {%- else -%}
-    {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}
-  {%- endif -%}
-{%- endfor -%}
+""" + CHATML_OTHER_ROLES + """\
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"""
+)
 
 _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 _FUNCTION = re.compile(r"\A\s*<function=([^>\n]+)>(.*)</function>\s*\Z", re.S)
 _PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
 
 
-class Qwen3CoderFormat:
+class Qwen3CoderFormat(FormatDefaults):
     name = "qwen3_coder"
     template = TEMPLATE
     reasoning_history = ReasoningHistory.DROPPED
     tool_call_opener = "<tool_call>\n<function="
-    call_openers = (tool_call_opener,)
-    held_headers: tuple[tuple[str, str], ...] = ()
-    stop_tokens: tuple[str, ...] = ()
-    history_terminators: tuple[tuple[str, str], ...] = ()  # the eos closes a reply as the template does
-    reasoning_openers: tuple[tuple[str, str], ...] = ()  # no generation prompt of the family opens reasoning
     vllm_tool_parser = "qwen3_coder"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:
