@@ -48,11 +48,13 @@ own ``ToolCall.status``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
+import orjson
 from pydantic import BaseModel
 
+from ..errors import BadRequest, EngineFailure
 from ..types import ChatOptions, SamplingParams
 
 EVENTS = b"text/event-stream"
@@ -128,27 +130,75 @@ def tool_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
             "function": {"name": name, "arguments": json.dumps(arguments or {}, ensure_ascii=False)}}
 
 
-def assistant_reply(texts: list[str], thoughts: list[str], calls: list[dict[str, Any]], stop: Any,
-                    finish: "FinishReasons") -> ReferenceReply:
-    """The OpenAI assistant message of a reply read as text, reasoning and tool-call blocks; ``stop`` read by ``finish``."""
-    content = "".join(texts)
-    reasoning = "\n".join(thoughts) or None
-    message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
-    if reasoning is not None:
-        message["reasoning_content"] = reasoning
-    if calls:
-        message["tool_calls"] = calls
-    return ReferenceReply(message, finish.to_chat(stop, bool(calls)), content, reasoning)
+def sampling_fields(sampling: SamplingParams, *, max_tokens: str, temperature: str, top_p: str, stop: str,
+                    seed: str | None = None) -> dict[str, Any]:
+    """The rollout's sampling under a protocol's own field names, for calling a real endpoint.
+
+    ``top_p`` only below 1 (newer Anthropic models refuse it beside
+    ``temperature``), the stop sequences only when there are some, the seed
+    only where the protocol takes one (``seed`` names its field) and the
+    plan gave one.
+    """
+    fields: dict[str, Any] = {max_tokens: sampling.max_tokens, temperature: sampling.temperature}
+    if sampling.top_p < 1.0:
+        fields[top_p] = sampling.top_p
+    if sampling.stop:
+        fields[stop] = list(sampling.stop)
+    if seed is not None and sampling.seed is not None:
+        fields[seed] = sampling.seed
+    return fields
 
 
-def append_blocks(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
-    """Add ``blocks`` as a ``role`` message, joining the previous one when it has the same role."""
+def call_name(block: Mapping[str, Any], where: str) -> str:
+    """The ``name`` of a reply's tool-call block; ValueError naming ``where`` when it has none."""
+    name = block.get("name")
+    if not isinstance(name, str):
+        raise ValueError(f"{where} has no name")
+    return name
+
+
+@dataclass
+class AssistantBlocks:
+    """An assistant turn of another protocol read block by block: its text, its reasoning, its (OpenAI) tool calls.
+
+    Read from a request (the serving side), ``message()`` is the chat message
+    as the client sent it; read from a real endpoint's reply (the calling
+    side), ``reply()`` is the ``ReferenceReply``.
+    """
+
+    texts: list[str] = field(default_factory=list)
+    thoughts: list[str] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def message(self) -> dict[str, Any]:
+        """The chat message: no text sent, no content; reasoning only when some was sent."""
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.texts) if self.texts else None}
+        if self.thoughts:
+            message["reasoning_content"] = "\n".join(self.thoughts)
+        if self.calls:
+            message["tool_calls"] = self.calls
+        return message
+
+    def reply(self, stop: Any, finish: "FinishReasons") -> ReferenceReply:
+        """The OpenAI assistant message of what was read; ``stop``, the reply's own reason, read by ``finish``."""
+        content = "".join(self.texts)
+        reasoning = "\n".join(self.thoughts) or None
+        message: dict[str, Any] = {"role": "assistant", "content": content if content or not self.calls else None}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
+        if self.calls:
+            message["tool_calls"] = self.calls
+        return ReferenceReply(message, finish.to_chat(stop, bool(self.calls)), content, reasoning)
+
+
+def append_blocks(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]], key: str = "content") -> None:
+    """Add ``blocks`` as a ``role`` message (under ``key``), joining the previous one when it has the same role."""
     if not blocks:
         return
     if turns and turns[-1]["role"] == role:
-        turns[-1]["content"].extend(blocks)
+        turns[-1][key].extend(blocks)
     else:
-        turns.append({"role": role, "content": list(blocks)})
+        turns.append({"role": role, key: list(blocks)})
 
 
 class FinishReasons:
@@ -188,10 +238,37 @@ def tool_message(call_id: str, text: str, failed: bool, name: str | None = None)
     return message
 
 
+def string_field(block: Mapping[str, Any], key: str, where: str) -> str:
+    """A request block's ``key``, which must be a string; BadRequest naming ``where.key`` and the value."""
+    value = block.get(key)
+    if not isinstance(value, str):
+        raise BadRequest(f"{where}.{key}: expected a string, got {value!r:.80}", param=f"{where}.{key}")
+    return value
+
+
+def prefill_refused(where: str, whose: str, ending: str) -> BadRequest:
+    """The error for a request that ends with the model's own turn at ``where`` (a prefill, which ``whose`` names)."""
+    return BadRequest(f"{where}: {whose} (a prefill); mtrl's policy answers whole turns: end with {ending}",
+                      param=f"{where}.role")
+
+
+def object_arguments(fn: Mapping[str, Any], must: str) -> dict[str, Any]:
+    """The model's call ``fn`` (a chat tool call's ``function``): its arguments as the JSON object a protocol's call
+    block carries; EngineFailure, saying ``must`` (what the protocol requires), when they are no object."""
+    arguments = orjson.loads(fn["arguments"]) if isinstance(fn["arguments"], str) else fn["arguments"]
+    if not isinstance(arguments, dict):
+        raise EngineFailure(
+            f"the model called {fn['name']!r} with arguments that are not a JSON object ({fn['arguments']!r:.80}); "
+            f"{must}"
+        )
+    return arguments
+
+
 def sse(event: str, payload: bytes) -> bytes:
     """One server-sent event with a named type."""
     return b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n"
 
 
-__all__ = ["EVENTS", "CallingWire", "FinishReasons", "ReferenceReply", "Wire", "append_blocks", "arguments_object",
-           "arguments_text", "assistant_reply", "sse", "tool_call", "tool_message"]
+__all__ = ["EVENTS", "CallingWire", "FinishReasons", "ReferenceReply", "AssistantBlocks", "Wire", "append_blocks",
+           "arguments_object", "arguments_text", "call_name", "object_arguments", "prefill_refused", "sampling_fields", "sse",
+           "string_field", "tool_call", "tool_message"]

@@ -19,7 +19,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ...types import ChatOptions, SamplingParams
-from .._shared import ReferenceReply, append_blocks, arguments_object, assistant_reply, tool_call
+from .._shared import (
+    ReferenceReply, AssistantBlocks, append_blocks, arguments_object, call_name, sampling_fields, tool_call,
+)
 from ._maps import API_VERSION, FINISH
 
 
@@ -60,14 +62,10 @@ class AnthropicMessagesWire:
                 append_blocks(turns, "user", [block])
             else:
                 append_blocks(turns, "user", _text_blocks(message.get("content")))
-        body: dict[str, Any] = {"model": model, "messages": turns, "max_tokens": sampling.max_tokens,
-                                "temperature": sampling.temperature}
+        body: dict[str, Any] = {"model": model, "messages": turns, **sampling_fields(
+            sampling, max_tokens="max_tokens", temperature="temperature", top_p="top_p", stop="stop_sequences")}
         if any(system):
             body["system"] = "\n\n".join(s for s in system if s)
-        if sampling.top_p < 1.0:
-            body["top_p"] = sampling.top_p
-        if sampling.stop:
-            body["stop_sequences"] = list(sampling.stop)
         if tools:
             body["tools"] = [_tool(t) for t in tools]
             choices = {"auto": {"type": "auto"}, "required": {"type": "any"},
@@ -80,21 +78,17 @@ class AnthropicMessagesWire:
         blocks = payload.get("content") if isinstance(payload, Mapping) else None
         if not isinstance(blocks, list):
             raise ValueError("no content list")
-        texts: list[str] = []
-        thoughts: list[str] = []
-        calls: list[dict[str, Any]] = []
+        read = AssistantBlocks()
         for i, block in enumerate(blocks):
             kind = block.get("type") if isinstance(block, Mapping) else None
             if kind == "text":
-                texts.append(str(block.get("text", "")))
+                read.texts.append(str(block.get("text", "")))
             elif kind == "thinking":
-                thoughts.append(str(block.get("thinking", "")))
+                read.thoughts.append(str(block.get("thinking", "")))
             elif kind == "tool_use":
-                if not isinstance(block.get("name"), str):
-                    raise ValueError(f"content[{i}] (tool_use) has no name")
-                calls.append(tool_call(str(block.get("id") or f"toolu_{i}"), block["name"], block.get("input")))
-        stop = payload.get("stop_reason")
-        return assistant_reply(texts, thoughts, calls, stop, FINISH)
+                name = call_name(block, f"content[{i}] (tool_use)")
+                read.calls.append(tool_call(str(block.get("id") or f"toolu_{i}"), name, block.get("input")))
+        return read.reply(payload.get("stop_reason"), FINISH)
 
 
 def _text_blocks(content: Any) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ...errors import BadRequest
 from ...types import ChatOptions
-from .._shared import tool_message
+from .._shared import AssistantBlocks, prefill_refused, string_field, tool_message
 
 
 class CustomTool(BaseModel):
@@ -134,12 +134,8 @@ def chat_messages(body: MessagesRequest) -> list[dict[str, Any]]:
         else:
             out.append(_assistant(message.content, where))
     if body.messages[-1].role == "assistant":
-        last = len(body.messages) - 1
-        raise BadRequest(
-            f"messages[{last}]: the last message is the assistant's (a prefill); mtrl's policy answers whole turns: "
-            "end with a user message",
-            param=f"messages[{last}].role",
-        )
+        raise prefill_refused(f"messages[{len(body.messages) - 1}]", "the last message is the assistant's",
+                              "a user message")
     return out
 
 
@@ -152,7 +148,7 @@ def _user(content: str | list[dict[str, Any]], where: str) -> list[dict[str, Any
         at = f"{where}.content[{j}]"
         kind = block.get("type")
         if kind == "text":
-            texts.append(_string(block, "text", at))
+            texts.append(string_field(block, "text", at))
         elif kind == "tool_result":
             if texts:
                 out.append({"role": "user", "content": "\n".join(texts)})
@@ -162,7 +158,7 @@ def _user(content: str | list[dict[str, Any]], where: str) -> list[dict[str, Any
             failed = block.get("is_error") or False  # absent or null: not flagged
             if not isinstance(failed, bool):
                 raise BadRequest(f"{at}.is_error: expected true or false, got {failed!r:.80}", param=f"{at}.is_error")
-            out.append(tool_message(_string(block, "tool_use_id", at), text, failed))
+            out.append(tool_message(string_field(block, "tool_use_id", at), text, failed))
         else:
             raise _unsupported(kind, at)
     if texts:
@@ -173,22 +169,21 @@ def _user(content: str | list[dict[str, Any]], where: str) -> list[dict[str, Any
 def _assistant(content: str | list[dict[str, Any]], where: str) -> dict[str, Any]:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
-    texts: list[str] = []
-    thoughts: list[str] = []
-    calls: list[dict[str, Any]] = []
+    turn = AssistantBlocks()
     for j, block in enumerate(content):
         at = f"{where}.content[{j}]"
         kind = block.get("type")
         if kind == "text":
-            texts.append(_string(block, "text", at))
+            turn.texts.append(string_field(block, "text", at))
         elif kind == "thinking":
-            thoughts.append(_string(block, "thinking", at))
+            turn.thoughts.append(string_field(block, "thinking", at))
         elif kind == "tool_use":
             arguments = block.get("input")
             if not isinstance(arguments, dict):
                 raise BadRequest(f"{at}.input: expected an object, got {arguments!r:.80}", param=f"{at}.input")
-            calls.append({"id": _string(block, "id", at), "type": "function",
-                          "function": {"name": _string(block, "name", at), "arguments": orjson.dumps(arguments).decode()}})
+            name = string_field(block, "name", at)
+            turn.calls.append({"id": string_field(block, "id", at), "type": "function",
+                               "function": {"name": name, "arguments": orjson.dumps(arguments).decode()}})
         elif kind == "redacted_thinking":
             raise BadRequest(
                 f"{at}: redacted_thinking blocks cannot be read back into the policy's prompt (they are encrypted); "
@@ -197,12 +192,7 @@ def _assistant(content: str | list[dict[str, Any]], where: str) -> dict[str, Any
             )
         else:
             raise _unsupported(kind, at)
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
-    if thoughts:
-        message["reasoning_content"] = "\n".join(thoughts)
-    if calls:
-        message["tool_calls"] = calls
-    return message
+    return turn.message()
 
 
 def _texts(blocks: Any, where: str) -> str:
@@ -214,15 +204,8 @@ def _texts(blocks: Any, where: str) -> str:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind != "text":
             raise _unsupported(kind, f"{where}[{j}]")
-        texts.append(_string(block, "text", f"{where}[{j}]"))
+        texts.append(string_field(block, "text", f"{where}[{j}]"))
     return "\n".join(texts)
-
-
-def _string(block: dict[str, Any], key: str, where: str) -> str:
-    value = block.get(key)
-    if not isinstance(value, str):
-        raise BadRequest(f"{where}.{key}: expected a string, got {value!r:.80}", param=f"{where}.{key}")
-    return value
 
 
 def _unsupported(kind: Any, where: str) -> BadRequest:

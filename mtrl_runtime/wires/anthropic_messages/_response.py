@@ -19,8 +19,9 @@ from typing import Any
 
 import orjson
 
-from ...errors import EngineFailure, MtrlError
+from ...errors import MtrlError
 from ...types import ChatResult
+from .._shared import object_arguments
 from ._maps import ERROR_TYPES, FINISH
 
 SIGNATURE = "mtrl-unsigned"
@@ -38,12 +39,7 @@ def content_blocks(result: ChatResult) -> list[dict[str, Any]]:
         blocks.append({"type": "text", "text": content or ""})
     for call in calls:
         fn = call["function"]
-        arguments = orjson.loads(fn["arguments"]) if isinstance(fn["arguments"], str) else fn["arguments"]
-        if not isinstance(arguments, dict):
-            raise EngineFailure(
-                f"the model called {fn['name']!r} with arguments that are not a JSON object ({fn['arguments']!r:.80}); "
-                "Anthropic's tool_use input must be an object"
-            )
+        arguments = object_arguments(fn, "Anthropic's tool_use input must be an object")
         blocks.append({"type": "tool_use", "id": call["id"], "name": fn["name"], "input": arguments})
     return blocks
 

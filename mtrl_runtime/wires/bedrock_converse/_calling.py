@@ -27,7 +27,9 @@ from typing import Any, Mapping
 from urllib.parse import quote, urlsplit
 
 from ...types import ChatOptions, SamplingParams
-from .._shared import ReferenceReply, append_blocks, arguments_object, assistant_reply, tool_call
+from .._shared import (
+    ReferenceReply, AssistantBlocks, append_blocks, arguments_object, call_name, sampling_fields, tool_call,
+)
 from ._maps import FINISH
 
 _REGION = re.compile(r"^bedrock-runtime(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com")
@@ -69,11 +71,8 @@ class BedrockConverseWire:
                 append_blocks(turns, "user", [{"toolResult": result}])
             else:
                 append_blocks(turns, "user", _texts(message.get("content")))
-        config: dict[str, Any] = {"maxTokens": sampling.max_tokens, "temperature": sampling.temperature}
-        if sampling.top_p < 1.0:
-            config["topP"] = sampling.top_p
-        if sampling.stop:
-            config["stopSequences"] = list(sampling.stop)
+        config = sampling_fields(sampling, max_tokens="maxTokens", temperature="temperature", top_p="topP",
+                                 stop="stopSequences")
         body: dict[str, Any] = {"messages": turns, "inferenceConfig": config}
         if system:
             body["system"] = system
@@ -97,25 +96,21 @@ class BedrockConverseWire:
         blocks = message.get("content") if isinstance(message, Mapping) else None
         if not isinstance(blocks, list):
             raise ValueError("no output.message.content list")
-        texts: list[str] = []
-        thoughts: list[str] = []
-        calls: list[dict[str, Any]] = []
+        read = AssistantBlocks()
         for i, block in enumerate(blocks):
             if not isinstance(block, Mapping):
                 raise ValueError(f"output.message.content[{i}] is not an object")
             if isinstance(block.get("text"), str):
-                texts.append(block["text"])
+                read.texts.append(block["text"])
             elif isinstance(block.get("toolUse"), Mapping):
                 use = block["toolUse"]
-                if not isinstance(use.get("name"), str):
-                    raise ValueError(f"output.message.content[{i}].toolUse has no name")
-                calls.append(tool_call(str(use.get("toolUseId") or f"tooluse_{i}"), use["name"], use.get("input")))
+                name = call_name(use, f"output.message.content[{i}].toolUse")
+                read.calls.append(tool_call(str(use.get("toolUseId") or f"tooluse_{i}"), name, use.get("input")))
             elif isinstance(block.get("reasoningContent"), Mapping):
                 text = (block["reasoningContent"].get("reasoningText") or {}).get("text")
                 if isinstance(text, str):
-                    thoughts.append(text)
-        stop = payload.get("stopReason")
-        return assistant_reply(texts, thoughts, calls, stop, FINISH)
+                    read.thoughts.append(text)
+        return read.reply(payload.get("stopReason"), FINISH)
 
 
 def _texts(content: Any) -> list[dict[str, Any]]:

@@ -26,7 +26,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ...types import ChatOptions, SamplingParams
-from .._shared import ReferenceReply, arguments_object, assistant_reply, tool_call
+from .._shared import (
+    ReferenceReply, AssistantBlocks, append_blocks, arguments_object, call_name, sampling_fields, tool_call,
+)
 from ._maps import API_VERSION, FINISH
 
 SKIP_SIGNATURE = "skip_thought_signature_validator"  # Google's documented signature for calls it did not write
@@ -65,23 +67,19 @@ class GeminiWire:
                     if i == 0:
                         part["thoughtSignature"] = SKIP_SIGNATURE
                     parts.append(part)
-                _append(contents, "model", parts)
+                append_blocks(contents, "model", parts, "parts")
             elif role == "tool":
                 call_id = message.get("tool_call_id")
                 key = "error" if message.get("status") == "error" else "output"
                 result = {"id": call_id, "name": message.get("name") or names.get(call_id, ""),
                           "response": {key: message.get("content") or ""}}
-                _append(contents, "user", [{"functionResponse": result}])
+                append_blocks(contents, "user", [{"functionResponse": result}], "parts")
             else:
                 content = message.get("content")
-                _append(contents, "user", [{"text": content}] if isinstance(content, str) and content else [])
-        config: dict[str, Any] = {"temperature": sampling.temperature, "maxOutputTokens": sampling.max_tokens}
-        if sampling.top_p < 1.0:
-            config["topP"] = sampling.top_p
-        if sampling.stop:
-            config["stopSequences"] = list(sampling.stop)
-        if sampling.seed is not None:
-            config["seed"] = sampling.seed
+                text = [{"text": content}] if isinstance(content, str) and content else []
+                append_blocks(contents, "user", text, "parts")
+        config = sampling_fields(sampling, max_tokens="maxOutputTokens", temperature="temperature", top_p="topP",
+                                 stop="stopSequences", seed="seed")
         body: dict[str, Any] = {"contents": contents, "generationConfig": config}
         if any(system):
             body["systemInstruction"] = {"parts": [{"text": "\n\n".join(s for s in system if s)}]}
@@ -102,30 +100,17 @@ class GeminiWire:
             raise ValueError(f"no candidates (promptFeedback: {blocked!r:.200})" if blocked else "no candidates")
         candidate = candidates[0]
         parts = (candidate.get("content") or {}).get("parts") or []
-        texts: list[str] = []
-        thoughts: list[str] = []
-        calls: list[dict[str, Any]] = []
+        read = AssistantBlocks()
         for i, part in enumerate(parts):
             if not isinstance(part, Mapping):
                 raise ValueError(f"candidates[0].content.parts[{i}] is not an object")
             call = part.get("functionCall")
             if isinstance(call, Mapping):
-                if not isinstance(call.get("name"), str):
-                    raise ValueError(f"candidates[0].content.parts[{i}].functionCall has no name")
-                calls.append(tool_call(str(call.get("id") or f"call_{i}"), call["name"], call.get("args")))
+                name = call_name(call, f"candidates[0].content.parts[{i}].functionCall")
+                read.calls.append(tool_call(str(call.get("id") or f"call_{i}"), name, call.get("args")))
             elif isinstance(part.get("text"), str):
-                (thoughts if part.get("thought") else texts).append(part["text"])
-        return assistant_reply(texts, thoughts, calls, candidate.get("finishReason"), FINISH)
-
-
-def _append(contents: list[dict[str, Any]], role: str, parts: list[dict[str, Any]]) -> None:
-    """Add ``parts`` as a ``role`` turn, joining the previous one when it has the same role."""
-    if not parts:
-        return
-    if contents and contents[-1]["role"] == role:
-        contents[-1]["parts"].extend(parts)
-    else:
-        contents.append({"role": role, "parts": list(parts)})
+                (read.thoughts if part.get("thought") else read.texts).append(part["text"])
+        return read.reply(candidate.get("finishReason"), FINISH)
 
 
 def _declaration(tool: Mapping[str, Any]) -> dict[str, Any]:

@@ -46,7 +46,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from ...errors import BadRequest
 from ...types import ChatOptions
-from .._shared import tool_message
+from .._shared import AssistantBlocks, prefill_refused, tool_message
 
 _IGNORED = "accepted and ignored"
 _PART_DATA = ("inlineData", "fileData", "executableCode", "codeExecutionResult", "toolCall", "toolResponse")
@@ -253,19 +253,12 @@ def chat_messages(body: GenerateContentRequest) -> list[dict[str, Any]]:
         else:
             out.extend(_user(content.parts, calls, where))
     if body.contents[-1].role == "model":
-        last = len(body.contents) - 1
-        raise BadRequest(
-            f"contents[{last}]: the last content is the model's (a prefill); mtrl's policy answers whole turns: "
-            "end with a user turn",
-            param=f"contents[{last}].role",
-        )
+        raise prefill_refused(f"contents[{len(body.contents) - 1}]", "the last content is the model's", "a user turn")
     return out
 
 
 def _model(parts: list[dict[str, Any]], index: int, where: str) -> dict[str, Any]:
-    texts: list[str] = []
-    thoughts: list[str] = []
-    calls: list[dict[str, Any]] = []
+    turn = AssistantBlocks()
     for j, part in enumerate(parts):
         at = f"{where}.parts[{j}]"
         call = _field(part, "functionCall")
@@ -277,21 +270,16 @@ def _model(parts: list[dict[str, Any]], index: int, where: str) -> dict[str, Any
                 raise BadRequest(f"{at}.functionCall.args: expected an object, got {args!r:.80}",
                                  param=f"{at}.functionCall.args")
             call_id = call.get("id") or f"call_{index}_{j}"
-            calls.append({"id": _string(call_id, f"{at}.functionCall.id"), "type": "function",
-                          "function": {"name": _string(call.get("name"), f"{at}.functionCall.name"),
-                                       "arguments": orjson.dumps(args).decode()}})
+            turn.calls.append({"id": _string(call_id, f"{at}.functionCall.id"), "type": "function",
+                               "function": {"name": _string(call.get("name"), f"{at}.functionCall.name"),
+                                            "arguments": orjson.dumps(args).decode()}})
         elif _signature_only(part):
             continue
         elif _field(part, "thought") is True:
-            thoughts.append(_text(part, at))
+            turn.thoughts.append(_text(part, at))
         else:
-            texts.append(_text(part, at))
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
-    if thoughts:
-        message["reasoning_content"] = "\n".join(thoughts)
-    if calls:
-        message["tool_calls"] = calls
-    return message
+            turn.texts.append(_text(part, at))
+    return turn.message()
 
 
 def _user(parts: list[dict[str, Any]], calls: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:

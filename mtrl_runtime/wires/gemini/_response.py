@@ -22,7 +22,8 @@ from typing import Any
 
 import orjson
 
-from ...errors import EngineFailure, MtrlError
+from ...errors import MtrlError
+from .._shared import object_arguments
 from ._maps import ERROR_STATUSES, FINISH
 
 
@@ -44,12 +45,7 @@ def response_parts(message: dict[str, Any], *, text: bool = True, calls: bool = 
 
 def function_call(call: dict[str, Any]) -> dict[str, Any]:
     fn = call["function"]
-    arguments = orjson.loads(fn["arguments"]) if isinstance(fn["arguments"], str) else fn["arguments"]
-    if not isinstance(arguments, dict):
-        raise EngineFailure(
-            f"the model called {fn['name']!r} with arguments that are not a JSON object ({fn['arguments']!r:.80}); "
-            "Gemini's functionCall.args must be an object"
-        )
+    arguments = object_arguments(fn, "Gemini's functionCall.args must be an object")
     return {"functionCall": {"id": call["id"], "name": fn["name"], "args": arguments}}
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ...types import ChatOptions, SamplingParams
-from .._shared import ReferenceReply, arguments_object, arguments_text, assistant_reply, tool_call
+from .._shared import ReferenceReply, AssistantBlocks, arguments_object, arguments_text, call_name, tool_call
 from ..openai_chat import OpenAIChatWire
 from ._maps import INCOMPLETE
 from ._request import NAMESPACE_SEPARATOR
@@ -70,28 +70,25 @@ class OpenAIResponsesWire(OpenAIChatWire):
         output = payload.get("output") if isinstance(payload, Mapping) else None
         if not isinstance(output, list):
             raise ValueError("no output list")
-        texts: list[str] = []
-        thoughts: list[str] = []
-        calls: list[dict[str, Any]] = []
+        read = AssistantBlocks()
         for i, item in enumerate(output):
             kind = item.get("type") if isinstance(item, Mapping) else None
             if kind == "message":
-                texts += [str(p.get("text", "")) for p in item.get("content") or ()
-                          if isinstance(p, Mapping) and p.get("type") == "output_text"]
+                read.texts += [str(p.get("text", "")) for p in item.get("content") or ()
+                               if isinstance(p, Mapping) and p.get("type") == "output_text"]
             elif kind == "reasoning":
                 parts = item.get("content") or item.get("summary") or ()
-                thoughts += [str(p.get("text", "")) for p in parts if isinstance(p, Mapping)]
+                read.thoughts += [str(p.get("text", "")) for p in parts if isinstance(p, Mapping)]
             elif kind == "function_call":
-                if not isinstance(item.get("name"), str):
-                    raise ValueError(f"output[{i}] (function_call) has no name")
-                name = item["name"] if item.get("namespace") is None else \
-                    f"{item['namespace']}{NAMESPACE_SEPARATOR}{item['name']}"
-                calls.append(tool_call(str(item.get("call_id") or f"call_{i}"), name,
-                                       arguments_object(item.get("arguments") or "{}")))
+                name = call_name(item, f"output[{i}] (function_call)")
+                if item.get("namespace") is not None:
+                    name = f"{item['namespace']}{NAMESPACE_SEPARATOR}{name}"
+                read.calls.append(tool_call(str(item.get("call_id") or f"call_{i}"), name,
+                                            arguments_object(item.get("arguments") or "{}")))
         details = payload.get("incomplete_details")
         reason = details.get("reason") if payload.get("status") == "incomplete" and isinstance(details, Mapping) \
             else payload.get("status") or "completed"  # not in the table: tool_calls or stop
-        return assistant_reply(texts, thoughts, calls, reason, INCOMPLETE)
+        return read.reply(reason, INCOMPLETE)
 
 
 def _named(name: str) -> dict[str, str]:

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ...errors import BadRequest
 from ...types import ChatOptions
+from .._shared import string_field
 
 
 NAMESPACE_SEPARATOR = "."  # a namespace's function as the policy sees it: "<namespace>.<name>"
@@ -223,16 +224,16 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             if reasoning:
                 turn["reasoning_content"] = reasoning
         elif kind == "function_call":
-            call_id, name, arguments = (_string(item, key, where) for key in ("call_id", "name", "arguments"))
+            call_id, name, arguments = (string_field(item, key, where) for key in ("call_id", "name", "arguments"))
             if item.get("namespace") is not None:
-                name = f"{_string(item, 'namespace', where)}{NAMESPACE_SEPARATOR}{name}"
+                name = f"{string_field(item, 'namespace', where)}{NAMESPACE_SEPARATOR}{name}"
             turn = turn or {"role": "assistant", "content": None}
             turn.setdefault("tool_calls", []).append(
                 {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
             )
         elif kind == "function_call_output":
             close()
-            call_id = _string(item, "call_id", where)
+            call_id = string_field(item, "call_id", where)
             output = item.get("output")
             text = output if isinstance(output, str) else _text(output, f"{where}.output")
             out.append({"role": "tool", "tool_call_id": call_id, "content": text})
@@ -250,13 +251,6 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
     close()
     return out
-
-
-def _string(item: dict[str, Any], key: str, where: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str):
-        raise BadRequest(f"{where}.{key}: expected a string, got {value!r:.80}", param=f"{where}.{key}")
-    return value
 
 
 def _text(content: Any, where: str) -> str:
