@@ -21,9 +21,6 @@ scorer when one is given, else the agent's own reward. Checks:
 
 from __future__ import annotations
 
-import asyncio
-import math
-import random
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -32,7 +29,8 @@ from ..diagnostics import ZERO_ADV_MAX
 from ..evaluation import StrictScorer, as_strict_scorer
 from ..rewards import GroupJudge, trajectory_of
 from ..types import Rollout, RolloutStatus, Task
-from ._checklist import CheckItem, Checklist, Status, failed, passed, skipped
+from ._checklist import CheckItem, Checklist, failed, passed, skipped
+from ._judge_audit import TIE, bounded_correlation, centred, judge_in_orders, ordered_alike, pearson, position_points, verdict
 
 ORDER_AGREEMENT_MIN = 0.8
 SUCCESS_AGREEMENT_MIN = 0.8
@@ -40,8 +38,6 @@ POSITION_CORRELATION_MAX = 0.3
 RANKING_CHANGE_MAX = 0.25
 LENGTH_CORRELATION_MAX = 0.5
 DEFAULT_ORDERS = 3
-_TIE = 1e-9
-_CONCURRENT_REQUESTS = 8
 
 
 @dataclass(frozen=True)
@@ -59,45 +55,17 @@ async def ajudge_groups(
     seed: int = 0,
 ) -> list[JudgedGroup]:
     """Judge every group of completed ``rollouts`` in ``orders`` orders (recorded, reversed, seeded shuffles)."""
-    if orders < 1:
-        raise ValueError(f"orders: expected >= 1, got {orders}")
     groups: dict[str, list[Rollout]] = defaultdict(list)
     for r in rollouts:
         if r.status is RolloutStatus.COMPLETED:
             groups[r.group_id].append(r)
-    gate = asyncio.Semaphore(_CONCURRENT_REQUESTS)
 
-    async def one(members: list[Rollout], order: list[int]) -> dict[str, float]:
-        shown = [members[i] for i in order]
+    async def ask(gid: str, shown: list[Rollout]) -> Sequence[float]:
         task = tasks[shown[0].task_id]
-        async with gate:
-            verdict = await judge.ajudge([trajectory_of(r, task) for r in shown])
-        return {r.id: s for r, s in zip(shown, verdict.scores)}
+        return (await judge.ajudge([trajectory_of(r, task) for r in shown])).scores
 
-    plans = {gid: _orders(len(members), orders, random.Random(f"{seed}:{gid}")) for gid, members in groups.items()}
-    results = await asyncio.gather(*(one(groups[gid], order) for gid in groups for order in plans[gid]))
-    judged, at = [], 0
-    for gid, members in groups.items():
-        n = len(plans[gid])
-        positions = tuple({members[i].id: p for p, i in enumerate(order)} for order in plans[gid])
-        judged.append(JudgedGroup(gid, tuple(members), tuple(results[at:at + n]), positions))
-        at += n
-    return judged
-
-
-def _orders(n: int, count: int, rng: random.Random) -> list[list[int]]:
-    """``count`` orders of ``n`` items: as recorded, reversed, then shuffles (distinct while there are any left)."""
-    found = [list(range(n))]
-    if n > 1 and count > 1:
-        found.append(list(reversed(range(n))))
-    for _ in range(50 * count):
-        if len(found) >= min(count, math.factorial(n)):
-            break
-        order = list(range(n))
-        rng.shuffle(order)
-        if order not in found:
-            found.append(order)
-    return found
+    judged = await judge_in_orders(groups, orders, seed, lambda r: r.id, ask)
+    return [JudgedGroup(gid, tuple(members), *judged[gid]) for gid, members in groups.items()]
 
 
 def judge_checklist(
@@ -125,15 +93,10 @@ def judge_checklist(
         _length_bias(groups, reference, ref_name),
         _variance(groups),
     ]
-    failures = [i.name for i in items if i.status is Status.FAIL]
-    name = "the judge is fit to train on"
-    if failures:
-        verdict = failed(name, f"not fit: {len(failures)} check(s) failed ({'; '.join(failures)})",
-                         "fix the first failed check (rubric, prompt, or a stronger judge model) and run this "
-                         "check again before training on the judge", failed_checks=failures)
-    else:
-        verdict = passed(name, f"{len(groups)} groups audited, no check failed", failed_checks=[])
-    return Checklist("mtrl check reward --judge", (*items, verdict))
+    fit = verdict("the judge is fit to train on", items, f"{len(groups)} groups audited",
+                  "fix the first failed check (rubric, prompt, or a stronger judge model) and run this "
+                  "check again before training on the judge")
+    return Checklist("mtrl check reward --judge", (*items, fit))
 
 
 def _agreement(
@@ -147,16 +110,9 @@ def _agreement(
         return [skipped(order_name, reason), skipped(success_name, reason)]
     agree = pairs = 0.0
     for g in groups:
-        first = g.scores[0]
-        ids = [r.id for r in g.rollouts]
-        for i, a in enumerate(ids):
-            for b in ids[i + 1:]:
-                want = reference[a] - reference[b]
-                if abs(want) <= _TIE:
-                    continue
-                got = first[a] - first[b]
-                pairs += 1
-                agree += 0.5 if abs(got) <= _TIE else float((got > 0) == (want > 0))
+        alike, told_apart = ordered_alike([r.id for r in g.rollouts], reference, g.scores[0])
+        agree += alike
+        pairs += told_apart
     items = []
     if not pairs:
         items.append(skipped(order_name, f"{ref_name} scores every group's rollouts alike: no pair to order"))
@@ -190,20 +146,16 @@ def _position_bias(groups: Sequence[JudgedGroup]) -> list[CheckItem]:
         return [skipped(corr_name, reason), skipped(rank_name, reason)]
     xs, ys = [], []
     for g in shuffled:
-        n = len(g.rollouts)
-        for r in g.rollouts:
-            mean = sum(s[r.id] for s in g.scores) / len(g.scores)
-            for scores, positions in zip(g.scores, g.positions):
-                xs.append(positions[r.id] / (n - 1))
-                ys.append(scores[r.id] - mean)
-    corr = _pearson(xs, ys)
+        x, y = position_points([r.id for r in g.rollouts], g.scores, g.positions)
+        xs += x
+        ys += y
+    corr = pearson(xs, ys)
     detail = f"correlation of score with position {corr:+.2f} over {len(shuffled)} groups judged in shuffled orders"
-    items = [passed(corr_name, detail, position_correlation=corr) if abs(corr) <= POSITION_CORRELATION_MAX else failed(
-        corr_name, detail + f" (beyond +-{POSITION_CORRELATION_MAX:g}): "
-        + ("earlier" if corr < 0 else "later") + " trajectories score higher for their place alone",
+    items = [bounded_correlation(
+        corr_name, detail, corr, POSITION_CORRELATION_MAX, "position_correlation",
+        ("earlier" if corr < 0 else "later") + " trajectories score higher for their place alone",
         "ask for scores in a fixed order with per-trajectory reasons before the score, or average the judge over "
-        "several shuffled orders; a stronger judge model is less position-biased",
-        position_correlation=corr)]
+        "several shuffled orders; a stronger judge model is less position-biased")]
     changed = [g.id for g in shuffled if len({_ranking(g, k) for k in range(len(g.scores))}) > 1]
     share = len(changed) / len(shuffled)
     detail = (f"{len(changed)} of {len(shuffled)} groups ({share:.0%}) are ranked differently when only the "
@@ -230,19 +182,18 @@ def _length_bias(groups: Sequence[JudgedGroup], reference: Mapping[str, float] |
             continue
         lengths = [float(sum(len(t.completion_ids) for t in r.turns)) for r in g.rollouts]
         excess = [g.scores[0][r.id] - (reference[r.id] if reference is not None else 0.0) for r in g.rollouts]
-        xs += [x - sum(lengths) / len(lengths) for x in lengths]
-        ys += [y - sum(excess) / len(excess) for y in excess]
+        xs += centred(lengths)
+        ys += centred(excess)
     if not xs:
         return skipped(name, "every group has one rollout: nothing to compare within groups")
-    corr = _pearson(xs, ys)
+    corr = pearson(xs, ys)
     what = f"the judge's excess over {ref_name}" if reference is not None else "the judge's score"
     detail = f"correlation of {what} with length in generated tokens, within groups: {corr:+.2f}"
-    if abs(corr) <= LENGTH_CORRELATION_MAX:
-        return passed(name, detail, length_correlation=corr)
-    return failed(name, detail + f" (beyond +-{LENGTH_CORRELATION_MAX:g}): "
-                  + ("longer" if corr > 0 else "shorter") + " trajectories score higher for their length",
-                  "tell the judge in the rubric that length is not quality (judge the outcome and the actions), "
-                  "or add a length penalty outside the judge", length_correlation=corr)
+    return bounded_correlation(
+        name, detail, corr, LENGTH_CORRELATION_MAX, "length_correlation",
+        ("longer" if corr > 0 else "shorter") + " trajectories score higher for their length",
+        "tell the judge in the rubric that length is not quality (judge the outcome and the actions), "
+        "or add a length penalty outside the judge")
 
 
 def _variance(groups: Sequence[JudgedGroup]) -> CheckItem:
@@ -250,7 +201,7 @@ def _variance(groups: Sequence[JudgedGroup]) -> CheckItem:
     sized = [g for g in groups if len(g.rollouts) >= 2]
     if not sized:
         return skipped(name, "every group has one rollout: sample more per task to check this")
-    flat = [g.id for g in sized if max(g.scores[0].values()) - min(g.scores[0].values()) <= _TIE]
+    flat = [g.id for g in sized if max(g.scores[0].values()) - min(g.scores[0].values()) <= TIE]
     share = len(flat) / len(sized)
     detail = f"{len(flat)} of {len(sized)} groups ({share:.0%}) get all-equal scores"
     if share <= ZERO_ADV_MAX:
@@ -260,20 +211,8 @@ def _variance(groups: Sequence[JudgedGroup]) -> CheckItem:
                   zero_variance_frac=share, groups=flat)
 
 
-def _pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Pearson's r; 0 when either side does not vary (nothing to correlate)."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
-    if sxx <= _TIE or syy <= _TIE:
-        return 0.0
-    return sxy / math.sqrt(sxx * syy)
-
-
 def _sign(value: float) -> int:
-    return 0 if abs(value) <= _TIE else (1 if value > 0 else -1)
+    return 0 if abs(value) <= TIE else (1 if value > 0 else -1)
 
 
 __all__ = [

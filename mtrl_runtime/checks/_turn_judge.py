@@ -21,27 +21,17 @@ reported (a turn without one is unlabelled). Checks:
 
 from __future__ import annotations
 
-import asyncio
-import random
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from ..rewards import TurnJudge, TurnView, turns_of
 from ..types import Rollout, RolloutStatus, Task
-from ._checklist import CheckItem, Checklist, Status, failed, passed, skipped
-from ._judge import (
-    LENGTH_CORRELATION_MAX,
-    ORDER_AGREEMENT_MIN,
-    POSITION_CORRELATION_MAX,
-    SUCCESS_AGREEMENT_MIN,
-    _orders,
-    _pearson,
-)
+from ._checklist import CheckItem, Checklist, failed, passed, skipped
+from ._judge import LENGTH_CORRELATION_MAX, ORDER_AGREEMENT_MIN, POSITION_CORRELATION_MAX, SUCCESS_AGREEMENT_MIN
+from ._judge_audit import bounded_correlation, centred, judge_in_orders, ordered_alike, pearson, position_points, verdict
 
 TURN_ORDER_CORRELATION_MAX = 0.3  # the judge's excess over the label, against the turn's place in the rollout
 GOOD_TURN = 0.5  # a judge score at or above this calls a turn good; a label above 0 does
-_TIE = 1e-9
-_CONCURRENT_REQUESTS = 8
 
 TurnScorer = Callable[[Rollout, Task], Sequence[float]]
 
@@ -60,27 +50,15 @@ async def ajudge_turns(
     judge: TurnJudge, rollouts: Sequence[Rollout], tasks: Mapping[str, Task], orders: int = 3, seed: int = 0,
 ) -> list[JudgedTurns]:
     """Judge every completed rollout's turns in ``orders`` orders (recorded, reversed, seeded shuffles)."""
-    if orders < 1:
-        raise ValueError(f"orders: expected >= 1, got {orders}")
-    gate = asyncio.Semaphore(_CONCURRENT_REQUESTS)
-    chosen = [r for r in rollouts if r.status is RolloutStatus.COMPLETED and r.turns]
-    views = {r.id: turns_of(r, judge.spec.max_chars_per_message) for r in chosen}
-    plans = {r.id: _orders(len(views[r.id]), orders, random.Random(f"{seed}:{r.id}")) for r in chosen}
+    chosen = {r.id: r for r in rollouts if r.status is RolloutStatus.COMPLETED and r.turns}
+    views = {rid: turns_of(r, judge.spec.max_chars_per_message) for rid, r in chosen.items()}
 
-    async def one(rollout: Rollout, order: list[int]) -> dict[int, float]:
-        shown = [views[rollout.id][i] for i in order]
-        async with gate:
-            verdict = await judge.aturns(rollout, tasks[rollout.task_id], shown)
-        return {view.index: score for view, score in zip(shown, verdict.scores)}
+    async def ask(rid: str, shown: list[TurnView]) -> Sequence[float]:
+        rollout = chosen[rid]
+        return (await judge.aturns(rollout, tasks[rollout.task_id], shown)).scores
 
-    results = await asyncio.gather(*(one(r, order) for r in chosen for order in plans[r.id]))
-    judged, at = [], 0
-    for r in chosen:
-        plan, turns = plans[r.id], views[r.id]
-        positions = tuple({turns[i].index: p for p, i in enumerate(order)} for order in plan)
-        judged.append(JudgedTurns(r, turns, tuple(results[at:at + len(plan)]), positions))
-        at += len(plan)
-    return judged
+    judged = await judge_in_orders(views, orders, seed, lambda view: view.index, ask)
+    return [JudgedTurns(r, views[rid], *judged[rid]) for rid, r in chosen.items()]
 
 
 def turn_labels(judged: Sequence[JudgedTurns], tasks: Mapping[str, Task], scorer: TurnScorer | None
@@ -112,16 +90,11 @@ def turn_judge_checklist(
     labels, ref_name = turn_labels(judged, tasks, strict_turns)
     items = [*_agreement(judged, labels, ref_name), _position_bias(judged), _turn_order_bias(judged, labels, ref_name),
              _length_bias(judged, labels, ref_name)]
-    failures = [i.name for i in items if i.status is Status.FAIL]
-    name = "the per-turn judge is fit to train on"
-    if failures:
-        verdict = failed(name, f"not fit: {len(failures)} check(s) failed ({'; '.join(failures)})",
-                         "fix the first failed check (rubric, prompt, or a stronger judge model) and run this check "
-                         "again before training on the judge's per-turn scores", failed_checks=failures)
-    else:
-        verdict = passed(name, f"{sum(len(j.turns) for j in judged)} turns of {len(judged)} rollouts audited, "
-                         "no check failed", failed_checks=[])
-    return Checklist("mtrl check reward --judge (per turn)", (*items, verdict))
+    fit = verdict("the per-turn judge is fit to train on", items,
+                  f"{sum(len(j.turns) for j in judged)} turns of {len(judged)} rollouts audited",
+                  "fix the first failed check (rubric, prompt, or a stronger judge model) and run this check "
+                  "again before training on the judge's per-turn scores")
+    return Checklist("mtrl check reward --judge (per turn)", (*items, fit))
 
 
 def _agreement(judged: Sequence[JudgedTurns], labels: Mapping[tuple[str, int], float], ref: str) -> list[CheckItem]:
@@ -141,15 +114,10 @@ def _agreement(judged: Sequence[JudgedTurns], labels: Mapping[tuple[str, int], f
         "read the disagreeing turns next to the judge's explanations", turn_agreement=share, turns=wrong)]
     agree = pairs = 0.0
     for j in judged:
-        marked = [v.index for v in j.turns if (j.rollout.id, v.index) in labels]
-        for i, a in enumerate(marked):
-            for b in marked[i + 1:]:
-                want = labels[(j.rollout.id, a)] - labels[(j.rollout.id, b)]
-                if abs(want) <= _TIE:
-                    continue
-                got = j.scores[0][a] - j.scores[0][b]
-                pairs += 1
-                agree += 0.5 if abs(got) <= _TIE else float((got > 0) == (want > 0))
+        marked = {v.index: labels[(j.rollout.id, v.index)] for v in j.turns if (j.rollout.id, v.index) in labels}
+        alike, told_apart = ordered_alike(list(marked), marked, j.scores[0])
+        agree += alike
+        pairs += told_apart
     if not pairs:
         items.append(skipped(order_name, f"{ref} scores every rollout's turns alike: no pair to order"))
     else:
@@ -169,20 +137,16 @@ def _position_bias(judged: Sequence[JudgedTurns]) -> CheckItem:
         return skipped(name, "no rollout's turns were judged in more than one order (one turn, or --judge-orders 1)")
     xs, ys = [], []
     for j in shuffled:
-        n = len(j.turns)
-        for v in j.turns:
-            mean = sum(s[v.index] for s in j.scores) / len(j.scores)
-            for scores, positions in zip(j.scores, j.positions):
-                xs.append(positions[v.index] / (n - 1))
-                ys.append(scores[v.index] - mean)
-    corr = _pearson(xs, ys)
+        x, y = position_points([v.index for v in j.turns], j.scores, j.positions)
+        xs += x
+        ys += y
+    corr = pearson(xs, ys)
     detail = f"correlation of a turn's score with where it is shown {corr:+.2f} over {len(shuffled)} rollouts"
-    if abs(corr) <= POSITION_CORRELATION_MAX:
-        return passed(name, detail, position_correlation=corr)
-    return failed(name, detail + f" (beyond +-{POSITION_CORRELATION_MAX:g}): turns shown "
-                  + ("earlier" if corr < 0 else "later") + " score higher for their place alone",
-                  "have the judge give each turn a reason before its score, or average it over shuffled orders; "
-                  "a stronger judge model is less position-biased", position_correlation=corr)
+    return bounded_correlation(
+        name, detail, corr, POSITION_CORRELATION_MAX, "position_correlation",
+        "turns shown " + ("earlier" if corr < 0 else "later") + " score higher for their place alone",
+        "have the judge give each turn a reason before its score, or average it over shuffled orders; "
+        "a stronger judge model is less position-biased")
 
 
 def _excess(judged: Sequence[JudgedTurns], labels: Mapping[tuple[str, int], float], feature: Callable[[TurnView, int], float]
@@ -194,8 +158,8 @@ def _excess(judged: Sequence[JudgedTurns], labels: Mapping[tuple[str, int], floa
             continue
         feats = [feature(v, n) for n, v in enumerate(j.turns)]
         excess = [j.scores[0][v.index] - labels.get((j.rollout.id, v.index), 0.0) for v in j.turns]
-        xs += [f - sum(feats) / len(feats) for f in feats]
-        ys += [e - sum(excess) / len(excess) for e in excess]
+        xs += centred(feats)
+        ys += centred(excess)
     return xs, ys
 
 
@@ -204,14 +168,13 @@ def _turn_order_bias(judged: Sequence[JudgedTurns], labels: Mapping[tuple[str, i
     xs, ys = _excess(judged, labels, lambda v, n: float(n))
     if not xs:
         return skipped(name, "every rollout has one turn: nothing to compare within rollouts")
-    corr = _pearson(xs, ys)
+    corr = pearson(xs, ys)
     detail = f"correlation of the judge's excess over {ref} with the turn's place in its rollout: {corr:+.2f}"
-    if abs(corr) <= TURN_ORDER_CORRELATION_MAX:
-        return passed(name, detail, turn_order_correlation=corr)
-    return failed(name, detail + f" (beyond +-{TURN_ORDER_CORRELATION_MAX:g}): "
-                  + ("later" if corr > 0 else "earlier") + " steps score higher for their place in the attempt",
-                  "tell the judge in the rubric that a step is judged by what it does, not when; show it the "
-                  "whole attempt's outcome only if the labels do the same", turn_order_correlation=corr)
+    return bounded_correlation(
+        name, detail, corr, TURN_ORDER_CORRELATION_MAX, "turn_order_correlation",
+        ("later" if corr > 0 else "earlier") + " steps score higher for their place in the attempt",
+        "tell the judge in the rubric that a step is judged by what it does, not when; show it the "
+        "whole attempt's outcome only if the labels do the same")
 
 
 def _length_bias(judged: Sequence[JudgedTurns], labels: Mapping[tuple[str, int], float], ref: str) -> CheckItem:
@@ -219,13 +182,12 @@ def _length_bias(judged: Sequence[JudgedTurns], labels: Mapping[tuple[str, int],
     xs, ys = _excess(judged, labels, lambda v, n: float(v.tokens))
     if not xs:
         return skipped(name, "every rollout has one turn: nothing to compare within rollouts")
-    corr = _pearson(xs, ys)
+    corr = pearson(xs, ys)
     detail = f"correlation of the judge's excess over {ref} with a turn's length in generated tokens: {corr:+.2f}"
-    if abs(corr) <= LENGTH_CORRELATION_MAX:
-        return passed(name, detail, length_correlation=corr)
-    return failed(name, detail + f" (beyond +-{LENGTH_CORRELATION_MAX:g}): "
-                  + ("longer" if corr > 0 else "shorter") + " turns score higher for their length",
-                  "tell the judge in the rubric that length is not quality", length_correlation=corr)
+    return bounded_correlation(
+        name, detail, corr, LENGTH_CORRELATION_MAX, "length_correlation",
+        ("longer" if corr > 0 else "shorter") + " turns score higher for their length",
+        "tell the judge in the rubric that length is not quality")
 
 
 def load_turn_scorer(fn: Any) -> TurnScorer:
