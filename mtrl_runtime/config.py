@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .algorithms import ADVANTAGES, LOSSES
 from .algorithms.stale import STALE_CORRECTIONS
@@ -64,6 +64,12 @@ class SamplingConfig(_Section):
         )
 
 
+# the core fields that name an entry of a registry: each is checked against its registry at load
+_CORE_REGISTRIES: dict[str, Registry[Any]] = {
+    "advantage_method": ADVANTAGES, "loss_fn": LOSSES, "engine": ENGINES, "store": STORES,
+}
+
+
 class CoreConfig(_Section):
     """What every run sets."""
 
@@ -90,25 +96,10 @@ class CoreConfig(_Section):
     val_every: int = Field(default=10, ge=0)
     seed: int = 0
 
-    @field_validator("advantage_method")
+    @field_validator(*_CORE_REGISTRIES)
     @classmethod
-    def _known_advantage(cls, value: str) -> str:
-        return _known(ADVANTAGES, value)
-
-    @field_validator("loss_fn")
-    @classmethod
-    def _known_loss(cls, value: str) -> str:
-        return _known(LOSSES, value)
-
-    @field_validator("engine")
-    @classmethod
-    def _known_engine(cls, value: str) -> str:
-        return _known(ENGINES, value)
-
-    @field_validator("store")
-    @classmethod
-    def _known_store(cls, value: str) -> str:
-        return _known(STORES, value)
+    def _registered(cls, value: str, info: ValidationInfo) -> str:
+        return _known(_CORE_REGISTRIES[info.field_name], value)
 
     @field_validator("dataset")
     @classmethod
