@@ -25,25 +25,32 @@ _CORPUS = [
 ]
 
 
-def tiny_tokenizer(vocab_size: int = 512, extra_corpus: list[str] | None = None) -> Any:
-    """A byte-level BPE tokenizer trained on a small corpus, wrapped for transformers.
-
-    It has no chat template of its own: mtrl's tool-capable ChatML template is
-    used with it, as with SmolLM2.
-    """
+def trained_bpe(vocab_size: int, special_tokens: list[str], extra_corpus: list[str] | None = None) -> Any:
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained on the small test corpus (and ``extra_corpus``)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_CORPUS * 4 + list(extra_corpus or []), trainer=trainer)
+    return tok
+
+
+def tiny_tokenizer(vocab_size: int = 512, extra_corpus: list[str] | None = None) -> Any:
+    """A byte-level BPE tokenizer trained on a small corpus, wrapped for transformers.
+
+    It has no chat template of its own: mtrl's tool-capable ChatML template is
+    used with it, as with SmolLM2.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    tok = trained_bpe(vocab_size, SPECIAL_TOKENS, extra_corpus)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|im_start|>",
@@ -88,4 +95,4 @@ def save_tiny_model(folder: str | Path, hidden_size: int = 64, layers: int = 2, 
     return folder
 
 
-__all__ = ["SPECIAL_TOKENS", "save_tiny_model", "tiny_model", "tiny_tokenizer"]
+__all__ = ["SPECIAL_TOKENS", "save_tiny_model", "tiny_model", "tiny_tokenizer", "trained_bpe"]

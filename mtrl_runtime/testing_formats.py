@@ -54,24 +54,14 @@ def family_tokenizer(name: str, vocab_size: int = 512, template: str | None = No
 
     ``template`` is for a family's published template text (the tests keep the real ones in ``tests/data``).
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     from .chat.formats import CHAT_FORMATS, QWEN3_TEMPLATE
-    from .testing import _CORPUS
+    from .testing import trained_bpe
 
     fmt = CHAT_FORMATS.get(name)
     specials, bos, eos = FAMILY_TOKENS[name]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tok = trained_bpe(vocab_size, specials)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=specials[0], unk_token=specials[0]
     )
