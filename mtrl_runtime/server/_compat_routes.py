@@ -35,6 +35,7 @@ import binascii
 import ipaddress
 import time
 from calendar import timegm
+from typing import TypeVar
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
@@ -191,10 +192,22 @@ class FailureGrace:
             self.coordinator.counters.compat_failures_without_text += 1
 
 
+# a SageMaker feedback body: each names its trajectory
+F = TypeVar("F", SageMakerCompleteRollout, SageMakerUpdateReward)
+
+
 def build_compat_router(coordinator: Coordinator) -> APIRouter:
     router = APIRouter()
     limits = BodyLimits.of(coordinator.server_config)
     grace = FailureGrace(coordinator)
+
+    async def feedback(request: Request, model: type[F]) -> tuple[F, str, str | None]:
+        """A feedback body, its rollout and the credential to check for it; a SigV4 token is verified before the
+        body is read (a stranger learns no schema)."""
+        bearer = bearer_token(request)
+        verified = sigv4_verified(_peer(request), coordinator, bearer)
+        body = await parse_body(request, model, limits)
+        return (body, *feedback_credential(coordinator, body.TrajectoryId, bearer, verified))
 
     @router.post(
         "/complete-rollout",
@@ -202,10 +215,7 @@ def build_compat_router(coordinator: Coordinator) -> APIRouter:
         summary="SageMaker compat: end a trajectory (waits for its reward if none came yet)",
     )
     async def complete_rollout(request: Request) -> Response:
-        bearer = bearer_token(request)
-        verified = sigv4_verified(_peer(request), coordinator, bearer)  # before the body: a stranger learns no schema
-        body = await parse_body(request, SageMakerCompleteRollout, limits)
-        rollout_id, token = feedback_credential(coordinator, body.TrajectoryId, bearer, verified)
+        body, rollout_id, token = await feedback(request, SageMakerCompleteRollout)
         status = _status(body.Status)
         if rollout_id in coordinator.live_rollout_ids() and await coordinator.request_end(rollout_id, token, status):
             return json_response({"TrajectoryId": body.TrajectoryId, "Status": status.value, "Pending": "reward"})
@@ -218,10 +228,7 @@ def build_compat_router(coordinator: Coordinator) -> APIRouter:
         summary="SageMaker compat: a trajectory's reward (one value) or per-turn rewards (a list)",
     )
     async def update_reward(request: Request) -> Response:
-        bearer = bearer_token(request)
-        verified = sigv4_verified(_peer(request), coordinator, bearer)  # before the body
-        body = await parse_body(request, SageMakerUpdateReward, limits)
-        rollout_id, token = feedback_credential(coordinator, body.TrajectoryId, bearer, verified)
+        body, rollout_id, token = await feedback(request, SageMakerUpdateReward)
         await coordinator.report_reward(rollout_id, token, _reward_report(body.Rewards))  # ends one that waited
         if coordinator.requested_end(rollout_id) is RolloutStatus.FAILED:  # rewarded, still waiting for a text
             grace.arm(rollout_id, RolloutStatus.FAILED.value)

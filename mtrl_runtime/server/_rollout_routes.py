@@ -28,7 +28,7 @@ from ..coordinator import Coordinator
 from ..errors import Forbidden, Unauthorized
 from ..types import Task
 from ._http import (
-    OFF_LOOP_BYTES, BodyLimits, api_key_matches, bearer_token, decode_body, json_response, openapi_body, parse_body,
+    OFF_LOOP_BYTES, BodyLimits, M, api_key_matches, bearer_token, decode_body, json_response, openapi_body, parse_body,
     read_limited,
 )
 
@@ -63,15 +63,20 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         )
         return json_response(created.model_dump())
 
+    async def checked_body(rollout_id: str, request: Request, model: type[M]) -> tuple[str | None, M]:
+        """The request's rollout token, checked before the body is read (a stranger learns no schema), and the body."""
+        token = bearer_token(request)
+        coordinator.check_access(rollout_id, token)
+        return token, await parse_body(request, model, limits)
+
     @router.post(
         "/rollouts/{rollout_id}/tool_calls",
         openapi_extra=openapi_body(ToolCallReport),
         summary="Record one tool call of a rollout",
     )
     async def tool_call(rollout_id: str, request: Request) -> Response:
-        coordinator.check_access(rollout_id, bearer_token(request))  # the token before the body
-        report = await parse_body(request, ToolCallReport, limits)
-        await coordinator.record_tool_call(rollout_id, bearer_token(request), report)
+        token, report = await checked_body(rollout_id, request, ToolCallReport)
+        await coordinator.record_tool_call(rollout_id, token, report)
         return json_response({"ok": True})
 
     @router.post(
@@ -95,9 +100,8 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         summary="Record a rollout's non-policy model calls (passed through to their own endpoints; never trained)",
     )
     async def model_call_batch(rollout_id: str, request: Request) -> Response:
-        coordinator.check_access(rollout_id, bearer_token(request))
-        batch = await parse_body(request, ModelCallBatch, limits)
-        await coordinator.record_model_calls(rollout_id, bearer_token(request), batch.calls)
+        token, batch = await checked_body(rollout_id, request, ModelCallBatch)
+        await coordinator.record_model_calls(rollout_id, token, batch.calls)
         return json_response({"ok": True, "recorded": len(batch.calls)})
 
     @router.post(
@@ -106,9 +110,8 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         summary="update_reward: a scalar or per-turn rewards, and metrics",
     )
     async def reward(rollout_id: str, request: Request) -> Response:
-        coordinator.check_access(rollout_id, bearer_token(request))
-        report = await parse_body(request, RewardReport, limits)
-        await coordinator.report_reward(rollout_id, bearer_token(request), report)
+        token, report = await checked_body(rollout_id, request, RewardReport)
+        await coordinator.report_reward(rollout_id, token, report)
         return json_response({"ok": True})
 
     @router.post(
@@ -117,9 +120,8 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         summary="End a rollout: completed, failed or timed out",
     )
     async def complete(rollout_id: str, request: Request) -> Response:
-        coordinator.check_access(rollout_id, bearer_token(request))
-        report = await parse_body(request, CompletionReport, limits)
-        state = await coordinator.complete(rollout_id, bearer_token(request), report)
+        token, report = await checked_body(rollout_id, request, CompletionReport)
+        state = await coordinator.complete(rollout_id, token, report)
         return json_response(state.model_dump())
 
     @router.get("/rollouts/{rollout_id}", summary="A rollout's status, reward and counts")
