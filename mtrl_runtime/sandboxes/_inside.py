@@ -18,6 +18,7 @@ import threading
 
 
 def pump(src, dst):
+    """Copy ``src`` to ``dst`` until ``src`` ends, then end ``dst``'s writing side (the relay on the host uses it too)."""
     try:
         while True:
             data = src.recv(65536)

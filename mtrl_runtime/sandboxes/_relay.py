@@ -22,7 +22,8 @@ import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
-BUFFER = 64 * 1024
+from ._inside import pump
+
 
 
 def coordinator_address(url: str) -> tuple[str, int]:
@@ -41,20 +42,6 @@ def inside_url(url: str) -> str:
     parts = urlsplit(url)
     _, port = coordinator_address(url)
     return f"http://127.0.0.1:{port}{parts.path}".rstrip("/")
-
-
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while True:
-            data = src.recv(BUFFER)
-            if not data:
-                break
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
 
 
 class CoordinatorRelay:
@@ -101,9 +88,9 @@ class CoordinatorRelay:
                 return
             self._open.update((inner, outer))
             self.connections += 1
-        back = threading.Thread(target=_pump, args=(outer, inner), daemon=True)
+        back = threading.Thread(target=pump, args=(outer, inner), daemon=True)
         back.start()
-        _pump(inner, outer)
+        pump(inner, outer)  # the same byte pump the relay inside the sandbox runs
         back.join()
         with self._lock:
             self._open.difference_update((inner, outer))
