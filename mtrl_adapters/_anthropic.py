@@ -28,7 +28,7 @@ from typing import Any
 
 from ._context import RolloutContext
 from ._patches import PATCHES
-from ._sdk_redirect import build_request_patch, relative_path
+from ._sdk_redirect import build_request_patch, relative_path, replaced_headers
 from .wire import HEADER_ROLLOUT_ID
 
 _SAMPLED = {"temperature", "top_p", "max_tokens", "seed"}  # the rollout's sampling fields (seed: an mtrl extension)
@@ -47,14 +47,11 @@ def redirect_anthropic_options(client: Any, options: Any, ctx: RolloutContext) -
 
     path = relative_path(client, options.url, "anthropic")
     options.url = f"{ctx.endpoint.rstrip('/')}/rollouts/{ctx.rollout_id}/{path}"
-    headers = dict(options.headers or {})
-    for name in list(headers):
-        if name.lower() in ("authorization", "x-api-key", HEADER_ROLLOUT_ID):
-            del headers[name]
-    headers["X-Api-Key"] = ctx.token  # the SDK's own spelling, so it replaces the client's key
-    headers["Authorization"] = Omit()
-    headers[HEADER_ROLLOUT_ID] = ctx.rollout_id
-    options.headers = headers
+    options.headers = replaced_headers(options.headers, {
+        "X-Api-Key": ctx.token,  # the SDK's own spelling, so it replaces the client's key
+        "Authorization": Omit(),
+        HEADER_ROLLOUT_ID: ctx.rollout_id,
+    })
     if ctx.sampling and isinstance(options.json_data, dict) and path.split("?")[0].endswith("messages"):
         options.json_data = {**options.json_data, **{k: v for k, v in ctx.sampling.items() if k in _SAMPLED}}
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from ._context import RolloutContext
 from ._patches import PATCHES
-from ._sdk_redirect import build_request_patch, relative_path
+from ._sdk_redirect import build_request_patch, relative_path, replaced_headers
 from .wire import HEADER_ROLLOUT_ID
 
 _SAMPLED_PATHS = ("chat/completions", "completions", "responses")  # the routes the coordinator samples on
@@ -47,14 +47,11 @@ def redirect_options(client: Any, options: Any, ctx: RolloutContext) -> None:
 
     path = relative_path(client, options.url, "openai")
     options.url = f"{ctx.base_url}/{path}"
-    headers = dict(options.headers or {})
-    for name in list(headers):
-        if name.lower() in ("authorization", "api-key", HEADER_ROLLOUT_ID):
-            del headers[name]
-    headers["Authorization"] = f"Bearer {ctx.token}"
-    headers[HEADER_ROLLOUT_ID] = ctx.rollout_id
-    headers["api-key"] = Omit()
-    options.headers = headers
+    options.headers = replaced_headers(options.headers, {
+        "Authorization": f"Bearer {ctx.token}",
+        HEADER_ROLLOUT_ID: ctx.rollout_id,
+        "api-key": Omit(),
+    })
     if ctx.sampling and isinstance(options.json_data, dict) and path.startswith(_SAMPLED_PATHS):
         options.json_data = _with_sampling(options.json_data, ctx.sampling, _MAX_TOKENS_FIELDS.get(path))
 

@@ -51,4 +51,12 @@ def relative_path(client: Any, url: str, sdk: str) -> str:
     )
 
 
-__all__ = ["Redirect", "build_request_patch", "relative_path"]
+def replaced_headers(headers: Any, replacements: dict[str, Any]) -> dict[str, Any]:
+    """``headers`` less every header ``replacements`` names (in any case), then ``replacements`` (the rollout's
+    credential in place of the user's; the SDK's ``Omit()`` as a value leaves a header out)."""
+    named = {name.lower() for name in replacements}
+    kept = {name: value for name, value in dict(headers or {}).items() if name.lower() not in named}
+    return {**kept, **replacements}
+
+
+__all__ = ["Redirect", "build_request_patch", "relative_path", "replaced_headers"]
