@@ -39,6 +39,7 @@ from ._metrics import (
 from ._records import conversation, final_text, record_of, requested_tools, reward_function_metrics
 from ._report import (
     ReportPaths,
+    disagreement_sections,
     markdown_row,
     number_text,
     plot_report,
@@ -92,6 +93,7 @@ __all__ = [
     "compare_with_strict",
     "completion_rate",
     "conversation",
+    "disagreement_sections",
     "disputed_rollouts",
     "eval_metrics",
     "final_text",

@@ -161,8 +161,16 @@ def _strict_section(label: str, strict: Mapping[str, Any] | None) -> list[str]:
         return []
     lines = ["", f"## Strict scorer `{strict['scorer']}` vs the reward: {label}", "",
              f"Strict success rate {number_text(strict['success_rate'])}."]
-    for kind, title in (("reward_only", "reward says success, strict says no (suspected reward hacking)"),
-                        ("strict_only", "strict says success, the reward does not")):
+    return lines + disagreement_sections(strict, "reward says success, strict says no (suspected reward hacking)",
+                                         "eval_report.json")
+
+
+def disagreement_sections(strict: Mapping[str, Any], reward_only: str, counted_in: str | None = None) -> list[str]:
+    """The trajectories the reward and the strict scorer judge differently, in Markdown: per kind (the reward's
+    success alone, titled ``reward_only``, then the strict scorer's) a heading with its count and a table of those
+    listed. ``counted_in``: where all are counted, said when only the first are listed."""
+    lines: list[str] = []
+    for kind, title in (("reward_only", reward_only), ("strict_only", "strict says success, the reward does not")):
         count, listed = strict[f"{kind}_count"], strict[kind]
         lines += ["", f"### {title}: {count} trajectories"]
         if not listed:
@@ -171,8 +179,8 @@ def _strict_section(label: str, strict: Mapping[str, Any] | None) -> list[str]:
         lines += [markdown_row([d["rollout_id"], d["task_id"], number_text(d["reward"]), number_text(d["strict"]),
                                 table_cell(d["final_text"])])
                   for d in listed]
-        if count > len(listed):
-            lines.append(f"\n(first {len(listed)} of {count} listed; all are in eval_report.json's counts)")
+        if counted_in is not None and count > len(listed):
+            lines.append(f"\n(first {len(listed)} of {count} listed; all are in {counted_in}'s counts)")
     return lines
 
 

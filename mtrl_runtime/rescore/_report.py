@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..evaluation import ReportPaths, StrictComparison, markdown_row, number_text, table_cell
+from ..evaluation import ReportPaths, StrictComparison, disagreement_sections, markdown_row, number_text, table_cell
 from ._rescore import REPRODUCED, RescoreResult, StepComparison
 
 SIDES = ("original", "rescored")
@@ -222,16 +222,7 @@ def _changed_section(data: Mapping[str, Any]) -> list[str]:
 def _strict_section(strict: Mapping[str, Any], reward: str) -> list[str]:
     lines = ["", f"## Strict scorer `{strict['scorer']}` vs `{reward}`", "",
              f"{number_text(strict['disagree_frac'])} of {strict['rollouts']} rollouts disagree."]
-    for kind, title in (("reward_only", "the reward says success, strict says no (a loophole to close)"),
-                        ("strict_only", "strict says success, the reward does not")):
-        count, listed = strict[f"{kind}_count"], strict[kind]
-        lines += ["", f"### {title}: {count} trajectories"]
-        if listed:
-            lines += ["", markdown_row(["rollout", "task", "reward", "strict", "final answer"]),
-                      markdown_row(["---"] * 5)]
-            lines += [markdown_row([d["rollout_id"], d["task_id"], number_text(d["reward"]), number_text(d["strict"]),
-                                    table_cell(d["final_text"])]) for d in listed]
-    return lines
+    return lines + disagreement_sections(strict, "the reward says success, strict says no (a loophole to close)")
 
 
 def _steps_text(steps: Sequence[int]) -> str:
