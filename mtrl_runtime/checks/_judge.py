@@ -30,7 +30,7 @@ from ..evaluation import StrictScorer, as_strict_scorer
 from ..rewards import GroupJudge, trajectory_of
 from ..types import Rollout, RolloutStatus, Task
 from ._checklist import CheckItem, Checklist, failed, passed, skipped
-from ._judge_audit import TIE, bounded_correlation, centred, judge_in_orders, ordered_alike, pearson, position_points, verdict
+from ._judge_audit import TIE, bounded_correlation, centred, judge_in_orders, ordered_alike, pearson, position_correlation, verdict
 
 ORDER_AGREEMENT_MIN = 0.8
 SUCCESS_AGREEMENT_MIN = 0.8
@@ -144,12 +144,7 @@ def _position_bias(groups: Sequence[JudgedGroup]) -> list[CheckItem]:
     if not shuffled:
         reason = "no group was judged in more than one order (groups of one rollout, or --judge-orders 1)"
         return [skipped(corr_name, reason), skipped(rank_name, reason)]
-    xs, ys = [], []
-    for g in shuffled:
-        x, y = position_points([r.id for r in g.rollouts], g.scores, g.positions)
-        xs += x
-        ys += y
-    corr = pearson(xs, ys)
+    corr = position_correlation(([r.id for r in g.rollouts], g.scores, g.positions) for g in shuffled)
     detail = f"correlation of score with position {corr:+.2f} over {len(shuffled)} groups judged in shuffled orders"
     items = [bounded_correlation(
         corr_name, detail, corr, POSITION_CORRELATION_MAX, "position_correlation",

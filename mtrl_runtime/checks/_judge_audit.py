@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from typing import Awaitable, Callable, Hashable, Mapping, Sequence, TypeVar
+from typing import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence, TypeVar
 
 from ._checklist import CheckItem, Status, failed, passed
 
@@ -88,18 +88,20 @@ def ordered_alike(keys: Sequence[K], reference: Mapping[K, float], scores: Mappi
     return agree, pairs
 
 
-def position_points(keys: Sequence[K], scores: Sequence[Mapping[K, float]], positions: Sequence[Mapping[K, int]]
-                    ) -> tuple[list[float], list[float]]:
-    """One unit judged in several orders: per item and order, where it was shown (0 first, 1 last) and its score
-    less its mean over the orders."""
+def position_correlation(
+    units: Iterable[tuple[Sequence[K], Sequence[Mapping[K, float]], Sequence[Mapping[K, int]]]],
+) -> float:
+    """Units of two or more items, each judged in several orders (``(keys, scores, positions)``): the correlation
+    of where an item was shown (0 first, 1 last) with its score less its mean over the orders."""
     xs, ys = [], []
-    n = len(keys)
-    for k in keys:
-        mean = sum(s[k] for s in scores) / len(scores)
-        for shown_scores, shown_at in zip(scores, positions):
-            xs.append(shown_at[k] / (n - 1))
-            ys.append(shown_scores[k] - mean)
-    return xs, ys
+    for keys, scores, positions in units:
+        n = len(keys)
+        for k in keys:
+            mean = sum(s[k] for s in scores) / len(scores)
+            for shown_scores, shown_at in zip(scores, positions):
+                xs.append(shown_at[k] / (n - 1))
+                ys.append(shown_scores[k] - mean)
+    return pearson(xs, ys)
 
 
 def centred(values: Sequence[float]) -> list[float]:
@@ -147,6 +149,6 @@ __all__ = [
     "ordered_alike",
     "orders_of",
     "pearson",
-    "position_points",
+    "position_correlation",
     "verdict",
 ]

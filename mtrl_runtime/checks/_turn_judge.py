@@ -28,7 +28,7 @@ from ..rewards import TurnJudge, TurnView, turns_of
 from ..types import Rollout, RolloutStatus, Task
 from ._checklist import CheckItem, Checklist, failed, passed, skipped
 from ._judge import LENGTH_CORRELATION_MAX, ORDER_AGREEMENT_MIN, POSITION_CORRELATION_MAX, SUCCESS_AGREEMENT_MIN
-from ._judge_audit import bounded_correlation, centred, judge_in_orders, ordered_alike, pearson, position_points, verdict
+from ._judge_audit import bounded_correlation, centred, judge_in_orders, ordered_alike, pearson, position_correlation, verdict
 
 TURN_ORDER_CORRELATION_MAX = 0.3  # the judge's excess over the label, against the turn's place in the rollout
 GOOD_TURN = 0.5  # a judge score at or above this calls a turn good; a label above 0 does
@@ -135,12 +135,7 @@ def _position_bias(judged: Sequence[JudgedTurns]) -> CheckItem:
     shuffled = [j for j in judged if len(j.scores) > 1 and len(j.turns) > 1]
     if not shuffled:
         return skipped(name, "no rollout's turns were judged in more than one order (one turn, or --judge-orders 1)")
-    xs, ys = [], []
-    for j in shuffled:
-        x, y = position_points([v.index for v in j.turns], j.scores, j.positions)
-        xs += x
-        ys += y
-    corr = pearson(xs, ys)
+    corr = position_correlation(([v.index for v in j.turns], j.scores, j.positions) for j in shuffled)
     detail = f"correlation of a turn's score with where it is shown {corr:+.2f} over {len(shuffled)} rollouts"
     return bounded_correlation(
         name, detail, corr, POSITION_CORRELATION_MAX, "position_correlation",
