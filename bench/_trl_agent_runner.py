@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import tempfile
 from importlib import metadata
@@ -178,6 +179,7 @@ def main() -> None:
 
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             clock.step_end(state.global_step - 1)
+            clock.pending["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
     with tempfile.TemporaryDirectory(prefix="mtrl-bench-trl-agent-") as tmp:
         trainer = build_trainer(setup, tmp)
