@@ -2,7 +2,9 @@
 
 Embedded by default: a SQLite tracking store inside the run folder
 (``sqlite:///<run_dir>/mlflow.db``) with artifacts beside it
-(``<run_dir>/mlartifacts``), so a run needs no server; open it with
+(``<run_dir>/mlartifacts``), so a run needs no server; a new one is a copy
+of a migrated empty store cached per MLflow version (``_mlflow_template``),
+not migrated again; open it with
 ``mlflow ui --backend-store-uri sqlite:///<run_dir>/mlflow.db``. Any other
 tracking URI (``advanced.mlflow.tracking_uri``) is used as given.
 
@@ -43,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from ._mlflow_template import prepare_store
 from .algorithms import episode_tokens
 from .config import MtrlConfig
 from .run_folder import RunFolder
@@ -97,6 +100,8 @@ class Tracker:
         settings = config.advanced.mlflow
         self.run_dir = config.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if settings.tracking_uri is None:  # a new embedded store is copied from a migrated one (_mlflow_template)
+            prepare_store(RunFolder(self.run_dir).mlflow_db)
         self.tracking_uri = settings.tracking_uri or default_tracking_uri(self.run_dir)
         self.log_traces = settings.log_traces
         self.client = MlflowClient(tracking_uri=self.tracking_uri)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ._loading import ModelNotFoundError, atomic_folder, default_cache_dir, resolve_model
+from ._loading import ModelNotFoundError, atomic_folder, default_cache_dir, mtrl_cache_root, resolve_model
 from ._pool_options import POOL_OPTIONS, check_pool_options
 from ._registry import ENGINES, EngineFactory, create_engine
 from ._stats import EngineClosedError, EngineStats, ServerStats
@@ -65,6 +65,7 @@ __all__ = [
     "check_pool_options",
     "create_engine",
     "default_cache_dir",
+    "mtrl_cache_root",
     "load_tokenizer",
     "resolve_model",
     "scripted_logprob",
