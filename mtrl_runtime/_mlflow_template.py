@@ -35,7 +35,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-from .engines import mtrl_cache_root
+from .cache import mtrl_cache_root
 
 log = logging.getLogger("mtrl.tracking")
 

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from ..cache import mtrl_cache_root
+
 SMOLLM2_ALIASES = ("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct")
 SMOLLM2_FOLDER = "smollm2-135m-instruct"
 _STALE_TMP_S = 3600.0  # temporary folders older than this are leftovers of a crashed conversion
@@ -25,11 +27,6 @@ _STALE_TMP_S = 3600.0  # temporary folders older than this are leftovers of a cr
 
 class ModelNotFoundError(FileNotFoundError):
     """A model spec names no local folder, no known alias and nothing in the offline hub cache."""
-
-
-def mtrl_cache_root() -> Path:
-    """mtrl's cache folder: ``$MTRL_CACHE``, else ``~/.cache/mtrl``."""
-    return Path(os.environ.get("MTRL_CACHE") or "~/.cache/mtrl").expanduser()
 
 
 def default_cache_dir() -> Path:
