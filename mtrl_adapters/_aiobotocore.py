@@ -24,7 +24,6 @@ usage when the answer says it (a stream's is not read). Installed by the
 from __future__ import annotations
 
 import functools
-import importlib.util
 from typing import Any, Callable
 
 from ._bedrock import attach, is_bedrock_runtime
@@ -36,10 +35,8 @@ _OWNER = "aiobotocore.client:AioBaseClient"
 
 
 def instrument_aiobotocore() -> bool:
-    """Install the async layers; True if installed now, False if already there or aiobotocore is absent."""
-    if importlib.util.find_spec("aiobotocore") is None:
-        return False
-    return PATCHES.install_all(PATCHES_AIO)
+    """Install the async layers if ``aiobotocore.client`` is loaded, else the moment it is; True if installed now."""
+    return PATCHES.install_when_imported(PATCHES_AIO)
 
 
 def _selective(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -23,7 +23,6 @@ import; without the ``anthropic`` package it does nothing.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 from ._context import RolloutContext
@@ -35,10 +34,8 @@ _SAMPLED = {"temperature", "top_p", "max_tokens", "seed"}  # the rollout's sampl
 
 
 def instrument_anthropic() -> bool:
-    """Install the redirect; True if installed now, False if already there or anthropic is not installed."""
-    if importlib.util.find_spec("anthropic") is None:
-        return False
-    return PATCHES.install(REDIRECT)
+    """Install the redirect if anthropic is loaded, else the moment it is; True if installed now."""
+    return PATCHES.install_when_imported((REDIRECT,))
 
 
 def redirect_anthropic_options(client: Any, options: Any, ctx: RolloutContext) -> None:

@@ -35,7 +35,6 @@ calling it again does nothing.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import threading
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -59,10 +58,8 @@ class UncapturedBedrockCall(RuntimeError):
 
 
 def instrument_bedrock() -> bool:
-    """Install the redirect; True if installed now, False if already there or botocore is absent."""
-    if importlib.util.find_spec("botocore") is None:
-        return False
-    return PATCHES.install(REDIRECT)
+    """Install the redirect if ``botocore.client`` is loaded, else the moment it is; True if installed now."""
+    return PATCHES.install_when_imported((REDIRECT,))
 
 
 def _redirecting(original: Callable[..., Any]) -> Callable[..., Any]:

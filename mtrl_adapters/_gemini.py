@@ -37,7 +37,6 @@ at import; without google-genai it does nothing.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import itertools
 import json
 from typing import Any, Callable
@@ -54,13 +53,9 @@ _SAMPLED = {"temperature": "temperature", "top_p": "topP", "max_tokens": "maxOut
 
 
 def instrument_gemini() -> bool:
-    """Install the redirect; True if installed now, False if already there or google-genai is not installed."""
-    try:
-        if importlib.util.find_spec("google.genai") is None:
-            return False
-    except ModuleNotFoundError:  # no google namespace at all
-        return False
-    return PATCHES.install_all(PATCHES_GEMINI)
+    """Install the redirect and the selective layers if google-genai is loaded, else the moment it is; True if
+    installed now."""
+    return PATCHES.install_when_imported(PATCHES_GEMINI)
 
 
 def _redirecting(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -20,21 +20,16 @@ URL but the rollout's own coordinator endpoint raises :class:`UncapturedLiteLLMC
 sent, naming the fix. Outside a rollout, and for non-policy calls that
 selective capture lets pass (it runs them with no rollout current), the
 handlers run unchanged. Installed by the ``rollout`` decorator when
-``litellm`` is loaded (importing it is slow and reads the network for its
-cost map, so mtrl never imports it), or, when it is installed but not yet
-loaded, the moment its HTTP client module loads (an import hook); calling
-it again does nothing.
+its HTTP client module is loaded (importing LiteLLM is slow and reads the
+network for its cost map, so mtrl never imports it), or, when it is not yet
+loaded, the moment that module loads (``_patches``' import hook); calling it
+again does nothing.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import inspect
-import sys
-import threading
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
@@ -44,7 +39,6 @@ from ._patches import PATCHES, Patch
 _HANDLER_MODULE = "litellm.llms.custom_httpx.http_handler"
 _HANDLERS = ("HTTPHandler", "AsyncHTTPHandler")
 _METHODS = ("get", "post", "put", "patch", "delete", "single_connection_post_request")
-_HOOK_LOCK = threading.Lock()  # guards sys.meta_path's one _GuardOnImport (the patches are PATCHES')
 
 
 class UncapturedLiteLLMCall(RuntimeError):
@@ -52,54 +46,13 @@ class UncapturedLiteLLMCall(RuntimeError):
 
 
 def instrument_litellm() -> bool:
-    """Install the guard if ``litellm`` is loaded; True if installed now, False if already there or not loaded.
+    """Install the guard if LiteLLM's HTTP client module is loaded; True if installed now.
 
-    If LiteLLM is installed but not loaded yet (an agent that imports it
-    inside its rollout function), an import hook installs the guard the
-    moment LiteLLM's HTTP client module is loaded, before any call of the
-    rollout that imports it can be made.
+    If it is not loaded yet (an agent that imports LiteLLM inside its rollout
+    function), the guard is installed the moment it is (``_patches``' import
+    hook), before any call of the rollout that imports it can be made.
     """
-    if "litellm" not in sys.modules:
-        _guard_on_import()
-        return False
-    return PATCHES.install_all(GUARDS)
-
-
-class _GuardOnImport(importlib.abc.MetaPathFinder):
-    """Finds LiteLLM's HTTP client module as the path finder would, with a loader that guards it once it has run."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if name != _HANDLER_MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _GuardingLoader(spec.loader, self)
-        return spec
-
-
-class _GuardingLoader(importlib.abc.Loader):
-    """Runs the module with its own loader, installs the guard on it, and takes the import hook away."""
-
-    def __init__(self, inner: importlib.abc.Loader, finder: _GuardOnImport) -> None:
-        self.inner, self.finder = inner, finder
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self.inner.exec_module(module)  # in sys.modules now: the patches take the module as it stands
-        PATCHES.install_all(GUARDS)
-        with _HOOK_LOCK:
-            if self.finder in sys.meta_path:
-                sys.meta_path.remove(self.finder)
-
-
-def _guard_on_import() -> None:
-    if importlib.util.find_spec("litellm") is None:
-        return
-    with _HOOK_LOCK:
-        if not any(isinstance(finder, _GuardOnImport) for finder in sys.meta_path):
-            sys.meta_path.insert(0, _GuardOnImport())
+    return PATCHES.install_when_imported(GUARDS)
 
 
 def _guard(where: str, original: Callable[..., Any]) -> Callable[..., Any]:

@@ -33,12 +33,8 @@ _MAX_TOKENS_FIELDS = {"responses": "max_output_tokens"}  # the route's name for 
 
 
 def instrument_openai() -> bool:
-    """Install the redirect; True if installed now, False if already there or openai is absent."""
-    try:
-        from openai import _base_client  # noqa: F401  (present and importable)
-    except ImportError:
-        return False
-    return PATCHES.install(REDIRECT)
+    """Install the redirect if openai is loaded, else the moment it is; True if installed now."""
+    return PATCHES.install_when_imported((REDIRECT,))
 
 
 def redirect_options(client: Any, options: Any, ctx: RolloutContext) -> None:

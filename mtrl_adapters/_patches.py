@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Sequence
 
+from ._on_import import ImportWatch
+
 Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]  # the next callable inward -> the function in its place
 
 MARK = "__mtrl_patch__"
@@ -110,6 +112,8 @@ class PatchSet:
             raise ValueError(f"PatchSet layers must be distinct non-empty names, not {layers!r}")
         self.layers = layers
         self._lock = threading.Lock()
+        self._waiting: dict[str, set[Patch]] = {}  # module name -> patches to install the moment it is loaded
+        self._imports = ImportWatch(self._loaded)
 
     def install(self, patch: Patch) -> bool:
         """Put ``patch``'s layer on its method; True if installed now, False if it already was (or an optional
@@ -147,6 +151,40 @@ class PatchSet:
         """Install each patch; True if any was installed now."""
         return any([self.install(patch) for patch in patches])
 
+    def install_when_imported(self, patches: Sequence[Patch]) -> bool:
+        """Install each patch whose module is loaded now; the others the moment their module is loaded (in the
+        importing thread, before any import of it returns), never importing a module. True if any was installed now.
+
+        Each is installed through :meth:`install`, so layers landing on one method at different times still
+        compose in the declared order."""
+        now = []
+        for patch in patches:
+            if not isinstance(patch.owner, str):
+                now.append(patch)
+                continue
+            self._rank(patch)
+            module_name = patch.owner.partition(":")[0]
+            if self._holds_loaded(module_name, patch):  # every rollout's call once installed: no lock, no watch
+                continue
+            with self._lock:  # waiting before watched: a load between the two finds the patch waiting
+                self._waiting.setdefault(module_name, set()).add(patch)
+            if self._imports.watch(module_name) is not None:
+                with self._lock:
+                    self._waiting.get(module_name, set()).discard(patch)
+                now.append(patch)
+        return self.install_all(now)
+
+    def stop_watching(self) -> None:
+        """Forget the patches waiting for a module and take the import hook off ``sys.meta_path`` (tests)."""
+        with self._lock:
+            self._waiting.clear()
+        self._imports.remove()
+
+    def waiting(self) -> dict[str, tuple[Patch, ...]]:
+        """The patches waiting for their module to be loaded, by module name."""
+        with self._lock:
+            return {name: tuple(patches) for name, patches in self._waiting.items() if patches}
+
     def uninstall(self, patch: Patch) -> bool:
         """Take ``patch``'s layer off its method (the original back when it was the last); True if it was there."""
         owner = _resolve(patch)
@@ -173,6 +211,22 @@ class PatchSet:
         return tuple(p.layer for p in mark.patches)
 
     # ------------------------------------------------------------------ internals
+    def _loaded(self, module: ModuleType) -> None:
+        """The import hook's callback: ``module``'s code has run; install what waits for it, in the declared
+        order of layers (each install recomposes the method from its original)."""
+        with self._lock:
+            patches = self._waiting.pop(module.__name__, set())
+        self.install_all(sorted(patches, key=self._rank))
+
+    def _holds_loaded(self, module_name: str, patch: Patch) -> bool:
+        module = sys.modules.get(module_name)
+        if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+            return False
+        try:
+            return self._holds(_resolve(patch), patch)
+        except PatchTargetMissing:
+            return False
+
     def _holds(self, owner: Any, patch: Patch) -> bool:
         current, _ = _read(owner, patch.attribute)
         mark = getattr(current, MARK, None)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import time
 from typing import Any, Callable, Iterator
 
@@ -63,12 +62,10 @@ def is_policy_call(ctx: RolloutContext, protocol: str, model: str | None, base_u
 
 
 def instrument_selective() -> list[str]:
-    """Install the pass-through for the SDKs present; returns the protocols installed now."""
-    installed = []
-    for sdk in _SDKS:
-        if importlib.util.find_spec(sdk) is not None and PATCHES.install_all(SDK_PATCHES[sdk]):
-            installed.append(sdk)
-    if importlib.util.find_spec("botocore") is not None and PATCHES.install(BEDROCK_PATCH):
+    """Install the pass-through for the SDKs loaded, and for the others the moment they are; returns the protocols
+    installed now."""
+    installed = [sdk for sdk in _SDKS if PATCHES.install_when_imported(SDK_PATCHES[sdk])]
+    if PATCHES.install_when_imported((BEDROCK_PATCH,)):
         installed.append("bedrock")
     return installed
 
