@@ -520,12 +520,16 @@ def test_event_stream_framing_is_what_botocore_checks():
 
 
 def test_the_adapters_stay_light_and_install_once():
-    """``import mtrl_adapters`` loads no botocore; the redirect installs once, whatever calls it."""
+    """``import mtrl_adapters`` and ``instrument_bedrock()`` load no botocore; the redirect installs once, at
+    botocore's import, whatever calls it after."""
     import subprocess
     import sys
 
     code = ("import sys, mtrl_adapters; assert 'botocore' not in sys.modules; "
-            "print(mtrl_adapters.instrument_bedrock(), mtrl_adapters.instrument_bedrock())")
+            "waits = mtrl_adapters.instrument_bedrock(); assert 'botocore' not in sys.modules; "
+            "import botocore.client; from mtrl_adapters._patches import PATCHES; "
+            "print(waits, *PATCHES.layers_on(botocore.client.BaseClient, '_make_api_call'), "
+            "mtrl_adapters.instrument_bedrock())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "False"]
+    assert out.stdout.split() == ["False", "redirect", "False"]
