@@ -71,7 +71,9 @@ def instrument() -> None:
     when it is loaded, and the tool-call capture of the frameworks loaded: LangChain's callbacks, Strands' hooks on
     every Agent built inside a rollout, and the names of the MCP servers their tools come from (``mtrl_adapters.mcp``).
     Each is a declared layer of ``_patches.PATCHES``: where two share a method (botocore's ``_make_api_call``:
-    selective capture outside the Bedrock redirect) their order is the set's, not the order of the calls below."""
+    selective capture outside the Bedrock redirect) their order is the set's, not the order of the calls below.
+    No SDK is imported here: one the process has not loaded is patched the moment it loads (``_on_import``), so
+    an agent that imports its client inside the rollout is captured from its first call."""
     instrument_openai()
     instrument_anthropic()
     instrument_gemini()
