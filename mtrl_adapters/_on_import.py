@@ -58,9 +58,10 @@ class ImportWatch(importlib.abc.MetaPathFinder):
                 return None
         return module
 
-    def watching(self) -> frozenset[str]:
-        """The names watched now."""
-        return frozenset(self._watched)
+    def is_watching(self, name: str) -> bool:
+        """Whether ``name`` is watched (read without the lock: a name is added under its module's import lock, so
+        one watched here is hooked in every import of it that has not begun)."""
+        return name in self._watched
 
     def remove(self) -> None:
         """Watch nothing and leave ``sys.meta_path`` (a loader already wrapped still calls back)."""

@@ -166,6 +166,9 @@ class PatchSet:
             module_name = patch.owner.partition(":")[0]
             if self._holds_loaded(module_name, patch):  # every rollout's call once installed: no lock, no watch
                 continue
+            if (patch in self._waiting.get(module_name, ()) and self._imports.is_watching(module_name)
+                    and module_name not in sys.modules):  # sys.modules read last: an import begun since is seen
+                continue  # waiting, and watched (so any import of it from now on is hooked): nothing to do
             with self._lock:  # waiting before watched: a load between the two finds the patch waiting
                 self._waiting.setdefault(module_name, set()).add(patch)
             if self._imports.watch(module_name) is not None:
