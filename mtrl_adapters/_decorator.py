@@ -20,6 +20,7 @@ import sys
 import time
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Callable, TypeVar
 
 from ._aiobotocore import instrument_aiobotocore
@@ -32,6 +33,7 @@ from ._client import RolloutError, describe_error
 from ._context import RolloutContext, activate, current_rollout, deactivate
 from ._values import policy_model_ids
 from ._openai import instrument_openai
+from ._patches import PATCHES
 from ._selective import instrument_selective
 
 log = logging.getLogger("mtrl_adapters")
@@ -72,8 +74,9 @@ def instrument() -> None:
     every Agent built inside a rollout, and the names of the MCP servers their tools come from (``mtrl_adapters.mcp``).
     Each is a declared layer of ``_patches.PATCHES``: where two share a method (botocore's ``_make_api_call``:
     selective capture outside the Bedrock redirect) their order is the set's, not the order of the calls below.
-    No SDK is imported here: one the process has not loaded is patched the moment it loads (``_on_import``), so
-    an agent that imports its client inside the rollout is captured from its first call."""
+    No SDK or framework is imported here: one the process has not loaded is instrumented the moment it loads
+    (``_on_import``), so an agent that imports its client or framework inside the rollout is captured from its
+    first call or Agent."""
     instrument_openai()
     instrument_anthropic()
     instrument_gemini()
@@ -81,25 +84,49 @@ def instrument() -> None:
     instrument_aiobotocore()
     instrument_litellm()
     instrument_selective()
-    if "langchain_core" in sys.modules:
-        from .langgraph import instrument_langchain
+    for module_name, action in _FRAMEWORKS:
+        PATCHES.call_when_imported(module_name, action)
 
-        instrument_langchain()
-    if "strands" in sys.modules:
-        from .strands import instrument_strands
 
-        instrument_strands()
-    session_module = sys.modules.get("mcp.client.session")  # no MCP client can exist before it is loaded
-    if session_module is not None:
-        instrument_mcp(session_module.ClientSession)
-    if "langchain_mcp_adapters.tools" in sys.modules:
-        from .langgraph import instrument_langchain_mcp
+def _langchain(_: ModuleType) -> None:
+    from .langgraph import instrument_langchain
 
-        instrument_langchain_mcp()
-    if "agents.mcp.util" in sys.modules:
+    instrument_langchain()
+
+
+def _strands(_: ModuleType) -> None:
+    from .strands import instrument_strands
+
+    instrument_strands()
+
+
+def _mcp_session(module: ModuleType) -> None:
+    instrument_mcp(module.ClientSession)
+
+
+def _langchain_mcp(_: ModuleType) -> None:
+    from .langgraph import instrument_langchain_mcp
+
+    instrument_langchain_mcp()
+
+
+def _openai_agents(_: ModuleType) -> None:
+    if "agents.mcp.util" in sys.modules:  # the SDK's MCP support, loaded by its package (or not at all)
         from .openai_agents import instrument_openai_agents_mcp
 
         instrument_openai_agents_mcp()
+
+
+_FRAMEWORKS: tuple[tuple[str, Callable[[ModuleType], None]], ...] = (
+    # the module whose load means the framework's objects can exist -> what instruments them (its adapter module
+    # imports the framework, so it is imported only then); a package is watched where the adapter imports names
+    # its __init__ defines, so it runs once that __init__ has
+    ("langchain_core", _langchain),
+    ("strands", _strands),
+    ("mcp.client.session", _mcp_session),  # no MCP client can exist before it is loaded
+    ("langchain_mcp_adapters.tools", _langchain_mcp),
+    ("agents", _openai_agents),
+)
 
 
 @dataclass

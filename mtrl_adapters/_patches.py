@@ -41,6 +41,7 @@ from typing import Any, Callable, Sequence
 from ._on_import import ImportWatch
 
 Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]  # the next callable inward -> the function in its place
+Action = Callable[[ModuleType], Any]  # called with a module the moment it is loaded (call_when_imported)
 
 MARK = "__mtrl_patch__"
 ORIGINAL = "__mtrl_original__"
@@ -113,6 +114,7 @@ class PatchSet:
         self.layers = layers
         self._lock = threading.Lock()
         self._waiting: dict[str, set[Patch]] = {}  # module name -> patches to install the moment it is loaded
+        self._actions: dict[str, set[Action]] = {}  # module name -> actions to call the moment it is loaded
         self._imports = ImportWatch(self._loaded)
 
     def install(self, patch: Patch) -> bool:
@@ -177,16 +179,40 @@ class PatchSet:
                 now.append(patch)
         return self.install_all(now)
 
+    def call_when_imported(self, module_name: str, action: Action) -> bool:
+        """Call ``action(module)`` now if ``module_name`` is loaded (True), else the moment it is (False): for an
+        adapter whose patches are declared in a module that imports the library (Strands' ``Agent``, ...).
+        ``action`` is called in the importing thread after the module's waiting patches are installed, so it
+        must be idempotent and hashable (a module-level function)."""
+        module = sys.modules.get(module_name)
+        if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
+            action(module)
+            return True
+        if (action in self._actions.get(module_name, ()) and self._imports.is_watching(module_name)
+                and module_name not in sys.modules):
+            return False  # waiting, watched: the hook calls it
+        with self._lock:
+            self._actions.setdefault(module_name, set()).add(action)
+        module = self._imports.watch(module_name)
+        if module is None:
+            return False
+        with self._lock:
+            self._actions.get(module_name, set()).discard(action)
+        action(module)
+        return True
+
     def stop_watching(self) -> None:
         """Forget the patches waiting for a module and take the import hook off ``sys.meta_path`` (tests)."""
         with self._lock:
             self._waiting.clear()
+            self._actions.clear()
         self._imports.remove()
 
-    def waiting(self) -> dict[str, tuple[Patch, ...]]:
-        """The patches waiting for their module to be loaded, by module name."""
+    def waiting(self) -> dict[str, tuple[Patch | Action, ...]]:
+        """The patches and actions waiting for their module to be loaded, by module name."""
         with self._lock:
-            return {name: tuple(patches) for name, patches in self._waiting.items() if patches}
+            names = {name for name, items in (*self._waiting.items(), *self._actions.items()) if items}
+            return {name: (*self._waiting.get(name, ()), *self._actions.get(name, ())) for name in names}
 
     def uninstall(self, patch: Patch) -> bool:
         """Take ``patch``'s layer off its method (the original back when it was the last); True if it was there."""
@@ -219,7 +245,10 @@ class PatchSet:
         order of layers (each install recomposes the method from its original)."""
         with self._lock:
             patches = self._waiting.pop(module.__name__, set())
+            actions = self._actions.pop(module.__name__, set())
         self.install_all(sorted(patches, key=self._rank))
+        for action in actions:
+            action(module)
 
     def _holds_loaded(self, module_name: str, patch: Patch) -> bool:
         module = sys.modules.get(module_name)
@@ -321,4 +350,4 @@ PATCHES = PatchSet((
 ))
 """The process's one set (the patched classes are the process's): every adapter installs through it."""
 
-__all__ = ["MARK", "ORIGINAL", "PATCHES", "Patch", "PatchSet", "PatchTargetMissing", "Wrap"]
+__all__ = ["Action", "MARK", "ORIGINAL", "PATCHES", "Patch", "PatchSet", "PatchTargetMissing", "Wrap"]

@@ -268,3 +268,40 @@ print(json.dumps(PATCHES.layers_on(base.BaseClient, "_build_request")))
     [[hooked, restored, waiting, layers, wrapped], after] = _python(code)
     assert hooked is True and restored is True and waiting == {} and layers == [] and wrapped is False
     assert after == ["redirect"]
+
+
+# ---------------------------------------------------------------------- frameworks loaded inside the rollout
+def test_frameworks_imported_inside_a_rollout_are_instrumented_before_their_first_object():
+    """Strands, LangChain, the MCP SDK, langchain-mcp-adapters and the OpenAI Agents SDK imported after the
+    rollout began: a Strands Agent built in that rollout already carries mtrl's hooks."""
+    for name in ("strands", "langchain_core", "mcp", "langchain_mcp_adapters", "agents"):
+        pytest.importorskip(name)
+    code = """
+import json, sys
+from mtrl_adapters import RolloutContext, rollout_scope
+from mtrl_adapters._decorator import instrument
+from mtrl_adapters._patches import PATCHES
+ctx = RolloutContext(rollout_id="r-lazy", token="t", endpoint="http://127.0.0.1:9")
+with rollout_scope(ctx):
+    instrument()  # the rollout's start
+    loaded = [m for m in ("strands", "langchain_core", "mcp", "agents") if m in sys.modules]
+    import strands
+    from strands.models.openai import OpenAIModel
+    agent = strands.Agent(model=OpenAIModel(client_args={"api_key": "k"}, model_id="policy"))
+    import langchain_core.messages, mcp.client.session, langchain_mcp_adapters.tools, agents
+from langchain_core.tracers import context
+from agents.mcp.util import MCPUtil
+from mtrl_adapters.langgraph import _HANDLER
+from mtrl_adapters.strands import _REGISTERED, MtrlHooks
+print(json.dumps([loaded, PATCHES.layers_on(strands.Agent, "__init__"),
+                  isinstance(getattr(agent.hooks, _REGISTERED, None), MtrlHooks),
+                  any(entry[0] is _HANDLER for entry in context._configure_hooks),
+                  PATCHES.layers_on(mcp.client.session.ClientSession, "call_tool"),
+                  PATCHES.layers_on(langchain_mcp_adapters.tools, "_build_interceptor_chain"),
+                  PATCHES.layers_on(MCPUtil, "invoke_mcp_tool")]))
+"""
+    [[loaded, strands_layers, hooked, langchain, mcp_layers, adapters_layers, agents_layers]] = _python(code)
+    assert loaded == []
+    assert strands_layers == ["hooks"] and hooked is True
+    assert langchain is True and mcp_layers == ["observe"] and adapters_layers == ["observe"]
+    assert agents_layers == ["observe"]
