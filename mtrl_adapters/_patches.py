@@ -22,9 +22,16 @@ nature, because the class is; this module is the one place that makes it.
   puts back exactly what was there: the same object in the owner's
   ``__dict__``, or no entry at all where the method was inherited.
 
+* ``install_when_imported`` installs a patch whose module is loaded and
+  leaves the others waiting for their module (the set's
+  :class:`~._on_import.ImportWatch`, a post-import hook), installed the moment
+  its code has run; ``call_when_imported`` does the same for an action (an
+  adapter that must import the library to declare its patches). So mtrl
+  never imports an SDK, and one loaded later is never called unpatched.
+
 What is installed lives on the patched attribute itself (its mark), because
-the class is the process's anyway; a set holds only its layer order and its
-lock. :data:`PATCHES` is the set every adapter installs through, so one lock
+the class is the process's anyway; a set holds its layer order, its lock,
+and what waits for a module to load. :data:`PATCHES` is the set every adapter installs through, so one lock
 orders them all.
 """
 

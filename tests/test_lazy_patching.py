@@ -9,7 +9,9 @@ process's): a rollout's Anthropic call made by a client imported after
 botocore loaded after ``instrument()`` gets selective capture outside the
 Bedrock redirect whichever layer lands first; an openai-only agent's
 ``instrument()`` loads none of the other SDKs; threads importing at once each
-get the patched class; ``stop_watching`` leaves ``sys.meta_path`` as it was.
+get the patched class; ``stop_watching`` leaves ``sys.meta_path`` as it was;
+a Strands Agent built in a rollout that imported Strands inside it has mtrl's
+hooks (and LangChain, MCP, langchain-mcp-adapters, the Agents SDK their layers).
 """
 
 from __future__ import annotations
