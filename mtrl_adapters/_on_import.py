@@ -18,9 +18,10 @@ module is there: the caller installs now, after waiting for an import in
 progress in another thread) or its ``find_spec`` comes after the watch was
 added (the callback runs). A module whose code raises is not called back and
 stays watched; a callback that raises fails the import (the module cannot be
-used unpatched without a word). The finder leaves ``sys.meta_path`` when
-nothing is watched any more, and :meth:`ImportWatch.remove` takes it out at
-once (tests).
+used unpatched without a word). Once on ``sys.meta_path`` the finder stays
+(a set lookup per import): taking it out while another thread's import walks
+that list would make that import skip a finder. :meth:`ImportWatch.remove`
+takes it out (tests).
 """
 
 from __future__ import annotations
@@ -86,10 +87,8 @@ class ImportWatch(importlib.abc.MetaPathFinder):
 
     def _loaded(self, module: ModuleType) -> None:
         self._on_loaded(module)
-        with self._lock:
-            self._watched.discard(module.__name__)
-            if not self._watched and self in sys.meta_path:
-                sys.meta_path.remove(self)
+        with self._lock:  # the finder stays: another thread's import may be iterating sys.meta_path now, and a
+            self._watched.discard(module.__name__)  # finder removed under it would make it skip the next one
 
 
 def _find_elsewhere(watch: ImportWatch, name: str, path: Any, target: Any) -> importlib.machinery.ModuleSpec | None:
