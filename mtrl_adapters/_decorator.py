@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import inspect
 import logging
 import sys
@@ -88,16 +89,24 @@ def instrument() -> None:
         PATCHES.call_when_imported(module_name, action)
 
 
-def _langchain(_: ModuleType) -> None:
-    from .langgraph import instrument_langchain
+def _adapter(name: str) -> ModuleType | None:
+    """``mtrl_adapters.<name>``; None while it is being imported: its own import loaded the framework (the user
+    imported mtrl's adapter before the framework), so its names are not defined yet, and the next rollout's
+    ``instrument()`` installs it, as every rollout start did before the import hook."""
+    module = sys.modules.get(f"{__package__}.{name}")
+    if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None
+    return importlib.import_module(f".{name}", __package__)
 
-    instrument_langchain()
+
+def _langchain(_: ModuleType) -> None:
+    if (adapter := _adapter("langgraph")) is not None:
+        adapter.instrument_langchain()
 
 
 def _strands(_: ModuleType) -> None:
-    from .strands import instrument_strands
-
-    instrument_strands()
+    if (adapter := _adapter("strands")) is not None:
+        adapter.instrument_strands()
 
 
 def _mcp_session(module: ModuleType) -> None:
@@ -105,16 +114,13 @@ def _mcp_session(module: ModuleType) -> None:
 
 
 def _langchain_mcp(_: ModuleType) -> None:
-    from .langgraph import instrument_langchain_mcp
-
-    instrument_langchain_mcp()
+    if (adapter := _adapter("langgraph")) is not None:
+        adapter.instrument_langchain_mcp()
 
 
 def _openai_agents(_: ModuleType) -> None:
-    if "agents.mcp.util" in sys.modules:  # the SDK's MCP support, loaded by its package (or not at all)
-        from .openai_agents import instrument_openai_agents_mcp
-
-        instrument_openai_agents_mcp()
+    if "agents.mcp.util" in sys.modules and (adapter := _adapter("openai_agents")) is not None:
+        adapter.instrument_openai_agents_mcp()  # the SDK's MCP support, loaded by its package (or not at all)
 
 
 _FRAMEWORKS: tuple[tuple[str, Callable[[ModuleType], None]], ...] = (

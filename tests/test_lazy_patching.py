@@ -307,3 +307,25 @@ print(json.dumps([loaded, PATCHES.layers_on(strands.Agent, "__init__"),
     assert strands_layers == ["hooks"] and hooked is True
     assert langchain is True and mcp_layers == ["observe"] and adapters_layers == ["observe"]
     assert agents_layers == ["observe"]
+
+
+def test_an_adapter_module_imported_before_its_framework_imports_cleanly_and_the_next_rollout_instruments():
+    """``import mtrl_adapters.strands`` (and the others) after ``instrument()`` loads the framework from inside the
+    adapter's own import, before the adapter's names exist: the hook must not fail that import; the next
+    rollout's ``instrument()`` installs the layer."""
+    for name in ("strands", "langchain_core", "agents"):
+        pytest.importorskip(name)
+    code = """
+import json
+from mtrl_adapters._decorator import instrument
+from mtrl_adapters._patches import PATCHES
+instrument()
+import mtrl_adapters.strands, mtrl_adapters.openai_agents, mtrl_adapters.langgraph
+import strands
+from agents.mcp.util import MCPUtil
+before = [PATCHES.layers_on(strands.Agent, "__init__"), PATCHES.layers_on(MCPUtil, "invoke_mcp_tool")]
+instrument()
+print(json.dumps([before, [PATCHES.layers_on(strands.Agent, "__init__"), PATCHES.layers_on(MCPUtil, "invoke_mcp_tool")]]))
+"""
+    [[_, after]] = _python(code)
+    assert after == [["hooks"], ["observe"]]
