@@ -323,6 +323,9 @@ BAD = [
     ({"contents": [_user("x")], "tools": TOOLS,
       "toolConfig": {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["nope"]}}},
      "toolConfig.functionCallingConfig.allowedFunctionNames", ["'nope'"]),
+    # stopSequences not a list (the fuzzer's body, a 500 before): the field's own type check, not a crash
+    ({"contents": [_user("x")], "generationConfig": {"stopSequences": True}}, "generationConfig.stopSequences",
+     ["list"]),
 ]
 
 

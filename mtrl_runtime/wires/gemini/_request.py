@@ -115,8 +115,8 @@ class GenerationConfig(BaseModel):
                 if camel in _UNSUPPORTED_GENERATION:
                     why = _UNSUPPORTED_GENERATION[camel]
                     raise ValueError(f"{camel}: not supported (got {data[key]!r:.80}); {why}")
-        if isinstance(data, dict) and any(not s for s in data.get("stopSequences") or data.get("stop_sequences") or ()
-                                          if isinstance(s, str)):
+        stops = data.get("stopSequences", data.get("stop_sequences")) if isinstance(data, dict) else None
+        if isinstance(stops, list) and any(isinstance(s, str) and not s for s in stops):  # other types: the field's check
             raise ValueError("stopSequences must not hold empty strings")
         return data
 
