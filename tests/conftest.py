@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -33,6 +34,31 @@ def pytest_configure(config: pytest.Config) -> None:
     from _xdist_groups import GroupPlugin
 
     config.pluginmanager.register(GroupPlugin(), "mtrl-xdist-groups")
+
+
+# LangChain's chat models without an http client of their own share one cached async httpx client per process
+# (per base URL); built on an earlier test's event loop, closed since, it fails a later test's calls ("Event loop is
+# closed", "Connection error"). Each test starts without them; modules not loaded are not imported.
+_LANGCHAIN_CLIENT_CACHES = {
+    "langchain_openai.chat_models._client_utils": ("_cached_async_httpx_client", "_cached_sync_httpx_client"),
+    "langchain_anthropic._client_utils": ("_get_default_async_httpx_client", "_get_default_httpx_client"),
+}
+
+
+def _clear_langchain_clients() -> None:
+    for module_name, names in _LANGCHAIN_CLIENT_CACHES.items():
+        module = sys.modules.get(module_name)
+        for name in names if module is not None else ():
+            cached = getattr(module, name, None)
+            if cached is not None:
+                cached.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_langchain_clients() -> Iterator[None]:
+    _clear_langchain_clients()
+    yield
+    _clear_langchain_clients()
 
 
 @pytest.fixture(scope="module")

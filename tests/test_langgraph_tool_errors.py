@@ -53,17 +53,6 @@ with warnings.catch_warnings():
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_langchain_openai_client():
-    """ChatOpenAI without a base_url shares one cached async httpx client per process; built on an earlier test's
-    event loop (closed since), it fails this test's calls with "Event loop is closed"."""
-    from langchain_openai.chat_models import _client_utils
-
-    _client_utils._cached_async_httpx_client.cache_clear()
-    yield
-    _client_utils._cached_async_httpx_client.cache_clear()
-
-
 @tool
 def lookup(key: str) -> int:
     """Look a key up in the table."""
