@@ -219,39 +219,10 @@ def _alternatives(token: int, logprob: float, k: int, vocab: int) -> tuple[tuple
     return ((token, logprob),) + rest
 
 
-def create(
-    model: str | None,
-    *,
-    script: Script | None = None,
-    tokenizer: Any = None,
-    fail_turns: Sequence[int] = (),
-    delay_s: float = 0.0,
-    context_length: int | None = None,
-    token_delay_s: float = 0.0,
-) -> ScriptedEngine:
-    """The ``scripted`` factory. Tokenizer: given, else ``model``'s, else the tiny test tokenizer.
-
-    Without a script every turn answers ``DONE``.
-    """
-    if tokenizer is None and model is not None:
-        from .._loading import resolve_model
-        from .._tokenizer import load_tokenizer
-
-        tokenizer = load_tokenizer(resolve_model(model))
-    if tokenizer is None:
-        from ...testing import tiny_tokenizer
-
-        tokenizer = tiny_tokenizer()
-    return ScriptedEngine(tokenizer, script if script is not None else (lambda request, prompt: "DONE"),
-                          fail_turns=fail_turns, delay_s=delay_s, context_length=context_length,
-                          token_delay_s=token_delay_s)
-
-
 __all__ = [
     "ScriptExhausted",
     "ScriptedEngine",
     "ScriptedFailure",
     "ScriptedReply",
-    "create",
     "scripted_logprob",
 ]

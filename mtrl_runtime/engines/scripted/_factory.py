@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ._engine import Script, ScriptedEngine
-from ._engine import create as _create_scripted
 from ._script_file import load_script_file
 
 
@@ -30,8 +29,18 @@ def create(
         raise ValueError("script_file: give a script or a script file, not both")
     if script_file is not None:
         script = load_script_file(script_file)
-    engine = _create_scripted(model, script=script, tokenizer=tokenizer, fail_turns=fail_turns, delay_s=delay_s,
-                              context_length=context_length, token_delay_s=token_delay_s)
+    if tokenizer is None and model is not None:
+        from .._loading import resolve_model
+        from .._tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(resolve_model(model))
+    if tokenizer is None:
+        from ...testing import tiny_tokenizer
+
+        tokenizer = tiny_tokenizer()
+    engine = ScriptedEngine(tokenizer, script if script is not None else (lambda request, prompt: "DONE"),
+                            fail_turns=fail_turns, delay_s=delay_s, context_length=context_length,
+                            token_delay_s=token_delay_s)
     source = f"script {script_file}" if script_file is not None else (
         "a script given in code" if script is not None else "every reply 'DONE'")
     tokens = f"tokenizer of {model}" if model is not None and tokenizer is None else "given/tiny tokenizer"
