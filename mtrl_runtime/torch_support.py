@@ -57,6 +57,17 @@ def cache_of(layers: Any) -> Any:
     return cache
 
 
+def settle_future(future: Any, result: Any, error: BaseException | None) -> None:
+    """Give a future (asyncio's or concurrent's) its call's outcome: ``error`` raised if given, else ``result``.
+
+    Called where a torch thread's work is handed back: ``on_own_thread``, the hf engine's jobs and calls.
+    """
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 async def on_own_thread(fn: Callable[..., T], *args: Any, name: str = "mtrl-once") -> T:
     """``asyncio.to_thread`` on a new thread that ends with the call (the module docstring says why): for
     torch work off the run's torch thread, such as building a run or saving a checkpoint. The caller's
@@ -66,12 +77,8 @@ async def on_own_thread(fn: Callable[..., T], *args: Any, name: str = "mtrl-once
     context = contextvars.copy_context()
 
     def deliver(result: Any, error: BaseException | None) -> None:
-        if done.cancelled():
-            return
-        if error is not None:
-            done.set_exception(error)
-        else:
-            done.set_result(result)
+        if not done.cancelled():
+            settle_future(done, result, error)
 
     def run() -> None:
         try:
@@ -87,4 +94,4 @@ async def on_own_thread(fn: Callable[..., T], *args: Any, name: str = "mtrl-once
     return await done
 
 
-__all__ = ["cache_of", "cpu_has_native_bf16", "on_own_thread", "plain_kv_cache"]
+__all__ = ["cache_of", "cpu_has_native_bf16", "on_own_thread", "plain_kv_cache", "settle_future"]

@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 from typing import Any, Callable
 
+from ...torch_support import settle_future
 from ...types import Generation, GenerationRequest
 
 
@@ -60,20 +61,16 @@ class Call:
         if not self.future.set_running_or_notify_cancel():
             return
         try:
-            result = self.fn()
+            result, error = self.fn(), None
         except BaseException as exc:  # handed to the caller, who re-raises it
-            self.future.set_exception(exc)
-        else:
-            self.future.set_result(result)
+            result, error = None, exc
+        settle_future(self.future, result, error)
 
     def settle(self, result: Any, error: BaseException | None = None) -> None:
         """Fail (or resolve) the call without running it: the engine closed first."""
         if self.future.done() or not self.future.set_running_or_notify_cancel():
             return
-        if error is not None:
-            self.future.set_exception(error)
-        else:
-            self.future.set_result(result)
+        settle_future(self.future, result, error)
 
 
 def _settle(
@@ -81,12 +78,8 @@ def _settle(
 ) -> None:
     if tokens is not None:  # after every token the worker emitted: the stream's end
         tokens.put_nowait(None)
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
+    if not future.done():
+        settle_future(future, result, error)
 
 
 __all__ = ["Call", "Job"]
