@@ -38,7 +38,6 @@ Launch, layout and memory: docs/scaling.md.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import time
 from dataclasses import replace
@@ -48,18 +47,16 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from ...diagnostics import NONFINITE_SKIPPED
 from ...engines import resolve_model
 from ...types import Sample
 from ..update import (TRAINER_STATE, WEIGHTS_FOLDER, NonFiniteWeights, Policy, PolicyUpdate, UpdateSettings,
-                      atomic_folder, loss_normalizer, nonfinite_cause, nonfinite_rollouts, policy_settings,
+                      atomic_folder, loss_normalizer, nonfinite_rollouts, policy_settings,
                       preflight_folder)
 from ._fsdp import full_value, local_shard, shard_policy
 from ._rank0_weights import InitialWeights, build_sharded_policy
 from ._ranks import Ranks, leave_job
 from ._sharded_checkpoint import indexed_optimizer_state, load_from_rank0, read_checkpoint
 
-log = logging.getLogger("mtrl.train")
 
 # metrics that add up over ranks and rounds; every other ``train/`` metric is a per-token mean
 SUMMED = frozenset({
@@ -206,24 +203,17 @@ class ShardedUpdate:
         update = self.update
         poisoned = nonfinite_rollouts(samples)
         if poisoned:  # the same verdict on every rank: they all hold the same samples
-            return self._skipped(samples, "advantages", poisoned, start, {"train/tokens_trained": 0.0})
+            return update.skipped(samples, "advantages", poisoned, start, {"train/tokens_trained": 0.0},
+                                  warn=self.ranks.leader)
         kept = [s for s in samples if any(s.loss_mask_T[1:])]
         normalizer = loss_normalizer(kept, update.settings.loss.aggregation)
         with update.weights_lock, self._training_mode():
             update.optimizer.zero_grad(set_to_none=True)
             local = self._backward(kept, normalizer)
             metrics = self._combine(local)
-            if metrics["train/tokens_trained"] > 0:
-                params = update.policy.trainable_parameters()
-                grad_norm = full_value(torch.nn.utils.clip_grad_norm_(params, update.settings.max_grad_norm))
-                bad = nonfinite_cause(metrics["train/loss"], float(grad_norm))
-                if bad is not None:
-                    update.optimizer.zero_grad(set_to_none=True)
-                    return self._skipped(samples, bad, sorted({s.rollout_id for s in samples}), start, metrics)
-                metrics["train/grad_norm"] = float(grad_norm)
-                update.optimizer.step()
-                update.version += 1
-            update.optimizer.zero_grad(set_to_none=True)
+            skipped = update.apply_gradients(samples, start, metrics, full_value, warn=self.ranks.leader)
+            if skipped is not None:
+                return skipped
         metrics["train/policy_version"] = float(update.version)
         metrics["train/world_size"] = float(self.ranks.world_size)
         metrics["train/step_seconds"] = time.perf_counter() - start
@@ -258,18 +248,6 @@ class ShardedUpdate:
                 total[name] = total.get(name, 0.0) + value
         trained = max(total["train/tokens_trained"], 1.0)
         return {name: value if name in SUMMED else value / trained for name, value in total.items()}
-
-    def _skipped(self, samples: Sequence[Sample], cause: str, rollout_ids: Sequence[str], start: float,
-                 metrics: dict[str, float]) -> dict[str, float]:
-        self.update.skipped_nonfinite += 1
-        if self.ranks.leader:
-            log.warning("mtrl: update skipped: non-finite %s (policy version stays %d); rollouts: %s",
-                        cause, self.update.version, ", ".join(rollout_ids[:10]))
-        out = {k: v for k, v in metrics.items() if math.isfinite(v)}
-        out.update({NONFINITE_SKIPPED: 1.0, "train/skipped": 1.0, "train/samples": float(len(samples)),
-                    "train/policy_version": float(self.update.version),
-                    "train/step_seconds": time.perf_counter() - start})
-        return out
 
     @contextlib.contextmanager
     def _training_mode(self) -> Iterator[None]:

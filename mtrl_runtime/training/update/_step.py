@@ -33,7 +33,7 @@ import math
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -100,34 +100,51 @@ class PolicyUpdate:
         start = time.perf_counter()
         poisoned = nonfinite_rollouts(samples)
         if poisoned:  # a non-finite advantage would reach every weight through the loss: no forward at all
-            return self._skipped(samples, "advantages", poisoned, start, {"train/tokens_trained": 0.0})
+            return self.skipped(samples, "advantages", poisoned, start, {"train/tokens_trained": 0.0})
         with self.weights_lock, self._training_mode():
             self.optimizer.zero_grad(set_to_none=True)
             metrics = self.backward(samples)
-            if metrics["train/tokens_trained"] > 0:
-                params = self.policy.trainable_parameters()
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm)
-                bad = nonfinite_cause(metrics["train/loss"], float(grad_norm))
-                if bad is not None:  # the step is skipped: the weights and the optimizer state stay as they were
-                    self.optimizer.zero_grad(set_to_none=True)
-                    return self._skipped(samples, bad, sorted({s.rollout_id for s in samples}), start, metrics)
-                metrics["train/grad_norm"] = float(grad_norm)
-                self.optimizer.step()
-                self.version += 1
-            self.optimizer.zero_grad(set_to_none=True)
+            skipped = self.apply_gradients(samples, start, metrics)
+            if skipped is not None:
+                return skipped
         _memory.release_free_memory()  # a step's peak would otherwise stay in this thread's malloc arena
         metrics["train/policy_version"] = float(self.version)
         metrics["train/step_seconds"] = time.perf_counter() - start
         return metrics
 
-    def _skipped(
-        self, samples: Sequence[Sample], cause: str, rollout_ids: Sequence[str], start: float, metrics: dict[str, float]
+    def apply_gradients(
+        self, samples: Sequence[Sample], start: float, metrics: dict[str, float],
+        norm_value: Callable[[torch.Tensor], Any] = float, warn: bool = True,
+    ) -> dict[str, float] | None:
+        """After the backward passes, under the weights lock: clip the gradients and step the optimizer, unless
+        the loss or the gradient norm is not finite; the gradients are dropped either way.
+
+        Returns the skipped step's metrics, or None once stepped (``metrics`` then has the grad norm).
+        ``norm_value``: the clipped norm as a number (a sharded update gathers it); ``warn``: log a skip here.
+        """
+        if metrics["train/tokens_trained"] > 0:
+            params = self.policy.trainable_parameters()
+            grad_norm = float(norm_value(torch.nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm)))
+            bad = nonfinite_cause(metrics["train/loss"], grad_norm)
+            if bad is not None:  # the step is skipped: the weights and the optimizer state stay as they were
+                self.optimizer.zero_grad(set_to_none=True)
+                return self.skipped(samples, bad, sorted({s.rollout_id for s in samples}), start, metrics, warn)
+            metrics["train/grad_norm"] = grad_norm
+            self.optimizer.step()
+            self.version += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return None
+
+    def skipped(
+        self, samples: Sequence[Sample], cause: str, rollout_ids: Sequence[str], start: float,
+        metrics: dict[str, float], warn: bool = True,
     ) -> dict[str, float]:
         """Metrics of a step skipped for non-finite ``cause`` (only finite values kept: the commit refuses others)."""
         self.skipped_nonfinite += 1
-        shown = ", ".join(rollout_ids[:10]) + (f" and {len(rollout_ids) - 10} more" if len(rollout_ids) > 10 else "")
-        log.warning("mtrl: update skipped: non-finite %s (policy version stays %d); rollouts: %s",
-                    cause, self.version, shown)
+        if warn:  # a sharded update warns on its leader only
+            shown = ", ".join(rollout_ids[:10]) + (f" and {len(rollout_ids) - 10} more" if len(rollout_ids) > 10 else "")
+            log.warning("mtrl: update skipped: non-finite %s (policy version stays %d); rollouts: %s",
+                        cause, self.version, shown)
         out = {k: v for k, v in metrics.items() if math.isfinite(v)}
         out.update({
             NONFINITE_SKIPPED: 1.0,
