@@ -45,6 +45,24 @@ HEADROOM = 128  # columns of room allocated with each growth: one cache copy per
 PADDED_HEADROOM = 32  # the same for ``padded``, whose attention reads the room too
 
 
+class _FilledPart:
+    """A ``BufferLayer``'s ``keys`` or ``values``: the filled columns of its buffer, read as a view; assigning a
+    tensor (or None) adopts it as the buffer, filled to its last column."""
+
+    def __init__(self, buffer: str, length: str) -> None:
+        self.buffer, self.length = buffer, length  # the layer's attributes holding the buffer and its filled columns
+
+    def __get__(self, layer: Any, owner: type | None = None) -> Any:
+        if layer is None:
+            return self
+        buffer = getattr(layer, self.buffer)
+        return None if buffer is None else buffer[:, :, : getattr(layer, self.length)]
+
+    def __set__(self, layer: Any, tensor: torch.Tensor | None) -> None:
+        setattr(layer, self.buffer, tensor)
+        setattr(layer, self.length, 0 if tensor is None else tensor.shape[-2])
+
+
 class BufferLayer(DynamicLayer):
     """A ``DynamicLayer`` whose ``keys`` / ``values`` are views of preallocated buffers (see the module docstring)."""
 
@@ -61,23 +79,8 @@ class BufferLayer(DynamicLayer):
     # the filled part of the buffers; assigning adopts a tensor as the buffer (no room: the next update grows it).
     # Keys and values keep their own lengths: ``layer.keys = f(layer.keys)`` then ``layer.values = f(layer.values)``
     # must read the values as they were.
-    @property
-    def keys(self) -> torch.Tensor | None:  # type: ignore[override]
-        return None if self._keys_buf is None else self._keys_buf[:, :, : self._length]
-
-    @keys.setter
-    def keys(self, tensor: torch.Tensor | None) -> None:
-        self._keys_buf = tensor
-        self._length = 0 if tensor is None else tensor.shape[-2]
-
-    @property
-    def values(self) -> torch.Tensor | None:  # type: ignore[override]
-        return None if self._values_buf is None else self._values_buf[:, :, : self._values_length]
-
-    @values.setter
-    def values(self, tensor: torch.Tensor | None) -> None:
-        self._values_buf = tensor
-        self._values_length = 0 if tensor is None else tensor.shape[-2]
+    keys = _FilledPart("_keys_buf", "_length")  # type: ignore[assignment]
+    values = _FilledPart("_values_buf", "_values_length")  # type: ignore[assignment]
 
     @property
     def capacity(self) -> int:
