@@ -94,6 +94,7 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, TypeVar
 
@@ -114,86 +115,77 @@ from ._worker import WorkerLoop
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class HFServing:
+    """How an ``HFEngine`` serves, whichever way its model came (``HFEngine(path, ...)``, ``from_objects``);
+    the engine's keyword options, checked here."""
+
+    max_batch_size: int = 32
+    max_prefill_tokens: int = 16384
+    eos_token_ids: list[int] | tuple[int, ...] | None = None  # None: the model's and tokenizer's own
+    num_threads: int | None = None  # CPU threads of the worker only (OpenMP: per thread); None: torch's
+    prefix_cache_tokens: int = 32768  # 0 disables the prefix cache
+    kv_cache: str = "auto"  # how a decode batch holds its KV (see _kv_buffer)
+    share_prefix: bool = True
+    cpu_linear: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads: must be >= 1, got {self.num_threads}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size: must be >= 1, got {self.max_batch_size}")
+        if self.max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens: must be >= 1, got {self.max_prefill_tokens}")
+        if not isinstance(self.prefix_cache_tokens, int) or self.prefix_cache_tokens < 0:
+            raise ValueError(
+                f"prefix_cache_tokens: must be an int >= 0 (0 disables), got {self.prefix_cache_tokens!r}")
+        if not isinstance(self.share_prefix, bool):
+            raise ValueError(f"share_prefix: must be true or false, got {self.share_prefix!r}")
+        if self.cpu_linear not in CPU_LINEARS:
+            raise ValueError(f"cpu_linear: expected one of {', '.join(CPU_LINEARS)}, got {self.cpu_linear!r}")
+
+
 class HFEngine(WorkerLoop):
-    """Transformers model served in-process with batched decoding (see the module docstring)."""
+    """Transformers model served in-process with batched decoding (see the module docstring).
+
+    ``serving``: the fields of ``HFServing`` as keywords (batch sizes, threads, caches, linear layers).
+    """
 
     name = "hf"
 
-    def __init__(
-        self,
-        model_path: str | Path,
-        *,
-        device: str = "cpu",
-        dtype: str = "auto",
-        max_batch_size: int = 32,
-        max_prefill_tokens: int = 16384,
-        eos_token_ids: list[int] | tuple[int, ...] | None = None,
-        num_threads: int | None = None,
-        prefix_cache_tokens: int = 32768,
-        kv_cache: str = "auto",
-        share_prefix: bool = True,
-        cpu_linear: str = "auto",
-    ) -> None:
+    def __init__(self, model_path: str | Path, *, device: str = "cpu", dtype: str = "auto", **serving: Any) -> None:
+        options = HFServing(**serving)
         if dtype == "auto":
             dtype = auto_dtype(device)
         model, tokenizer = load_pretrained(Path(model_path), dtype, device)
-        self._setup(model, tokenizer, max_batch_size, max_prefill_tokens, eos_token_ids, num_threads,
-                    prefix_cache_tokens, kv_cache, share_prefix, cpu_linear)
+        self._setup(model, tokenizer, options)
 
     @classmethod
-    def from_objects(
-        cls,
-        model: Any,
-        tokenizer: Any,
-        *,
-        max_batch_size: int = 32,
-        max_prefill_tokens: int = 16384,
-        eos_token_ids: list[int] | tuple[int, ...] | None = None,
-        num_threads: int | None = None,
-        prefix_cache_tokens: int = 32768,
-        kv_cache: str = "auto",
-        share_prefix: bool = True,
-        cpu_linear: str = "auto",
-    ) -> "HFEngine":
+    def from_objects(cls, model: Any, tokenizer: Any, **serving: Any) -> "HFEngine":
         """Serve an already built model (its device and dtype as they are), e.g. the tiny test model."""
         engine = cls.__new__(cls)
-        engine._setup(model, tokenizer, max_batch_size, max_prefill_tokens, eos_token_ids, num_threads,
-                      prefix_cache_tokens, kv_cache, share_prefix, cpu_linear)
+        engine._setup(model, tokenizer, HFServing(**serving))
         return engine
 
-    def _setup(
-        self, model: Any, tokenizer: Any, max_batch_size: int, max_prefill_tokens: int,
-        eos_token_ids: list[int] | tuple[int, ...] | None, num_threads: int | None, prefix_cache_tokens: int,
-        kv_cache: str = "auto", share_prefix: bool = True, cpu_linear: str = "auto",
-    ) -> None:
-        if num_threads is not None and num_threads < 1:
-            raise ValueError(f"num_threads: must be >= 1, got {num_threads}")
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
-        if max_prefill_tokens < 1:
-            raise ValueError(f"max_prefill_tokens: must be >= 1, got {max_prefill_tokens}")
-        if not isinstance(prefix_cache_tokens, int) or prefix_cache_tokens < 0:
-            raise ValueError(f"prefix_cache_tokens: must be an int >= 0 (0 disables), got {prefix_cache_tokens!r}")
-        if not isinstance(share_prefix, bool):
-            raise ValueError(f"share_prefix: must be true or false, got {share_prefix!r}")
-        if cpu_linear not in CPU_LINEARS:
-            raise ValueError(f"cpu_linear: expected one of {', '.join(CPU_LINEARS)}, got {cpu_linear!r}")
-        self.kv_cache = resolve_kv_cache(kv_cache, model)  # how a decode batch holds its KV (see _kv_buffer)
+    def _setup(self, model: Any, tokenizer: Any, serving: HFServing) -> None:
+        self.kv_cache = resolve_kv_cache(serving.kv_cache, model)  # how a decode batch holds its KV (see _kv_buffer)
         self._model = model
         self.tokenizer = tokenizer
         self.weights_lock = threading.RLock()
         # None when disabled, or when the model's cache has layers (sliding windows, ...) KV cannot be cut from
-        self._prefix = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens and plain_kv_cache(model) else None
+        cached = serving.prefix_cache_tokens
+        self._prefix = PrefixCache(cached) if cached and plain_kv_cache(model) else None
         self._variant_prefixes: dict[str, PrefixCache] = {}  # base-model rows', each role's (``_worker._prefix_for``)
         self.policy_version = 0
         self.stats = EngineStats()
-        self.max_batch_size = max_batch_size
-        self.max_prefill_tokens = max_prefill_tokens
-        self.num_threads = num_threads  # CPU threads of the worker only (OpenMP: per thread); None: torch's
-        self.eos_token_ids = frozenset(default_eos_ids(model, tokenizer) if eos_token_ids is None else eos_token_ids)
+        self.max_batch_size = serving.max_batch_size
+        self.max_prefill_tokens = serving.max_prefill_tokens
+        self.num_threads = serving.num_threads  # CPU threads of the worker only (OpenMP: per thread); None: torch's
+        eos = serving.eos_token_ids
+        self.eos_token_ids = frozenset(default_eos_ids(model, tokenizer) if eos is None else eos)
         self.device = next(model.parameters()).device
         own_attention = use_short_query_attention(model)  # on CPU: decode steps 2.6x faster than SDPA (_attention)
-        self.share_prefix = share_prefix and own_attention  # only that attention reads a shared prefix
+        self.share_prefix = serving.share_prefix and own_attention  # only that attention reads a shared prefix
         self.vocab_size = model.get_input_embeddings().num_embeddings
         self.context_length = int(getattr(model.config, "max_position_embeddings", None) or 1 << 30)
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -207,8 +199,8 @@ class HFEngine(WorkerLoop):
         # decode's linear layers through oneDNN with reordered weights where that pays on this CPU (_packed_linear);
         # the probe times matmuls, so it runs on the worker: on this thread it would start a second OpenMP team
         # and throttle every decode step after it (_worker's docstring)
-        plan = self.on_worker_sync(lambda: packing_plan(model)) if cpu_linear == "auto" else None
-        pack = cpu_linear == "packed" or bool(plan)
+        plan = self.on_worker_sync(lambda: packing_plan(model)) if serving.cpu_linear == "auto" else None
+        pack = serving.cpu_linear == "packed" or bool(plan)
         self.packed_linears = PackedLinears(model, plan=plan) if pack else None  # plan None: every linear
         self.cpu_linear = "packed" if pack else "aten"
 
@@ -402,4 +394,4 @@ def create(
                     cpu_linear=cpu_linear)
 
 
-__all__ = ["HFEngine", "create"]
+__all__ = ["HFEngine", "HFServing", "create"]
