@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from ...types import ModelCall, Rollout, RolloutStatus, Task, ToolCall, Turn
-from .._checks import check_int, check_metrics, check_rollout_ids, check_str, final_status, status_of
+from .._checks import check_int, check_metrics, check_rollout_ids, check_str, final_status
 from .._codec import (
     decode_rollout,
     decode_task,
     decode_tool_call,
     decode_turn,
     dumps,
-    encode_reward,
     encode_rollout,
     encode_task,
     encode_tool_call,
@@ -32,6 +31,7 @@ from .._codec import (
     loads,
 )
 from .._export import rollout_record, write_jsonl
+from .._front import RewardRow, StoreFront
 from .._model_calls import decode_model_call, encode_model_call
 
 
@@ -53,7 +53,7 @@ class _Recorded:
         )
 
 
-class MemoryStore:
+class MemoryStore(StoreFront):
     """The ``memory`` ``TrajectoryStore``: every record in dicts; ``path`` is only a label.
 
     ``read_only``: there is nothing to read back (a memory store keeps nothing
@@ -147,17 +147,8 @@ class MemoryStore:
             recorded.model_calls.append(decode_model_call((row[0], seq, *row[1:])))
             return seq
 
-    def set_reward(
-        self,
-        rollout_id: str,
-        reward: float | None = None,
-        turn_rewards: Sequence[float] | None = None,
-        metrics: Mapping[str, float] | None = None,
-        defaulted: bool = False,
-    ) -> bool:
-        """Exactly one of ``reward`` / ``turn_rewards``; a ``defaulted`` one only if none was reported."""
-        check_str("rollout_id", rollout_id)
-        value, turns_json, metrics_json = encode_reward(reward, turn_rewards, {} if metrics is None else metrics)
+    def _store_reward(self, row: RewardRow) -> bool:
+        rollout_id, value, turns_json, metrics_json, defaulted = row
         with self._open():
             recorded = self._recorded("rollout_id", rollout_id)
             if recorded.trained_step is not None:
@@ -170,19 +161,12 @@ class MemoryStore:
             rewards = loads(turns_json)
             recorded.rollout = replace(
                 current, reward=value, turn_rewards=None if rewards is None else tuple(rewards),
-                metrics=json.loads(metrics_json), reward_defaulted=bool(defaulted),
+                metrics=json.loads(metrics_json), reward_defaulted=defaulted,
             )
             return True
 
-    async def aset_reward(
-        self,
-        rollout_id: str,
-        reward: float | None = None,
-        turn_rewards: Sequence[float] | None = None,
-        metrics: Mapping[str, float] | None = None,
-        defaulted: bool = False,
-    ) -> bool:
-        return self.set_reward(rollout_id, reward, turn_rewards, metrics, defaulted)
+    async def _astore_reward(self, row: RewardRow) -> bool:
+        return self._store_reward(row)
 
     def finish_rollout(self, rollout_id: str, status: RolloutStatus | str, error: str | None = None) -> bool:
         """Give a running rollout its final status; returns False (nothing changed) if it had one."""
@@ -251,22 +235,16 @@ class MemoryStore:
                 return None
             return recorded.full() if with_turns else recorded.rollout
 
-    def rollouts(
-        self,
-        step: int | None = None,
-        status: RolloutStatus | str | None = None,
-        group_id: str | None = None,
-        untrained_only: bool = False,
-        with_turns: bool = True,
+    def _select_rollouts(
+        self, step: int | None, status: RolloutStatus | None, group_id: str | None, untrained_only: bool,
+        with_turns: bool,
     ) -> list[Rollout]:
-        """Rollouts matching every filter given, in creation order."""
-        wanted = None if status is None else status_of("status", status)
         with self._open():
             return [
                 r.full() if with_turns else r.rollout
                 for r in self._rollouts.values()
                 if (step is None or r.rollout.step == step)
-                and (wanted is None or r.rollout.status is wanted)
+                and (status is None or r.rollout.status is status)
                 and (group_id is None or r.rollout.group_id == group_id)
                 and not (untrained_only and r.trained_step is not None)
             ]

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from ...types import ModelCall, Rollout, RolloutStatus, Task, ToolCall, Turn
-from .._checks import check_int, check_metrics, check_rollout_ids, check_str, final_status, status_of
-from .._codec import dumps, encode_reward, encode_rollout, encode_task, encode_tool_call, encode_turn
+from .._checks import check_int, check_metrics, check_rollout_ids, check_str, final_status
+from .._codec import dumps, encode_rollout, encode_task, encode_tool_call, encode_turn
 from .._export import rollout_record, write_jsonl
+from .._front import RewardRow, StoreFront
 from .._model_calls import encode_model_call
 from . import _ops, _reads
 from ._model_calls import insert_model_call
@@ -35,7 +36,7 @@ OFF_LOOP_PROMPT_TOKENS = 32768
 """A turn with a longer prompt is encoded on a worker thread: a 2.7 MB request's took 0.6 s of the event loop."""
 
 
-class SQLiteStore:
+class SQLiteStore(StoreFront):
     """The ``sqlite`` ``TrajectoryStore``: tasks, rollouts, turns, tool calls, metrics and meta of one run.
 
     Sync write methods block until committed; call the async ones
@@ -125,35 +126,11 @@ class SQLiteStore:
         """A non-policy model call of a rollout not yet trained; returns its sequence number in the rollout."""
         return await self._awrite(_bind(insert_model_call, encode_model_call(call)))
 
-    def set_reward(
-        self,
-        rollout_id: str,
-        reward: float | None = None,
-        turn_rewards: Sequence[float] | None = None,
-        metrics: Mapping[str, float] | None = None,
-        defaulted: bool = False,
-    ) -> bool:
-        """Exactly one of ``reward`` / ``turn_rewards``; the latest report replaces earlier ones.
+    def _store_reward(self, row: RewardRow) -> bool:
+        return self._write(_bind(_ops.set_reward, *row))
 
-        A ``defaulted`` reward is stored only if none was reported; returns
-        whether it was stored. A trained rollout's reward is fixed.
-        """
-        return self._write(self._set_reward(rollout_id, reward, turn_rewards, metrics, defaulted))
-
-    async def aset_reward(
-        self,
-        rollout_id: str,
-        reward: float | None = None,
-        turn_rewards: Sequence[float] | None = None,
-        metrics: Mapping[str, float] | None = None,
-        defaulted: bool = False,
-    ) -> bool:
-        return await self._awrite(self._set_reward(rollout_id, reward, turn_rewards, metrics, defaulted))
-
-    def _set_reward(self, rollout_id: str, reward: Any, turn_rewards: Any, metrics: Any, defaulted: bool) -> Operation:
-        check_str("rollout_id", rollout_id)
-        values = encode_reward(reward, turn_rewards, {} if metrics is None else metrics)
-        return _bind(_ops.set_reward, rollout_id, *values, bool(defaulted))
+    async def _astore_reward(self, row: RewardRow) -> bool:
+        return await self._awrite(_bind(_ops.set_reward, *row))
 
     def finish_rollout(self, rollout_id: str, status: RolloutStatus | str, error: str | None = None) -> bool:
         """Give a running rollout its final status; returns False (nothing changed) if it had one."""
@@ -201,19 +178,13 @@ class SQLiteStore:
         with _reads.snapshot(self._reader()) as conn:
             return _reads.rollout(conn, rollout_id, with_turns)
 
-    def rollouts(
-        self,
-        step: int | None = None,
-        status: RolloutStatus | str | None = None,
-        group_id: str | None = None,
-        untrained_only: bool = False,
-        with_turns: bool = True,
+    def _select_rollouts(
+        self, step: int | None, status: RolloutStatus | None, group_id: str | None, untrained_only: bool,
+        with_turns: bool,
     ) -> list[Rollout]:
-        """Rollouts matching every filter given, in creation order."""
-        status_value = None if status is None else status_of("status", status).value
         with _reads.snapshot(self._reader()) as conn:
             return _reads.rollouts(
-                conn, step=step, status=status_value, group_id=group_id,
+                conn, step=step, status=None if status is None else status.value, group_id=group_id,
                 untrained_only=untrained_only, with_turns=with_turns,
             )
 
