@@ -10,7 +10,7 @@ columns as keyword arguments. The tools, the prompts (SOP, worked example,
 request) and the reward are the example's own modules
 (``examples/aircraft_inspection``: pure Python, no mtrl import).
 
-Protocol with the parent (as ``bench/_trl_runner.py``, whose ``StepClock`` it
+Protocol with the parent (as ``bench/_trl_runner.py``, whose step loop it
 reuses): a ``{"ready": ...}`` line, then per ``go`` line one step and one JSON
 line of its figures; ``save PATH`` (between steps) writes the LoRA adapter
 there as a peft folder and answers ``{"saved": PATH}``; ``stop`` ends it.
@@ -20,17 +20,14 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
-import tempfile
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bench"), str(REPO)]
 
-from _trl_runner import StepClock, _protocol_stream  # noqa: E402
+from _trl_runner import StepClock, _protocol_stream, grpo_config, lora_config, run_steps  # noqa: E402
 
 from examples.aircraft_inspection.prompts import build_messages  # noqa: E402
 from examples.aircraft_inspection.reward import FIELD_SETS, FIELDS, reward  # noqa: E402
@@ -92,9 +89,8 @@ def dataset_rows(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def build_trainer(setup: dict[str, Any], output_dir: str) -> Any:
     import torch
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
     from trl.chat_template_utils import qwen3_template
 
     torch.set_num_threads(setup["threads"])
@@ -106,48 +102,26 @@ def build_trainer(setup: dict[str, Any], output_dir: str) -> Any:
     tokenizer.response_template = qwen3_template
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    args = GRPOConfig(
-        output_dir=output_dir,
-        use_cpu=True,
-        bf16=setup["bf16"],
-        model_init_kwargs={"dtype": setup["weights"]},
+    args = grpo_config(
+        setup, output_dir,
         gradient_checkpointing=False,  # mtrl's config runs without it on this task
         per_device_train_batch_size=setup["tasks_per_step"] * setup["group_size"],
-        num_generations=setup["group_size"],
-        gradient_accumulation_steps=1,
         max_completion_length=setup["max_completion_length"],
         max_tool_calling_iterations=setup["max_turns"] - 1,
         temperature=setup["temperature"],
-        top_p=1.0,
-        learning_rate=setup["learning_rate"],
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        beta=0.0,
-        num_iterations=1,
-        max_steps=setup["steps"] + 1,  # one more: a step's figures are sent when the next one starts
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        seed=setup["seed"],
     )
-    lora = LoraConfig(r=setup["lora_rank"], lora_alpha=setup["lora_alpha"], lora_dropout=0.0,
-                      target_modules=list(setup["target_modules"]), bias="none", task_type="CAUSAL_LM")
     return GRPOTrainer(model=setup["model"], reward_funcs=inspection_reward, args=args,
                        train_dataset=Dataset.from_list(dataset_rows(setup["tasks"])), processing_class=tokenizer,
-                       peft_config=lora, environment_factory=AircraftInspectionEnv)
+                       peft_config=lora_config(setup), environment_factory=AircraftInspectionEnv)
 
 
 class Commands:
     """Reads the parent's lines between steps: ``save PATH`` is answered at once, ``go`` starts the step."""
 
-    def __init__(self, clock: StepClock, stdin: Any) -> None:
+    def __init__(self, clock: StepClock, stdin: Any, trainer: Any) -> None:
         self.clock = clock
         self.stdin = stdin
-        self.trainer: Any = None
+        self.trainer = trainer
 
     def readline(self) -> str:
         while True:
@@ -162,34 +136,15 @@ class Commands:
 
 def main() -> None:
     out = _protocol_stream()
-    setup = json.loads(Path(sys.argv[1]).read_text())
+    setup = json.loads(sys.argv[1])
     os.environ.setdefault("OMP_NUM_THREADS", str(setup["threads"]))
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    import torch
-    from transformers import TrainerCallback
 
-    clock = StepClock(out)
-    clock.info = {"versions": {name: metadata.version(name) for name in ("trl", "transformers", "peft", "torch")}}
-    commands = Commands(clock, sys.stdin)
-    sys.stdin = commands  # StepClock.step_begin reads its go/stop line through sys.stdin.readline
+    def started(trainer: Any, clock: StepClock) -> None:
+        # StepClock.step_begin reads its go/stop line through sys.stdin.readline: save commands are answered first
+        sys.stdin = Commands(clock, sys.stdin, trainer)
 
-    class Steps(TrainerCallback):
-        def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            clock.step_begin(state.global_step)
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            clock.step_end(state.global_step - 1)
-            clock.pending["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-    with tempfile.TemporaryDirectory(prefix="mtrl-bench-trl-agent-") as tmp:
-        trainer = build_trainer(setup, tmp)
-        commands.trainer = trainer
-        trainer._prepare_inputs = clock.wrap_prepare_inputs(trainer._prepare_inputs)
-        clock.info["torch_threads"] = torch.get_num_threads()
-        trainer.add_callback(Steps())
-        trainer.train()
-    if clock.pending is not None:
-        clock.send(clock.pending)
+    run_steps(out, setup, build_trainer, "mtrl-bench-trl-agent-", started)
 
 
 if __name__ == "__main__":

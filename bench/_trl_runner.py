@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -100,32 +101,18 @@ class StepClock:
         }
 
 
-def build_trainer(setup: dict[str, Any], output_dir: str) -> Any:
-    """A GRPOTrainer on the setup the parent gives (the same settings mtrl's side uses)."""
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
-    from trl import GRPOConfig, GRPOTrainer
+def grpo_config(setup: dict[str, Any], output_dir: str, **own: Any) -> Any:
+    """The GRPOConfig both TRL benches train with (CPU, the setup's precision, LoRA-friendly constant learning
+    rate, no KL term, one optimizer step per batch, no saving or reporting), plus each bench's ``own`` settings."""
+    from trl import GRPOConfig
 
-    torch.set_num_threads(setup["threads"])
-    rows = [{"prompt": [{"role": "user", "content": q}]} for q in setup["prompts"]]
-
-    def reward_length(completions: list[Any], **_: Any) -> list[float]:
-        """The same reward as mtrl's agent: characters in the completion / 256."""
-        return [len(c[0]["content"]) / 256 for c in completions]
-
-    args = GRPOConfig(
+    return GRPOConfig(
         output_dir=output_dir,
         use_cpu=True,
         bf16=setup["bf16"],
         model_init_kwargs={"dtype": setup["weights"]},  # float32 or bfloat16 base weights, as on mtrl's side
-        gradient_checkpointing=setup["gradient_checkpointing"],
-        per_device_train_batch_size=setup["group_size"],
         num_generations=setup["group_size"],
         gradient_accumulation_steps=1,
-        max_completion_length=setup["max_tokens"],
-        generation_kwargs={"min_new_tokens": setup["max_tokens"]},  # every completion is max_tokens long
-        temperature=1.0,
         top_p=1.0,
         learning_rate=setup["learning_rate"],
         lr_scheduler_type="constant",
@@ -141,21 +128,49 @@ def build_trainer(setup: dict[str, Any], output_dir: str) -> Any:
         disable_tqdm=True,
         dataloader_num_workers=0,
         seed=setup["seed"],
+        **own,
     )
-    lora = LoraConfig(
-        r=setup["lora_rank"], lora_alpha=setup["lora_alpha"], lora_dropout=0.0,
-        target_modules=list(setup["target_modules"]), bias="none", task_type="CAUSAL_LM",
+
+
+def lora_config(setup: dict[str, Any]) -> Any:
+    """LoRA on the setup's modules, rank and alpha, no dropout: mtrl's side's adapter."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=setup["lora_rank"], lora_alpha=setup["lora_alpha"], lora_dropout=0.0,
+                      target_modules=list(setup["target_modules"]), bias="none", task_type="CAUSAL_LM")
+
+
+def build_trainer(setup: dict[str, Any], output_dir: str) -> Any:
+    """A GRPOTrainer on the setup the parent gives (the same settings mtrl's side uses)."""
+    import torch
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    torch.set_num_threads(setup["threads"])
+    rows = [{"prompt": [{"role": "user", "content": q}]} for q in setup["prompts"]]
+
+    def reward_length(completions: list[Any], **_: Any) -> list[float]:
+        """The same reward as mtrl's agent: characters in the completion / 256."""
+        return [len(c[0]["content"]) / 256 for c in completions]
+
+    args = grpo_config(
+        setup, output_dir,
+        gradient_checkpointing=setup["gradient_checkpointing"],
+        per_device_train_batch_size=setup["group_size"],
+        max_completion_length=setup["max_tokens"],
+        generation_kwargs={"min_new_tokens": setup["max_tokens"]},  # every completion is max_tokens long
+        temperature=1.0,
     )
     return GRPOTrainer(
         model=setup["model"], reward_funcs=reward_length, args=args,
-        train_dataset=Dataset.from_list(rows), peft_config=lora,
+        train_dataset=Dataset.from_list(rows), peft_config=lora_config(setup),
     )
 
 
-def main() -> None:
-    out = _protocol_stream()
-    setup = json.loads(sys.argv[1])
-    os.environ.setdefault("OMP_NUM_THREADS", str(setup["threads"]))
+def run_steps(out: Any, setup: dict[str, Any], build: Callable[[dict[str, Any], str], Any], prefix: str,
+              started: Callable[[Any, StepClock], None] | None = None) -> None:
+    """Build the trainer and train it one step per ``go`` line, each step's figures (and peak RSS) sent to ``out``;
+    ``started(trainer, clock)`` runs once the trainer is built."""
     import torch
     from transformers import TrainerCallback
 
@@ -168,15 +183,25 @@ def main() -> None:
 
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             clock.step_end(state.global_step - 1)
+            clock.pending["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
-    with tempfile.TemporaryDirectory(prefix="mtrl-bench-trl-") as tmp:
-        trainer = build_trainer(setup, tmp)
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        trainer = build(setup, tmp)
+        if started is not None:
+            started(trainer, clock)
         trainer._prepare_inputs = clock.wrap_prepare_inputs(trainer._prepare_inputs)
         clock.info["torch_threads"] = torch.get_num_threads()
         trainer.add_callback(Steps())
         trainer.train()
     if clock.pending is not None:
         clock.send(clock.pending)
+
+
+def main() -> None:
+    out = _protocol_stream()
+    setup = json.loads(sys.argv[1])
+    os.environ.setdefault("OMP_NUM_THREADS", str(setup["threads"]))
+    run_steps(out, setup, build_trainer, "mtrl-bench-trl-")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from _machine import machine_info
+import trl_vs_mtrl
 from trl_vs_mtrl import TRL_VENV, create_trl_env, trl_python
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,50 +84,16 @@ def mtrl_config(args: argparse.Namespace, run_dir: Path, asynchronous: bool, see
     return resolve_precision(config)[0]
 
 
-class TrlSide:
-    """The TRL runner process: started with the setup file, then one step per ``step()``; ``save`` between steps."""
+class TrlSide(trl_vs_mtrl.TrlSide):
+    """``bench/trl_vs_mtrl.py``'s runner process on the agent runner, which also saves its adapter between steps."""
 
     def __init__(self, python: Path, setup: dict[str, Any], folder: Path) -> None:
-        setup_path = folder / "trl_setup.json"
-        setup_path.write_text(json.dumps(setup))
-        self.log = (folder / "trl.log").open("w")
-        started = time.perf_counter()
-        self.proc = subprocess.Popen([str(python), str(RUNNER), str(setup_path)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=folder,
-                                     env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
-        self.info = self._read()
-        self.info["startup_s"] = round(time.perf_counter() - started, 1)
-        self.folder = folder
-
-    def _read(self) -> dict[str, Any]:
-        line = self.proc.stdout.readline()
-        if not line:
-            self.log.flush()
-            tail = (self.folder if hasattr(self, "folder") else Path(self.log.name).parent)
-            text = (tail / "trl.log").read_text()[-3000:]
-            raise RuntimeError(f"the TRL runner ended (exit {self.proc.wait()}); the end of its log:\n{text}")
-        return json.loads(line)
-
-    def _send(self, line: str) -> dict[str, Any]:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def step(self) -> dict[str, Any]:
-        return self._send("go")
+        super().__init__(python, setup, folder, runner=RUNNER)
 
     def save(self, path: Path) -> dict[str, Any]:
-        return self._send(f"save {path}")
-
-    def close(self) -> None:
-        try:
-            self.proc.stdin.write("stop\n")
-            self.proc.stdin.close()
-            self.proc.wait(timeout=60)
-        except (BrokenPipeError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+        self.proc.stdin.write(f"save {path}\n")
+        self.proc.stdin.flush()
+        return self._read()
 
 
 def trl_setup(args: argparse.Namespace, config: Any, model: Path, seed: int) -> dict[str, Any]:

@@ -129,12 +129,12 @@ def make_agent() -> Any:
 class TrlSide:
     """The TRL runner process (``bench/_trl_runner.py``): started, then run one step per ``step()``."""
 
-    def __init__(self, python: Path, setup: dict[str, Any], folder: Path) -> None:
+    def __init__(self, python: Path, setup: dict[str, Any], folder: Path, runner: Path = RUNNER) -> None:
         self.log_path = folder / "trl.log"
         self.log = self.log_path.open("w")
         started = time.perf_counter()
         self.proc = subprocess.Popen(
-            [str(python), str(RUNNER), json.dumps(setup)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [str(python), str(runner), json.dumps(setup)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self.log, text=True, cwd=folder, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"),
         )
         self.info = self._read()

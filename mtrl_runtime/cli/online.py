@@ -67,7 +67,7 @@ def _serve(config: Any, settings: Any, no_learn: bool) -> int:
     try:
         with stop_on_sigterm():
             stopped.wait()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM made one: the way to stop; nothing is lost, close() runs below
         pass
     finally:
         service.close()
