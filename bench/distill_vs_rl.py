@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
 from _machine import load_note, machine_info  # noqa: E402
-from warm_start import demonstrations, recipe, rl  # noqa: E402  (the aircraft recipe, RL arm and demonstrations)
+from warm_start import bench_model, demonstrations, recipe, rl  # noqa: E402  (the aircraft recipe, RL arm and demonstrations)
 
 from mtrl_runtime.cli.demo import DEMO_RECIPE  # noqa: E402
 from mtrl_runtime.engines.hf import auto_dtype  # noqa: E402
@@ -106,13 +106,7 @@ def main() -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="distill_vs_rl-") as tmp:
         work = Path(tmp)
-        model = DEMO_RECIPE["core"]["model"]
-        if args.tiny:
-            from mtrl_runtime.testing import save_tiny_model
-
-            model = str(save_tiny_model(work / "tiny"))
-            config_file = Path(model) / "config.json"  # the aircraft prompts are longer than 4096 tiny tokens
-            config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "max_position_embeddings": 32768}))
+        model = bench_model(args, work)
         teacher_info: dict[str, Any] = {"given": str(args.teacher)} if args.teacher else {}
         teacher = args.teacher
         if teacher is None:

@@ -170,6 +170,19 @@ def warm_arm(args: argparse.Namespace, work: Path, model: str) -> dict[str, Any]
             **out}
 
 
+def bench_model(args: argparse.Namespace, work: Path) -> str:
+    """The demo's model, or with ``--tiny`` a tiny random Llama saved under ``work`` (its context widened: the
+    aircraft prompts are longer than 4096 tiny tokens)."""
+    if not args.tiny:
+        return DEMO_RECIPE["core"]["model"]
+    from mtrl_runtime.testing import save_tiny_model
+
+    model = str(save_tiny_model(work / "tiny"))
+    config_file = Path(model) / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "max_position_embeddings": 32768}))
+    return model
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=7200.0, help="wall-time budget of each arm (default 7200)")
@@ -190,13 +203,7 @@ def main() -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="warm_start-") as tmp:
         work = Path(tmp)
-        model = DEMO_RECIPE["core"]["model"]
-        if args.tiny:
-            from mtrl_runtime.testing import save_tiny_model
-
-            model = str(save_tiny_model(work / "tiny"))
-            config_file = Path(model) / "config.json"  # the aircraft prompts are longer than 4096 tiny tokens
-            config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "max_position_embeddings": 32768}))
+        model = bench_model(args, work)
         print(f"rl_only: {args.budget_s:.0f} s of RL from the base", flush=True)
         started = time.perf_counter()
         rl_only = rl(args, recipe(args, work / "rl_only", model), args.budget_s, started)
