@@ -7,6 +7,7 @@ so one rollout can never write another's record.
 from __future__ import annotations
 
 import asyncio
+from typing import Any, Awaitable, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -31,6 +32,9 @@ from ._http import (
     OFF_LOOP_BYTES, BodyLimits, M, api_key_matches, bearer_token, decode_body, json_response, openapi_body, parse_body,
     read_limited,
 )
+
+# what a report route does with a checked body: (rollout id, token, body) -> the JSON answer
+Report = Callable[[str, str | None, M], Awaitable[dict[str, Any]]]
 
 
 def build_rollout_router(coordinator: Coordinator) -> APIRouter:
@@ -63,66 +67,56 @@ def build_rollout_router(coordinator: Coordinator) -> APIRouter:
         )
         return json_response(created.model_dump())
 
-    async def checked_body(rollout_id: str, request: Request, model: type[M]) -> tuple[str | None, M]:
-        """The request's rollout token, checked before the body is read (a stranger learns no schema), and the body."""
-        token = bearer_token(request)
-        coordinator.check_access(rollout_id, token)
-        return token, await parse_body(request, model, limits)
+    def report_route(name: str, model: type[M], summary: str) -> Callable[[Report[M]], Report[M]]:
+        """Serve ``record(rollout_id, token, body) -> answer`` as ``POST /rollouts/{rollout_id}/<name>``.
 
-    @router.post(
-        "/rollouts/{rollout_id}/tool_calls",
-        openapi_extra=openapi_body(ToolCallReport),
-        summary="Record one tool call of a rollout",
-    )
-    async def tool_call(rollout_id: str, request: Request) -> Response:
-        token, report = await checked_body(rollout_id, request, ToolCallReport)
+        The rollout's token is checked before the body is read (a stranger
+        learns no schema); the body is read within the server's limits and
+        decoded as ``model`` (on a worker thread past ``OFF_LOOP_BYTES``:
+        validating thousands of calls takes ~0.1 s); the answer is JSON.
+        """
+
+        def register(record: Report[M]) -> Report[M]:
+            async def endpoint(rollout_id: str, request: Request) -> Response:
+                token = bearer_token(request)
+                coordinator.check_access(rollout_id, token)
+                raw = await read_limited(request, limits.max_bytes)
+                if len(raw) > OFF_LOOP_BYTES:
+                    body = await asyncio.to_thread(decode_body, raw, model, limits)
+                else:
+                    body = decode_body(raw, model, limits)
+                return json_response(await record(rollout_id, token, body))
+
+            router.add_api_route(f"/rollouts/{{rollout_id}}/{name}", endpoint, methods=["POST"], name=record.__name__,
+                                 openapi_extra=openapi_body(model), summary=summary)
+            return record
+
+        return register
+
+    @report_route("tool_calls", ToolCallReport, "Record one tool call of a rollout")
+    async def tool_call(rollout_id: str, token: str | None, report: ToolCallReport) -> dict[str, Any]:
         await coordinator.record_tool_call(rollout_id, token, report)
-        return json_response({"ok": True})
+        return {"ok": True}
 
-    @router.post(
-        "/rollouts/{rollout_id}/tool_calls/batch",
-        openapi_extra=openapi_body(ToolCallBatch),
-        summary="Record several tool calls of a rollout (an adapter's buffer)",
-    )
-    async def tool_call_batch(rollout_id: str, request: Request) -> Response:
-        coordinator.check_access(rollout_id, bearer_token(request))
-        raw = await read_limited(request, limits.max_bytes)
-        if len(raw) > OFF_LOOP_BYTES:  # validating thousands of calls takes ~0.1 s: off the event loop
-            batch = await asyncio.to_thread(decode_body, raw, ToolCallBatch, limits)
-        else:
-            batch = decode_body(raw, ToolCallBatch, limits)
-        await coordinator.record_tool_calls(rollout_id, bearer_token(request), batch.calls)
-        return json_response({"ok": True, "recorded": len(batch.calls)})
+    @report_route("tool_calls/batch", ToolCallBatch, "Record several tool calls of a rollout (an adapter's buffer)")
+    async def tool_call_batch(rollout_id: str, token: str | None, batch: ToolCallBatch) -> dict[str, Any]:
+        await coordinator.record_tool_calls(rollout_id, token, batch.calls)
+        return {"ok": True, "recorded": len(batch.calls)}
 
-    @router.post(
-        "/rollouts/{rollout_id}/model_calls/batch",
-        openapi_extra=openapi_body(ModelCallBatch),
-        summary="Record a rollout's non-policy model calls (passed through to their own endpoints; never trained)",
-    )
-    async def model_call_batch(rollout_id: str, request: Request) -> Response:
-        token, batch = await checked_body(rollout_id, request, ModelCallBatch)
+    @report_route("model_calls/batch", ModelCallBatch,
+                  "Record a rollout's non-policy model calls (passed through to their own endpoints; never trained)")
+    async def model_call_batch(rollout_id: str, token: str | None, batch: ModelCallBatch) -> dict[str, Any]:
         await coordinator.record_model_calls(rollout_id, token, batch.calls)
-        return json_response({"ok": True, "recorded": len(batch.calls)})
+        return {"ok": True, "recorded": len(batch.calls)}
 
-    @router.post(
-        "/rollouts/{rollout_id}/reward",
-        openapi_extra=openapi_body(RewardReport),
-        summary="update_reward: a scalar or per-turn rewards, and metrics",
-    )
-    async def reward(rollout_id: str, request: Request) -> Response:
-        token, report = await checked_body(rollout_id, request, RewardReport)
+    @report_route("reward", RewardReport, "update_reward: a scalar or per-turn rewards, and metrics")
+    async def reward(rollout_id: str, token: str | None, report: RewardReport) -> dict[str, Any]:
         await coordinator.report_reward(rollout_id, token, report)
-        return json_response({"ok": True})
+        return {"ok": True}
 
-    @router.post(
-        "/rollouts/{rollout_id}/complete",
-        openapi_extra=openapi_body(CompletionReport),
-        summary="End a rollout: completed, failed or timed out",
-    )
-    async def complete(rollout_id: str, request: Request) -> Response:
-        token, report = await checked_body(rollout_id, request, CompletionReport)
-        state = await coordinator.complete(rollout_id, token, report)
-        return json_response(state.model_dump())
+    @report_route("complete", CompletionReport, "End a rollout: completed, failed or timed out")
+    async def complete(rollout_id: str, token: str | None, report: CompletionReport) -> dict[str, Any]:
+        return (await coordinator.complete(rollout_id, token, report)).model_dump()
 
     @router.get("/rollouts/{rollout_id}", summary="A rollout's status, reward and counts")
     async def state(rollout_id: str, request: Request) -> Response:
