@@ -54,6 +54,15 @@ def test_each_family_tokenizer_is_detected_as_its_format(toks, name):
     assert resolve_format(toks[name], None, "some/model").name == name
 
 
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_forced_named_call_extends_the_forced_call_and_names_the_tool(name):
+    fmt = CHAT_FORMATS.get(name)
+    unnamed = fmt.forced_prefix(None)
+    assert unnamed.startswith(fmt.tool_call_opener)
+    named = fmt.forced_prefix("lookup_v2")
+    assert named.startswith(unnamed) and "lookup_v2" in named[len(unnamed):]
+
+
 def test_the_project_tiny_tokenizer_is_hermes_and_renders_as_before(tiny_tok):
     from mtrl_runtime.chat import CHATML_TOOLS_TEMPLATE
 
