@@ -29,7 +29,7 @@ from typing import Any, Callable
 from ._bedrock import attach, is_bedrock_runtime
 from ._context import current_rollout
 from ._patches import PATCHES, Patch
-from ._selective import _BEDROCK_MODEL_OPERATIONS, is_policy_call, passing_by
+from ._selective import bedrock_passing, passing_by
 
 _OWNER = "aiobotocore.client:AioBaseClient"
 
@@ -42,18 +42,12 @@ def instrument_aiobotocore() -> bool:
 def _selective(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def _make_api_call(self: Any, operation_name: str, api_params: Any) -> Any:
-        ctx = current_rollout()
-        if ctx is None or not is_bedrock_runtime(self):
+        passing = bedrock_passing(self, operation_name, api_params)
+        if passing is None:
             return await original(self, operation_name, api_params)
-        model = api_params.get("modelId") if isinstance(api_params, dict) else None
-        if operation_name not in _BEDROCK_MODEL_OPERATIONS or is_policy_call(
-                ctx, "bedrock", model if isinstance(model, str) else None, self.meta.endpoint_url):
-            return await original(self, operation_name, api_params)
-        with passing_by(ctx, "bedrock", model) as call:
+        with passing_by(*passing) as call:
             result = await original(self, operation_name, api_params)
-        usage = result.get("usage") if isinstance(result, dict) else None
-        if isinstance(usage, dict):
-            call.tokens(usage.get("inputTokens"), usage.get("outputTokens"))
+        call.converse_usage(result)
         call.stream = isinstance(result, dict) and result.get("stream") is not None
         call.done()
         return result

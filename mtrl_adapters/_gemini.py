@@ -42,7 +42,7 @@ import json
 from typing import Any, Callable
 
 from ._context import RolloutContext, current_rollout
-from ._patches import PATCHES, Patch
+from ._patches import PATCHES, Patch, Wrap
 from ._selective import is_policy_call, passing_by
 from .wire import HEADER_ROLLOUT_ID
 
@@ -81,19 +81,19 @@ def _redirecting(original: Callable[..., Any]) -> Callable[..., Any]:
     return _build_request
 
 
-def _passing(self: Any, path: str) -> tuple[Any, str | None] | None:
-    """(the rollout, the model) when a generate call inside a rollout is not the policy's; else None."""
+def _passing(self: Any, path: str) -> tuple[RolloutContext, str, str | None] | None:
+    """``passing_by``'s arguments for a generate call inside a rollout that is not the policy's; else None."""
     ctx = current_rollout()
     if ctx is None or not path.split("?")[0].endswith(_GENERATE):
         return None
     model = model_of(path)
-    return None if is_policy_call(ctx, "gemini", model, self._http_options.base_url) else (ctx, model)
+    return None if is_policy_call(ctx, "gemini", model, self._http_options.base_url) else (ctx, "gemini", model)
 
 
-def _usage(call: Any, body: Any) -> None:
-    """The tokens of one response (or stream chunk) body, from its ``usageMetadata``."""
+def _usage(call: Any, response: Any) -> None:
+    """The tokens of one response (or stream chunk), from its body's ``usageMetadata``."""
     try:
-        usage = json.loads(body).get("usageMetadata") if body else None
+        usage = json.loads(response.body).get("usageMetadata") if response.body else None
     except (TypeError, ValueError, AttributeError):
         return
     if isinstance(usage, dict):
@@ -102,7 +102,7 @@ def _usage(call: Any, body: Any) -> None:
 
 def _answered(call: Any, response: Any) -> Any:
     """Record a whole answer's call (its tokens read from the body) and hand the answer on."""
-    _usage(call, response.body)
+    _usage(call, response)
     call.done()
     return response
 
@@ -113,24 +113,11 @@ def _wrap_request(original: Callable[..., Any]) -> Callable[..., Any]:
         passing = _passing(self, path)
         if passing is None:
             return original(self, http_method, path, *args, **kwargs)
-        with passing_by(passing[0], "gemini", passing[1]) as call:
+        with passing_by(*passing) as call:
             response = original(self, http_method, path, *args, **kwargs)
         return _answered(call, response)
 
     return request
-
-
-def _wrap_async_request(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    async def async_request(self: Any, http_method: str, path: str, *args: Any, **kwargs: Any) -> Any:
-        passing = _passing(self, path)
-        if passing is None:
-            return await original(self, http_method, path, *args, **kwargs)
-        with passing_by(passing[0], "gemini", passing[1]) as call:
-            response = await original(self, http_method, path, *args, **kwargs)
-        return _answered(call, response)
-
-    return async_request
 
 
 def _wrap_request_streamed(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -141,54 +128,42 @@ def _wrap_request_streamed(original: Callable[..., Any]) -> Callable[..., Any]:
             yield from original(self, http_method, path, *args, **kwargs)
             return
         chunks = original(self, http_method, path, *args, **kwargs)  # a generator: it sends on its first step
-        with passing_by(passing[0], "gemini", passing[1]) as call:
+        with passing_by(*passing) as call:
             call.stream = True
             first = next(chunks, None)
         call.done()  # recorded now (a stream never read further still shows); completed as it is read
-        error = None
-        try:
-            for chunk in itertools.chain(() if first is None else (first,), chunks):
-                _usage(call, chunk.body)
-                yield chunk
-        except Exception as exc:
-            error = exc
-            raise
-        finally:
-            call.done(error)
+        yield from call.observe(itertools.chain(() if first is None else (first,), chunks),
+                                functools.partial(_usage, call))
 
     return request_streamed
 
 
-def _wrap_async_request_streamed(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    async def async_request_streamed(self: Any, http_method: str, path: str, *args: Any, **kwargs: Any) -> Any:
-        passing = _passing(self, path)
-        if passing is None:
-            return await original(self, http_method, path, *args, **kwargs)
-        with passing_by(passing[0], "gemini", passing[1]) as call:
-            call.stream = True
-            chunks = await original(self, http_method, path, *args, **kwargs)  # sent: the response is open
-        call.done()
+def _wrap_async(stream: bool) -> Wrap:
+    """The wrap of ``async_request`` (``stream`` False: a whole answer) or of ``async_request_streamed`` (True: an
+    async stream, its response open once awaited). Both send when awaited, unlike the sync stream, a generator
+    that sends on its first step."""
 
-        async def observed() -> Any:
-            error = None
-            try:
-                async for chunk in chunks:
-                    _usage(call, chunk.body)
-                    yield chunk
-            except Exception as exc:
-                error = exc
-                raise
-            finally:
-                call.done(error)
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        async def async_request(self: Any, http_method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+            passing = _passing(self, path)
+            if passing is None:
+                return await original(self, http_method, path, *args, **kwargs)
+            with passing_by(*passing) as call:
+                call.stream = stream
+                answer = await original(self, http_method, path, *args, **kwargs)
+            if not stream:
+                return _answered(call, answer)
+            call.done()  # recorded now (a stream never read still shows); completed as it is read
+            return call.aobserve(answer, functools.partial(_usage, call))
 
-        return observed()
+        return async_request
 
-    return async_request_streamed
+    return wrap
 
 
-_PASSING = {"request": _wrap_request, "async_request": _wrap_async_request,
-            "request_streamed": _wrap_request_streamed, "async_request_streamed": _wrap_async_request_streamed}
+_PASSING = {"request": _wrap_request, "async_request": _wrap_async(stream=False),
+            "request_streamed": _wrap_request_streamed, "async_request_streamed": _wrap_async(stream=True)}
 PATCHES_GEMINI = (Patch(_OWNER, "_build_request", "redirect", _redirecting),
                   *(Patch(_OWNER, name, "selective", wrap) for name, wrap in _PASSING.items()))
 

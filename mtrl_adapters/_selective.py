@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 
 from ._bedrock import is_bedrock_runtime
 from ._context import RolloutContext, activate, current_rollout, deactivate
@@ -131,26 +131,32 @@ SDK_PATCHES = {
 def _botocore_call(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _make_api_call(self: Any, operation_name: str, api_params: Any) -> Any:
-        ctx = current_rollout()
-        if ctx is None or operation_name not in _BEDROCK_MODEL_OPERATIONS or not is_bedrock_runtime(self):
+        passing = bedrock_passing(self, operation_name, api_params)
+        if passing is None:
             return original(self, operation_name, api_params)
-        model = api_params.get("modelId") if isinstance(api_params, dict) else None
-        if is_policy_call(ctx, "bedrock", model if isinstance(model, str) else None, self.meta.endpoint_url):
-            return original(self, operation_name, api_params)
-        with passing_by(ctx, "bedrock", model) as call:
+        with passing_by(*passing) as call:
             result = original(self, operation_name, api_params)
         if isinstance(result, dict) and result.get("stream") is not None:  # ConverseStream: usage in its metadata
             call.stream = True
             call.done()  # recorded now; completed as the stream is read
             result["stream"] = _ObservedEventStream(result["stream"], call)
             return result
-        usage = result.get("usage") if isinstance(result, dict) else None
-        if isinstance(usage, dict):
-            call.tokens(usage.get("inputTokens"), usage.get("outputTokens"))
+        call.converse_usage(result)
         call.done()
         return result
 
     return _make_api_call
+
+
+def bedrock_passing(client: Any, operation_name: str, api_params: Any) -> tuple[RolloutContext, str, str | None] | None:
+    """``passing_by``'s arguments for a Bedrock model call (botocore's or aiobotocore's ``_make_api_call``) made
+    inside a rollout that is not the policy's; None for any other call."""
+    ctx = current_rollout()
+    if ctx is None or operation_name not in _BEDROCK_MODEL_OPERATIONS or not is_bedrock_runtime(client):
+        return None
+    model = api_params.get("modelId") if isinstance(api_params, dict) else None
+    model = model if isinstance(model, str) else None
+    return None if is_policy_call(ctx, "bedrock", model, client.meta.endpoint_url) else (ctx, "bedrock", model)
 
 
 BEDROCK_PATCH = Patch("botocore.client:BaseClient", "_make_api_call", "selective", _botocore_call)
@@ -164,18 +170,11 @@ class _ObservedEventStream:
         self._call = call
 
     def __iter__(self) -> Any:
-        error = None
-        try:
-            for event in self._stream:
-                usage = (event.get("metadata") or {}).get("usage") if isinstance(event, dict) else None
-                if isinstance(usage, dict):
-                    self._call.tokens(usage.get("inputTokens"), usage.get("outputTokens"))
-                yield event
-        except Exception as exc:
-            error = exc
-            raise
-        finally:
-            self._call.done(error)
+        return self._call.observe(self._stream, self._note)
+
+    def _note(self, event: Any) -> None:
+        if isinstance(event, dict):
+            self._call.converse_usage(event.get("metadata"))
 
     def __getattr__(self, name: str) -> Any:  # close(), get_initial_response(): the stream's own
         return getattr(self._stream, name)
@@ -202,6 +201,12 @@ class _Watch:
         if isinstance(output_tokens, int) and not isinstance(output_tokens, bool):
             self.output_tokens = output_tokens
 
+    def converse_usage(self, holder: Any) -> None:
+        """Tokens from the ``usage`` of a Bedrock Converse answer (or of a ConverseStream ``metadata`` event)."""
+        usage = holder.get("usage") if isinstance(holder, dict) else None
+        if isinstance(usage, dict):
+            self.tokens(usage.get("inputTokens"), usage.get("outputTokens"))
+
     def usage_of(self, obj: Any) -> None:
         """Tokens from a response, a stream chunk or a stream event, wherever its SDK put them."""
         for holder in (obj, getattr(obj, "response", None), getattr(obj, "message", None)):
@@ -215,31 +220,34 @@ class _Watch:
         if iterator is not None and (hasattr(iterator, "__anext__") or hasattr(iterator, "__next__")):
             self.stream = True
             self.done()  # recorded now (a stream never read still shows); completed as it is read
-            is_async = hasattr(iterator, "__anext__")
-            result._iterator = self._aobserve(iterator) if is_async else self._observe(iterator)
+            observe = self.aobserve if hasattr(iterator, "__anext__") else self.observe
+            result._iterator = observe(iterator, self.usage_of)
             return result
         self.usage_of(result)
         self.done()
         return result
 
-    def _observe(self, iterator: Any) -> Any:
-        error = None
-        try:
-            for item in iterator:
-                self.usage_of(item)
+    def observe(self, items: Iterable[Any], note: Callable[[Any], None]) -> Iterator[Any]:
+        """Hand on a stream's items, each ``note``d (its tokens) first; the call is completed when the reading ends."""
+        with self._reading():
+            for item in items:
+                note(item)
                 yield item
-        except Exception as exc:
-            error = exc
-            raise
-        finally:
-            self.done(error)
 
-    async def _aobserve(self, iterator: Any) -> Any:
+    async def aobserve(self, items: AsyncIterable[Any], note: Callable[[Any], None]) -> AsyncIterator[Any]:
+        """:meth:`observe` for an async stream."""
+        with self._reading():
+            async for item in items:
+                note(item)
+                yield item
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """Around reading a stream: its call completed when the reading ends, with the error that ended it (none
+        when the reader stopped early)."""
         error = None
         try:
-            async for item in iterator:
-                self.usage_of(item)
-                yield item
+            yield
         except Exception as exc:
             error = exc
             raise
