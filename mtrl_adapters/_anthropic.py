@@ -27,8 +27,7 @@ from typing import Any
 
 from ._context import RolloutContext
 from ._patches import PATCHES
-from ._sdk_redirect import build_request_patch, relative_path, replaced_headers
-from .wire import HEADER_ROLLOUT_ID
+from ._sdk_redirect import build_request_patch, point_at_rollout
 
 _SAMPLED = {"temperature", "top_p", "max_tokens", "seed"}  # the rollout's sampling fields (seed: an mtrl extension)
 
@@ -42,13 +41,8 @@ def redirect_anthropic_options(client: Any, options: Any, ctx: RolloutContext) -
     """Point one request's options at the rollout (in place: the client copies options per attempt)."""
     from anthropic._types import Omit
 
-    path = relative_path(client, options.url, "anthropic")
-    options.url = f"{ctx.endpoint.rstrip('/')}/rollouts/{ctx.rollout_id}/{path}"
-    options.headers = replaced_headers(options.headers, {
-        "X-Api-Key": ctx.token,  # the SDK's own spelling, so it replaces the client's key
-        "Authorization": Omit(),
-        HEADER_ROLLOUT_ID: ctx.rollout_id,
-    })
+    # "X-Api-Key": the SDK's own spelling, so it replaces the client's key; "Authorization": an auth_token
+    path = point_at_rollout(client, options, ctx, "anthropic", {"X-Api-Key": ctx.token, "Authorization": Omit()})
     if ctx.sampling and isinstance(options.json_data, dict) and path.split("?")[0].endswith("messages"):
         options.json_data = {**options.json_data, **{k: v for k, v in ctx.sampling.items() if k in _SAMPLED}}
 

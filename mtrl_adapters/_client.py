@@ -135,11 +135,11 @@ class CoordinatorClient:
                 break
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if attempt == _SEND_RETRIES - 1:
-                    raise _unreachable(self.endpoint, exc) from None
+                    raise coordinator_unreachable(self.endpoint, exc) from None
                 time.sleep(0.1 * 3**attempt)
             except httpx.HTTPError as exc:
-                raise _unreachable(self.endpoint, exc) from None
-        return _payload(response, self.rollout_id)
+                raise coordinator_unreachable(self.endpoint, exc) from None
+        return coordinator_payload(response, f"rollout {self.rollout_id!r}")
 
     async def _asend(self, http: httpx.AsyncClient, method: str, url: str, body: BaseModel | None) -> Any:
         content = body.model_dump_json().encode() if body is not None else None
@@ -150,11 +150,11 @@ class CoordinatorClient:
                 break
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if attempt == _SEND_RETRIES - 1:
-                    raise _unreachable(self.endpoint, exc) from None
+                    raise coordinator_unreachable(self.endpoint, exc) from None
                 await asyncio.sleep(0.1 * 3**attempt)
             except httpx.HTTPError as exc:
-                raise _unreachable(self.endpoint, exc) from None
-        return _payload(response, self.rollout_id)
+                raise coordinator_unreachable(self.endpoint, exc) from None
+        return coordinator_payload(response, f"rollout {self.rollout_id!r}")
 
 
 class _Borrowed:
@@ -176,7 +176,9 @@ class _Borrowed:
         return None
 
 
-def _payload(response: httpx.Response, rollout_id: str) -> Any:
+def coordinator_payload(response: httpx.Response, subject: str | None = None) -> Any:
+    """The JSON of a coordinator's answer; a refusal raised as ``RolloutError`` with its message, status and
+    ``param`` (the message after ``"<subject>: "`` where a subject is given)."""
     try:
         data = response.json()
     except ValueError:
@@ -189,10 +191,11 @@ def _payload(response: httpx.Response, rollout_id: str) -> Any:
         param = error.get("param")
     else:
         message, param = (response.text or response.reason_phrase), None
-    raise RolloutError(f"rollout {rollout_id!r}: {message}", status=response.status_code, param=param)
+    raise RolloutError(message if subject is None else f"{subject}: {message}", status=response.status_code,
+                       param=param)
 
 
-def _unreachable(endpoint: str, exc: Exception) -> RolloutError:
+def coordinator_unreachable(endpoint: str, exc: Exception) -> RolloutError:
     return RolloutError(f"could not reach the coordinator at {endpoint}: {type(exc).__name__}: {exc}")
 
 
@@ -210,4 +213,5 @@ def describe_error(exc: BaseException, limit: int = 8000) -> str:
     return (head + "\n\n" + trace[-(limit - len(head) - 2):])[:limit] if len(head) < limit else head[:limit]
 
 
-__all__ = ["CoordinatorClient", "RolloutError", "describe_error", "ssl_context"]
+__all__ = ["CoordinatorClient", "RolloutError", "coordinator_payload", "coordinator_unreachable", "describe_error",
+           "ssl_context"]

@@ -25,8 +25,7 @@ from typing import Any
 
 from ._context import RolloutContext
 from ._patches import PATCHES
-from ._sdk_redirect import build_request_patch, relative_path, replaced_headers
-from .wire import HEADER_ROLLOUT_ID
+from ._sdk_redirect import build_request_patch, point_at_rollout
 
 _SAMPLED_PATHS = ("chat/completions", "completions", "responses")  # the routes the coordinator samples on
 _MAX_TOKENS_FIELDS = {"responses": "max_output_tokens"}  # the route's name for max_tokens, where it differs
@@ -41,13 +40,7 @@ def redirect_options(client: Any, options: Any, ctx: RolloutContext) -> None:
     """Point one request's options at the rollout (in place: the client copies options per attempt)."""
     from openai._types import Omit
 
-    path = relative_path(client, options.url, "openai")
-    options.url = f"{ctx.base_url}/{path}"
-    options.headers = replaced_headers(options.headers, {
-        "Authorization": f"Bearer {ctx.token}",
-        HEADER_ROLLOUT_ID: ctx.rollout_id,
-        "api-key": Omit(),
-    })
+    path = point_at_rollout(client, options, ctx, "openai", {"Authorization": f"Bearer {ctx.token}", "api-key": Omit()})
     if ctx.sampling and isinstance(options.json_data, dict) and path.startswith(_SAMPLED_PATHS):
         options.json_data = _with_sampling(options.json_data, ctx.sampling, _MAX_TOKENS_FIELDS.get(path))
 

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from ._context import RolloutContext, current_rollout
 from ._patches import Patch
+from .wire import HEADER_ROLLOUT_ID
 
 Redirect = Callable[[Any, Any, RolloutContext], None]  # (client, request options, rollout) -> None, in place
 
@@ -32,6 +33,20 @@ def build_request_patch(sdk: str, redirect: Redirect) -> Patch:
         return _build_request
 
     return Patch(f"{sdk}._base_client:BaseClient", "_build_request", "redirect", wrap)
+
+
+def point_at_rollout(client: Any, options: Any, ctx: RolloutContext, sdk: str, credentials: dict[str, Any]) -> str:
+    """Point one request's options at the rollout (in place: the client copies options per attempt) and return
+    the request's path below the client's base URL.
+
+    The URL becomes the rollout's base URL for ``sdk`` plus that path (the client's own ``base_url`` is not
+    touched, so clients shared between rollouts stay right); ``credentials`` (the rollout's token in the SDK's
+    own header, ``Omit()`` for a header of the user's key) and the rollout's id replace the headers they name.
+    """
+    path = relative_path(client, options.url, sdk)
+    options.url = f"{ctx.base_url_for(sdk)}/{path}"
+    options.headers = replaced_headers(options.headers, {**credentials, HEADER_ROLLOUT_ID: ctx.rollout_id})
+    return path
 
 
 def relative_path(client: Any, url: str, sdk: str) -> str:
@@ -59,4 +74,4 @@ def replaced_headers(headers: Any, replacements: dict[str, Any]) -> dict[str, An
     return {**kept, **replacements}
 
 
-__all__ = ["Redirect", "build_request_patch", "relative_path", "replaced_headers"]
+__all__ = ["Redirect", "build_request_patch", "point_at_rollout", "relative_path", "replaced_headers"]

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ._client import RolloutError, ssl_context
+from ._client import RolloutError, coordinator_payload, coordinator_unreachable, ssl_context
 
 log = logging.getLogger("mtrl_adapters")
 
@@ -115,17 +115,8 @@ class OnlineClient:
                 with httpx.Client(timeout=_TIMEOUT, verify=ssl_context()) as http:
                     response = http.post(url, content=body.model_dump_json(), headers=headers)
         except httpx.HTTPError as exc:
-            raise RolloutError(f"could not reach the coordinator at {self.endpoint}: {type(exc).__name__}: {exc}") from None
-        try:
-            data = response.json()
-        except ValueError:
-            data = None
-        if response.is_success:
-            return data
-        error = data.get("error") if isinstance(data, dict) else None
-        message = str(error.get("message")) if isinstance(error, dict) else (response.text or response.reason_phrase)
-        param = error.get("param") if isinstance(error, dict) else None
-        raise RolloutError(message, status=response.status_code, param=param)
+            raise coordinator_unreachable(self.endpoint, exc) from None
+        return coordinator_payload(response)
 
 
 __all__ = ["FEEDBACK_PATH", "SESSIONS_PATH", "Feedback", "FeedbackTaken", "OnlineClient", "OpenSession",

@@ -55,7 +55,7 @@ except ImportError as exc:  # the rollout decorator imports this module whenever
     raise ImportError(f"mtrl records Strands tool calls with strands-agents 1.51 or later (BeforeToolsEvent); "
                       f"{version('strands-agents')} is installed: pip install 'strands-agents>=1.51'") from exc
 
-from ._context import current_rollout
+from ._context import RolloutContext, current_rollout
 from ._patches import PATCHES, Patch
 from .mcp import declared_server_name, mcp_source, warn_unnamed
 
@@ -88,21 +88,27 @@ class MtrlHooks(HookProvider):
             if use is not None and use.get("toolUseId"):
                 self._requested[use["toolUseId"]] = dict(use)
 
-    def before_tool_call(self, event: BeforeToolCallEvent) -> None:
+    def _per_tool(self, event: BeforeToolCallEvent | AfterToolCallEvent) -> RolloutContext | None:
+        """The rollout a per-tool event belongs to (None outside one), its call noted as seen by a per-tool event
+        (so ``after_tools`` leaves it alone)."""
         ctx = current_rollout()
+        if ctx is not None:
+            self._ran.add(event.tool_use.get("toolUseId"))
+        return ctx
+
+    def before_tool_call(self, event: BeforeToolCallEvent) -> None:
+        ctx = self._per_tool(event)
         if ctx is None:
             return
         use = event.tool_use
-        self._ran.add(use.get("toolUseId"))
         ctx.tool_started(_key(use), use.get("name", "?"), use.get("input"), use.get("toolUseId"),
                          source=_source(event.selected_tool))
 
     def after_tool_call(self, event: AfterToolCallEvent) -> None:
-        ctx = current_rollout()
+        ctx = self._per_tool(event)
         if ctx is None:
             return
         use = event.tool_use
-        self._ran.add(use.get("toolUseId"))
         self._requested.pop(use.get("toolUseId"), None)
         result, error = _outcome(event)
         if not ctx.tool_finished(_key(use), result=result, error=error):
