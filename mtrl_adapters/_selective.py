@@ -287,5 +287,5 @@ def _first(usage: Any, *names: str) -> Any:
     return None
 
 
-__all__ = ["BEDROCK_PATCH", "SDK_PATCHES", "UnresolvedModelCall", "instrument_selective",
+__all__ = ["BEDROCK_PATCH", "SDK_PATCHES", "UnresolvedModelCall", "bedrock_passing", "instrument_selective",
            "is_policy_call", "passing_by"]
