@@ -5,6 +5,8 @@ and returns ``(loss, metrics)``. ``logprobs_BT`` are the current policy's
 log-probabilities of the sampled tokens (with gradient), ``old_logprobs_BT``
 the behaviour logprobs the engine recorded (temperature 1), ``mask_BT`` 1 on
 generated tokens. The ratio is r = pi_theta / pi_behaviour = exp(logprobs - old).
+The ratio losses (``ppo``, ``cispo``, ``importance_sampling``) are written as
+their objective on the ratio; ``_ratio_loss`` makes each a loss of that signature.
 
 Clip thresholds are RATIO BOUNDS for every loss, as SageMaker AI multi-turn
 RL's ``clip_low_threshold`` / ``clip_high_threshold`` and Tinker define them:
@@ -193,6 +195,25 @@ def aggregate(
     raise ValueError(f"aggregation must be token_mean or sequence_mean, got {aggregation!r}")
 
 
+def _with_kl(
+    loss_BT: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None, mask: torch.Tensor,
+    params: LossParams, metrics: dict[str, float],
+) -> torch.Tensor:
+    """``loss_BT`` plus kl_coef * k3(pi_theta || pi_ref) per token when kl_coef > 0; ``kl_ref`` (the masked mean
+    of k3) in ``metrics`` whenever the reference was scored, trained on or only measured (``measure_kl_ref``)."""
+    if params.kl_coef > 0:
+        if ref_logprobs is None:
+            raise ValueError("kl_coef > 0 needs ref_logprobs_BT (the reference policy's logprobs)")
+        delta = ref_logprobs - logprobs
+        kl_BT = delta.exp() - delta - 1.0
+        metrics["kl_ref"] = _masked_mean(kl_BT.detach(), mask)
+        return loss_BT + params.kl_coef * kl_BT
+    if ref_logprobs is not None:  # measure_kl_ref: the k3 estimate of KL(current || reference), not trained on
+        delta = (ref_logprobs - logprobs.detach()).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+        metrics["kl_ref"] = _masked_mean(delta.exp() - delta - 1.0, mask)
+    return loss_BT
+
+
 def _finish(
     objective_BT: torch.Tensor,
     logprobs: torch.Tensor,
@@ -209,16 +230,7 @@ def _finish(
     loss_BT = -objective_BT
     if weight is not None:
         loss_BT = loss_BT * weight
-    if params.kl_coef > 0:
-        if ref_logprobs is None:
-            raise ValueError("kl_coef > 0 needs ref_logprobs_BT (the reference policy's logprobs)")
-        delta = ref_logprobs - logprobs
-        kl_BT = delta.exp() - delta - 1.0
-        loss_BT = loss_BT + params.kl_coef * kl_BT
-        metrics["kl_ref"] = _masked_mean(kl_BT.detach(), mask)
-    elif ref_logprobs is not None:  # measure_kl_ref: the k3 estimate of KL(current || reference), not trained on
-        delta = (ref_logprobs - logprobs.detach()).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-        metrics["kl_ref"] = _masked_mean(delta.exp() - delta - 1.0, mask)
+    loss_BT = _with_kl(loss_BT, logprobs, ref_logprobs, mask, params, metrics)
     log_r = (logprobs.detach() - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # metrics: no graph
     metrics["ratio_mean"] = _masked_mean(log_r.exp(), mask)
     # k3 estimate of KL(behaviour || current), sampled from the behaviour policy
@@ -230,48 +242,67 @@ def _finish(
 # -- the losses ------------------------------------------------------------------
 
 
+RatioObjective = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
+
+
+def _ratio_loss(default_low: float | None, default_high: float | None) -> Callable[[RatioObjective], LossFn]:
+    """The loss of a ratio objective, with the module's loss signature; its ratio bounds default to these.
+
+    The decorated ``objective(ratio_BT, advantages_BT, logprobs_BT, low, high)`` returns (the objective per
+    token, the tokens it clipped as booleans). What every ratio loss does around it is here: the bounds,
+    the ratio and the TIS / stale weight (``_ratio_and_weight``), ``clip_fraction`` (the masked share of
+    clipped tokens), then the weight, the KL term, the aggregation and the shared metrics (``_finish``).
+    """
+
+    def loss_of(objective: RatioObjective) -> LossFn:
+        def loss(
+            logprobs_BT: torch.Tensor,
+            old_logprobs_BT: torch.Tensor,
+            advantages_BT: torch.Tensor,
+            mask_BT: torch.Tensor,
+            params: LossParams = LossParams(),
+            *,
+            ref_logprobs_BT: torch.Tensor | None = None,
+            normalizer: float | None = None,
+            lag_BT: torch.Tensor | None = None,
+        ) -> tuple[torch.Tensor, dict[str, float]]:
+            low, high = params.bounds(default_low, default_high)
+            mask = mask_BT.to(logprobs_BT.dtype)
+            metrics: dict[str, float] = {}
+            ratio, weight = _ratio_and_weight(logprobs_BT, old_logprobs_BT, params, mask, lag_BT, metrics)
+            objective_BT, clipped_BT = objective(ratio, advantages_BT, logprobs_BT, low, high)
+            metrics["clip_fraction"] = _masked_mean(clipped_BT.to(mask.dtype), mask)
+            return _finish(
+                objective_BT, logprobs_BT, old_logprobs_BT, mask_BT, params, weight, ref_logprobs_BT, normalizer,
+                metrics,
+            )
+
+        # the loss is known by its objective's name and formula (not functools.wraps: the signature is the loss's)
+        loss.__name__ = loss.__qualname__ = objective.__name__
+        loss.__doc__ = objective.__doc__
+        return loss
+
+    return loss_of
+
+
 @LOSSES.register("ppo")
-def ppo(
-    logprobs_BT: torch.Tensor,
-    old_logprobs_BT: torch.Tensor,
-    advantages_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    params: LossParams = LossParams(),
-    *,
-    ref_logprobs_BT: torch.Tensor | None = None,
-    normalizer: float | None = None,
-    lag_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+@_ratio_loss(0.8, 1.2)
+def ppo(ratio_BT: torch.Tensor, advantages_BT: torch.Tensor, logprobs_BT: torch.Tensor, low: float | None,
+        high: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped surrogate: loss_t = -min(r A, clip(r, lo, hi) A); default bounds 0.8 / 1.2.
 
     clip_fraction counts tokens where the clipped branch is the smaller one
     (their gradient is zero).
     """
-    low, high = params.bounds(0.8, 1.2)
-    mask = mask_BT.to(logprobs_BT.dtype)
-    metrics: dict[str, float] = {}
-    ratio, weight = _ratio_and_weight(logprobs_BT, old_logprobs_BT, params, mask, lag_BT, metrics)
-    unclipped = ratio * advantages_BT
-    clipped = ratio.clamp(low, high) * advantages_BT
-    objective = unclipped.minimum(clipped)
-    metrics["clip_fraction"] = _masked_mean((clipped < unclipped).to(mask.dtype), mask)
-    return _finish(
-        objective, logprobs_BT, old_logprobs_BT, mask_BT, params, weight, ref_logprobs_BT, normalizer, metrics
-    )
+    unclipped = ratio_BT * advantages_BT
+    clipped = ratio_BT.clamp(low, high) * advantages_BT
+    return unclipped.minimum(clipped), clipped < unclipped
 
 
 @LOSSES.register("cispo")
-def cispo(
-    logprobs_BT: torch.Tensor,
-    old_logprobs_BT: torch.Tensor,
-    advantages_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    params: LossParams = LossParams(),
-    *,
-    ref_logprobs_BT: torch.Tensor | None = None,
-    normalizer: float | None = None,
-    lag_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+@_ratio_loss(0.0, 7.0)
+def cispo(ratio_BT: torch.Tensor, advantages_BT: torch.Tensor, logprobs_BT: torch.Tensor, low: float | None,
+          high: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """CISPO (MiniMax-M1, arXiv:2506.13585): loss_t = -sg(clip(r, lo, hi)) * A * log pi_theta.
 
     Every token keeps a gradient; only the weight is bounded. Default ratio
@@ -282,46 +313,21 @@ def cispo(
     weight 1). Pass clip_low / clip_high (ratio bounds) to change them.
     clip_fraction counts tokens whose ratio lies outside the bounds.
     """
-    low, high = params.bounds(0.0, 7.0)
-    mask = mask_BT.to(logprobs_BT.dtype)
-    metrics: dict[str, float] = {}
-    ratio, weight = _ratio_and_weight(logprobs_BT, old_logprobs_BT, params, mask, lag_BT, metrics)
-    clipped = ratio.detach().clamp(low, high)
-    objective = clipped * advantages_BT * logprobs_BT
-    outside = (ratio.detach() != clipped).to(mask.dtype)
-    metrics["clip_fraction"] = _masked_mean(outside, mask)
-    return _finish(
-        objective, logprobs_BT, old_logprobs_BT, mask_BT, params, weight, ref_logprobs_BT, normalizer, metrics
-    )
+    clipped = ratio_BT.detach().clamp(low, high)
+    return clipped * advantages_BT * logprobs_BT, ratio_BT.detach() != clipped
 
 
 @LOSSES.register("importance_sampling")
-def importance_sampling(
-    logprobs_BT: torch.Tensor,
-    old_logprobs_BT: torch.Tensor,
-    advantages_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    params: LossParams = LossParams(),
-    *,
-    ref_logprobs_BT: torch.Tensor | None = None,
-    normalizer: float | None = None,
-    lag_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+@_ratio_loss(None, None)
+def importance_sampling(ratio_BT: torch.Tensor, advantages_BT: torch.Tensor, logprobs_BT: torch.Tensor,
+                        low: float | None, high: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Off-policy REINFORCE: loss_t = -r * A, whose gradient is -r * A * grad log pi_theta.
 
     No clipping by default; with clip_low / clip_high set the ratio is clamped
     to them (tokens outside get no gradient), and clip_fraction counts those.
     """
-    low, high = params.bounds(None, None)
-    mask = mask_BT.to(logprobs_BT.dtype)
-    metrics: dict[str, float] = {}
-    ratio, weight = _ratio_and_weight(logprobs_BT, old_logprobs_BT, params, mask, lag_BT, metrics)
-    used = ratio.clamp(low, high) if (low is not None or high is not None) else ratio
-    metrics["clip_fraction"] = _masked_mean((used.detach() != ratio.detach()).to(mask.dtype), mask)
-    return _finish(
-        used * advantages_BT, logprobs_BT, old_logprobs_BT, mask_BT, params, weight, ref_logprobs_BT,
-        normalizer, metrics,
-    )
+    used = ratio_BT.clamp(low, high) if (low is not None or high is not None) else ratio_BT
+    return used * advantages_BT, used.detach() != ratio_BT.detach()
 
 
 @LOSSES.register("nll")
@@ -352,17 +358,7 @@ def nll(
         raise ValueError(f"{key} = {value}: the nll loss takes no ratio to clip or weight; leave {key} unset")
     mask = mask_BT.to(logprobs_BT.dtype)
     metrics = {"nll": _masked_mean(-logprobs_BT.detach(), mask)}
-    loss_BT = -advantages_BT * logprobs_BT
-    if params.kl_coef > 0:
-        if ref_logprobs_BT is None:
-            raise ValueError("kl_coef > 0 needs ref_logprobs_BT (the reference policy's logprobs)")
-        delta = ref_logprobs_BT - logprobs_BT
-        kl_BT = delta.exp() - delta - 1.0
-        loss_BT = loss_BT + params.kl_coef * kl_BT
-        metrics["kl_ref"] = _masked_mean(kl_BT.detach(), mask)
-    elif ref_logprobs_BT is not None:  # measure_kl_ref: the k3 estimate of KL(current || reference), not trained on
-        delta = (ref_logprobs_BT - logprobs_BT.detach()).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-        metrics["kl_ref"] = _masked_mean(delta.exp() - delta - 1.0, mask)
+    loss_BT = _with_kl(-advantages_BT * logprobs_BT, logprobs_BT, ref_logprobs_BT, mask, params, metrics)
     metrics["tokens"] = float(mask.sum())
     return aggregate(loss_BT, mask, params.aggregation, normalizer), metrics
 

@@ -25,7 +25,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -165,17 +165,12 @@ def held_out_loss(update: Any, samples: Sequence[Sample]) -> float | None:
 
 
 def _update_settings(config: Any, settings: SftSettings) -> UpdateSettings:
-    base = UpdateSettings.from_config(config)
-    return UpdateSettings(
+    """The run's update settings (batching, precision, memory) with the NLL loss and the SFT learning rate."""
+    return replace(
+        UpdateSettings.from_config(config),
         loss_fn="nll",
         loss=LossParams(aggregation="token_mean"),  # imitation: no ratio bounds, no KL to the base
         learning_rate=settings.learning_rate if settings.learning_rate is not None else config.core.learning_rate,
-        max_grad_norm=base.max_grad_norm,
-        micro_batch_tokens=base.micro_batch_tokens,
-        precision=base.precision,
-        logprob_chunk_tokens=base.logprob_chunk_tokens,
-        gradient_checkpointing=base.gradient_checkpointing,
-        fit_memory=base.fit_memory,
     )
 
 
