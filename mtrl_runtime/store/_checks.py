@@ -83,4 +83,13 @@ def check_rollout_ids(field: str, rollout_ids: Any) -> list[str]:
     return ids
 
 
-__all__ = ["INT_MAX", "check_float", "check_int", "check_metrics", "check_rollout_ids", "check_str", "final_status", "status_of"]
+def check_call(field: str, call: Any, kind: type) -> None:
+    """A recorded call (``ToolCall``, ``ModelCall``): an instance of ``kind`` that succeeded or failed."""
+    if not isinstance(call, kind):
+        raise ValueError(f"{field.replace('_', ' ')} must be a {kind.__name__}, got {call!r:.200}")
+    if call.status not in ("success", "error"):
+        raise ValueError(f"{field}.status must be 'success' or 'error', got {call.status!r}")
+
+
+__all__ = ["INT_MAX", "check_call", "check_float", "check_int", "check_metrics", "check_rollout_ids", "check_str",
+           "final_status", "status_of"]

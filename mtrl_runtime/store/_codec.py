@@ -24,7 +24,7 @@ from typing import Any, Iterable, NamedTuple
 import orjson
 
 from ..types import BreakReason, Rollout, RolloutStatus, Task, ToolCall, Turn
-from ._checks import check_float, check_int, check_metrics, check_str, status_of
+from ._checks import check_call, check_float, check_int, check_metrics, check_str, status_of
 
 _SWAP = sys.byteorder != "little"  # blobs are little-endian on every machine
 _MAX_ID = 2**32 - 1
@@ -253,10 +253,7 @@ def decode_turn(row: TurnRow) -> Turn:
 
 def encode_tool_call(call: ToolCall) -> tuple:
     """The row without its ``seq``, which the writer assigns (order of arrival per rollout)."""
-    if not isinstance(call, ToolCall):
-        raise ValueError(f"tool call must be a ToolCall, got {call!r:.200}")
-    if call.status not in ("success", "error"):
-        raise ValueError(f"tool_call.status must be 'success' or 'error', got {call.status!r}")
+    check_call("tool_call", call, ToolCall)
     return (
         check_str("tool_call.rollout_id", call.rollout_id),
         check_str("tool_call.call_id", call.call_id, optional=True),

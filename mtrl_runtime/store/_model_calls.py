@@ -9,7 +9,7 @@ no sample is ever built from it.
 from __future__ import annotations
 
 from ..types import ModelCall
-from ._checks import check_float, check_int, check_str
+from ._checks import check_call, check_float, check_int, check_str
 
 COLUMNS = (
     "rollout_id, seq, protocol, model, latency_s, started_at, input_tokens, output_tokens, stream, status, error"
@@ -18,10 +18,7 @@ COLUMNS = (
 
 def encode_model_call(call: ModelCall) -> tuple:
     """The row without its ``seq``, which the writer assigns (order of arrival per rollout)."""
-    if not isinstance(call, ModelCall):
-        raise ValueError(f"model call must be a ModelCall, got {call!r:.200}")
-    if call.status not in ("success", "error"):
-        raise ValueError(f"model_call.status must be 'success' or 'error', got {call.status!r}")
+    check_call("model_call", call, ModelCall)
     return (
         check_str("model_call.rollout_id", call.rollout_id),
         check_str("model_call.protocol", call.protocol),
