@@ -88,8 +88,8 @@ def turn_judge_checklist(
         raise ValueError("judged: the per-turn judge audit needs judged baseline rollouts, got none "
                          "(did every rollout fail, or make no model call?)")
     labels, ref_name = turn_labels(judged, tasks, strict_turns)
-    items = [*_agreement(judged, labels, ref_name), _position_bias(judged), _turn_order_bias(judged, labels, ref_name),
-             _length_bias(judged, labels, ref_name)]
+    items = [*_agreement(judged, labels, ref_name), _position_bias(judged),
+             *(bias.check(judged, labels, ref_name) for bias in (_TURN_ORDER_BIAS, _LENGTH_BIAS))]
     fit = verdict("the per-turn judge is fit to train on", items,
                   f"{sum(len(j.turns) for j in judged)} turns of {len(judged)} rollouts audited",
                   "fix the first failed check (rubric, prompt, or a stronger judge model) and run this check "
@@ -158,31 +158,44 @@ def _excess(judged: Sequence[JudgedTurns], labels: Mapping[tuple[str, int], floa
     return xs, ys
 
 
-def _turn_order_bias(judged: Sequence[JudgedTurns], labels: Mapping[tuple[str, int], float], ref: str) -> CheckItem:
-    name = "no turn-order bias (score vs place in the rollout)"
-    xs, ys = _excess(judged, labels, lambda v, n: float(n))
-    if not xs:
-        return skipped(name, "every rollout has one turn: nothing to compare within rollouts")
-    corr = pearson(xs, ys)
-    detail = f"correlation of the judge's excess over {ref} with the turn's place in its rollout: {corr:+.2f}"
-    return bounded_correlation(
-        name, detail, corr, TURN_ORDER_CORRELATION_MAX, "turn_order_correlation",
-        ("later" if corr > 0 else "earlier") + " steps score higher for their place in the attempt",
-        "tell the judge in the rubric that a step is judged by what it does, not when; show it the "
-        "whole attempt's outcome only if the labels do the same")
+@dataclass(frozen=True)
+class _ExcessBias:
+    """A turn feature the judge's excess over the labels must not follow, within rollouts, and how to report it."""
+
+    name: str
+    feature: Callable[[TurnView, int], float]  # of the turn and its place in the rollout
+    feature_name: str
+    limit: float  # the largest |correlation| that passes
+    metric: str  # the evidence key of the correlation
+    favoured: tuple[str, str]  # which turns score higher for the feature: correlation positive, negative
+    first_fix: str
+
+    def check(self, judged: Sequence[JudgedTurns], labels: Mapping[tuple[str, int], float], ref: str) -> CheckItem:
+        xs, ys = _excess(judged, labels, self.feature)
+        if not xs:
+            return skipped(self.name, "every rollout has one turn: nothing to compare within rollouts")
+        corr = pearson(xs, ys)
+        detail = f"correlation of the judge's excess over {ref} with {self.feature_name}: {corr:+.2f}"
+        return bounded_correlation(self.name, detail, corr, self.limit, self.metric,
+                                   self.favoured[0] if corr > 0 else self.favoured[1], self.first_fix)
 
 
-def _length_bias(judged: Sequence[JudgedTurns], labels: Mapping[tuple[str, int], float], ref: str) -> CheckItem:
-    name = "no length bias (turn score vs turn length)"
-    xs, ys = _excess(judged, labels, lambda v, n: float(v.tokens))
-    if not xs:
-        return skipped(name, "every rollout has one turn: nothing to compare within rollouts")
-    corr = pearson(xs, ys)
-    detail = f"correlation of the judge's excess over {ref} with a turn's length in generated tokens: {corr:+.2f}"
-    return bounded_correlation(
-        name, detail, corr, LENGTH_CORRELATION_MAX, "length_correlation",
-        ("longer" if corr > 0 else "shorter") + " turns score higher for their length",
-        "tell the judge in the rubric that length is not quality")
+_TURN_ORDER_BIAS = _ExcessBias(
+    name="no turn-order bias (score vs place in the rollout)",
+    feature=lambda v, n: float(n), feature_name="the turn's place in its rollout",
+    limit=TURN_ORDER_CORRELATION_MAX, metric="turn_order_correlation",
+    favoured=("later steps score higher for their place in the attempt",
+              "earlier steps score higher for their place in the attempt"),
+    first_fix="tell the judge in the rubric that a step is judged by what it does, not when; show it the whole "
+              "attempt's outcome only if the labels do the same",
+)
+_LENGTH_BIAS = _ExcessBias(
+    name="no length bias (turn score vs turn length)",
+    feature=lambda v, n: float(v.tokens), feature_name="a turn's length in generated tokens",
+    limit=LENGTH_CORRELATION_MAX, metric="length_correlation",
+    favoured=("longer turns score higher for their length", "shorter turns score higher for their length"),
+    first_fix="tell the judge in the rubric that length is not quality",
+)
 
 
 def load_turn_scorer(fn: Any) -> TurnScorer:
