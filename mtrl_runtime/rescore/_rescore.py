@@ -14,7 +14,7 @@ would mislead.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from ..algorithms import ADVANTAGES, AdvantageParams
@@ -58,7 +58,7 @@ class Mismatch:
     recomputed: Any
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)  # every field, so one added later reaches the report too
+        return {"step": self.step, "name": self.name, "logged": self.logged, "recomputed": self.recomputed}
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,8 @@ class RewardChange:
     final_answer: str
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)  # every field, so one added later reaches the report too
+        return {"rollout_id": self.rollout_id, "task_id": self.task_id, "group_id": self.group_id,
+                "original": self.original, "rescored": self.rescored, "final_answer": self.final_answer}
 
 
 @dataclass(frozen=True)
