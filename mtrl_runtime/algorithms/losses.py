@@ -5,8 +5,10 @@ and returns ``(loss, metrics)``. ``logprobs_BT`` are the current policy's
 log-probabilities of the sampled tokens (with gradient), ``old_logprobs_BT``
 the behaviour logprobs the engine recorded (temperature 1), ``mask_BT`` 1 on
 generated tokens. The ratio is r = pi_theta / pi_behaviour = exp(logprobs - old).
-The ratio losses (``ppo``, ``cispo``, ``importance_sampling``) are written as
-their objective on the ratio; ``_ratio_loss`` makes each a loss of that signature.
+That signature is written once (``_loss``): each loss's body reads the call's
+arguments as one ``LossInputs``, and the ratio losses (``ppo``, ``cispo``,
+``importance_sampling``) are written as their objective on the ratio alone
+(``_ratio_loss`` does the rest).
 
 Clip thresholds are RATIO BOUNDS for every loss, as SageMaker AI multi-turn
 RL's ``clip_low_threshold`` / ``clip_high_threshold`` and Tinker define them:
@@ -128,6 +130,26 @@ class LossParams:
         return low, high
 
 
+@dataclass(frozen=True)
+class LossInputs:
+    """One micro-batch's inputs of a loss: the arguments every loss is called with (see the module docstring)."""
+
+    logprobs_BT: torch.Tensor
+    old_logprobs_BT: torch.Tensor
+    advantages_BT: torch.Tensor
+    mask_BT: torch.Tensor
+    params: LossParams
+    ref_logprobs_BT: torch.Tensor | None = None
+    teacher_logprobs_BT: torch.Tensor | None = None
+    normalizer: float | None = None
+    lag_BT: torch.Tensor | None = None
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """``mask_BT`` in the logprobs' dtype."""
+        return self.mask_BT.to(self.logprobs_BT.dtype)
+
+
 # -- shared pieces -------------------------------------------------------------
 
 
@@ -195,19 +217,17 @@ def aggregate(
     raise ValueError(f"aggregation must be token_mean or sequence_mean, got {aggregation!r}")
 
 
-def _with_kl(
-    loss_BT: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None, mask: torch.Tensor,
-    params: LossParams, metrics: dict[str, float],
-) -> torch.Tensor:
+def _with_kl(loss_BT: torch.Tensor, x: LossInputs, mask: torch.Tensor, metrics: dict[str, float]) -> torch.Tensor:
     """``loss_BT`` plus kl_coef * k3(pi_theta || pi_ref) per token when kl_coef > 0; ``kl_ref`` (the masked mean
     of k3) in ``metrics`` whenever the reference was scored, trained on or only measured (``measure_kl_ref``)."""
-    if params.kl_coef > 0:
+    logprobs, ref_logprobs = x.logprobs_BT, x.ref_logprobs_BT
+    if x.params.kl_coef > 0:
         if ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs_BT (the reference policy's logprobs)")
         delta = ref_logprobs - logprobs
         kl_BT = delta.exp() - delta - 1.0
         metrics["kl_ref"] = _masked_mean(kl_BT.detach(), mask)
-        return loss_BT + params.kl_coef * kl_BT
+        return loss_BT + x.params.kl_coef * kl_BT
     if ref_logprobs is not None:  # measure_kl_ref: the k3 estimate of KL(current || reference), not trained on
         delta = (ref_logprobs - logprobs.detach()).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
         metrics["kl_ref"] = _masked_mean(delta.exp() - delta - 1.0, mask)
@@ -215,46 +235,36 @@ def _with_kl(
 
 
 def _finish(
-    objective_BT: torch.Tensor,
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    mask: torch.Tensor,
-    params: LossParams,
-    weight: torch.Tensor | None,
-    ref_logprobs: torch.Tensor | None,
-    normalizer: float | None,
-    metrics: dict[str, float],
+    x: LossInputs, objective_BT: torch.Tensor, weight: torch.Tensor | None, metrics: dict[str, float],
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Apply the TIS weight and the KL term, aggregate, and add the shared metrics."""
-    mask = mask.to(logprobs.dtype)
+    mask = x.mask
     loss_BT = -objective_BT
     if weight is not None:
         loss_BT = loss_BT * weight
-    loss_BT = _with_kl(loss_BT, logprobs, ref_logprobs, mask, params, metrics)
-    log_r = (logprobs.detach() - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # metrics: no graph
+    loss_BT = _with_kl(loss_BT, x, mask, metrics)
+    log_r = (x.logprobs_BT.detach() - x.old_logprobs_BT).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # metrics: no graph
     metrics["ratio_mean"] = _masked_mean(log_r.exp(), mask)
     # k3 estimate of KL(behaviour || current), sampled from the behaviour policy
     metrics["approx_kl"] = _masked_mean(log_r.exp() - 1.0 - log_r, mask)
     metrics["tokens"] = float(mask.sum())
-    return aggregate(loss_BT, mask, params.aggregation, normalizer), metrics
+    return aggregate(loss_BT, mask, x.params.aggregation, x.normalizer), metrics
 
 
 # -- the losses ------------------------------------------------------------------
 
 
+LossBody = Callable[[LossInputs], "tuple[torch.Tensor, dict[str, float]]"]
 RatioObjective = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
 
 
-def _ratio_loss(default_low: float | None, default_high: float | None) -> Callable[[RatioObjective], LossFn]:
-    """The loss of a ratio objective, with the module's loss signature; its ratio bounds default to these.
+def _loss(name: str, *, takes_teacher: bool = False) -> Callable[[LossBody], LossFn]:
+    """Register ``body(inputs)`` as the loss ``name``, called as every loss is (the module docstring's signature).
 
-    The decorated ``objective(ratio_BT, advantages_BT, logprobs_BT, low, high)`` returns (the objective per
-    token, the tokens it clipped as booleans). What every ratio loss does around it is here: the bounds,
-    the ratio and the TIS / stale weight (``_ratio_and_weight``), ``clip_fraction`` (the masked share of
-    clipped tokens), then the weight, the KL term, the aggregation and the shared metrics (``_finish``).
+    Only a loss that ``takes_teacher`` accepts ``teacher_logprobs_BT``; the others refuse it.
     """
 
-    def loss_of(objective: RatioObjective) -> LossFn:
+    def register(body: LossBody) -> LossFn:
         def loss(
             logprobs_BT: torch.Tensor,
             old_logprobs_BT: torch.Tensor,
@@ -263,29 +273,49 @@ def _ratio_loss(default_low: float | None, default_high: float | None) -> Callab
             params: LossParams = LossParams(),
             *,
             ref_logprobs_BT: torch.Tensor | None = None,
+            teacher_logprobs_BT: torch.Tensor | None = None,
             normalizer: float | None = None,
             lag_BT: torch.Tensor | None = None,
         ) -> tuple[torch.Tensor, dict[str, float]]:
-            low, high = params.bounds(default_low, default_high)
-            mask = mask_BT.to(logprobs_BT.dtype)
+            if teacher_logprobs_BT is not None and not takes_teacher:
+                raise TypeError(f"teacher_logprobs_BT: the {name} loss takes no teacher (the distill loss does)")
+            return body(LossInputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, params, ref_logprobs_BT,
+                                   teacher_logprobs_BT, normalizer, lag_BT))
+
+        # known by the body's name and formula (not functools.wraps: the signature is the loss's, not the body's)
+        loss.__name__ = loss.__qualname__ = body.__name__
+        loss.__doc__ = body.__doc__
+        return LOSSES.register(name)(loss)
+
+    return register
+
+
+def _ratio_loss(default_low: float | None, default_high: float | None) -> Callable[[RatioObjective], LossBody]:
+    """The body of a ratio loss from its objective; its ratio bounds default to these.
+
+    The decorated ``objective(ratio_BT, advantages_BT, logprobs_BT, low, high)`` returns (the objective per
+    token, the tokens it clipped as booleans). What every ratio loss does around it is here: the bounds,
+    the ratio and the TIS / stale weight (``_ratio_and_weight``), ``clip_fraction`` (the masked share of
+    clipped tokens), then the weight, the KL term, the aggregation and the shared metrics (``_finish``).
+    """
+
+    def body_of(objective: RatioObjective) -> LossBody:
+        def body(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+            low, high = x.params.bounds(default_low, default_high)
+            mask = x.mask
             metrics: dict[str, float] = {}
-            ratio, weight = _ratio_and_weight(logprobs_BT, old_logprobs_BT, params, mask, lag_BT, metrics)
-            objective_BT, clipped_BT = objective(ratio, advantages_BT, logprobs_BT, low, high)
+            ratio, weight = _ratio_and_weight(x.logprobs_BT, x.old_logprobs_BT, x.params, mask, x.lag_BT, metrics)
+            objective_BT, clipped_BT = objective(ratio, x.advantages_BT, x.logprobs_BT, low, high)
             metrics["clip_fraction"] = _masked_mean(clipped_BT.to(mask.dtype), mask)
-            return _finish(
-                objective_BT, logprobs_BT, old_logprobs_BT, mask_BT, params, weight, ref_logprobs_BT, normalizer,
-                metrics,
-            )
+            return _finish(x, objective_BT, weight, metrics)
 
-        # the loss is known by its objective's name and formula (not functools.wraps: the signature is the loss's)
-        loss.__name__ = loss.__qualname__ = objective.__name__
-        loss.__doc__ = objective.__doc__
-        return loss
+        body.__name__, body.__doc__ = objective.__name__, objective.__doc__
+        return body
 
-    return loss_of
+    return body_of
 
 
-@LOSSES.register("ppo")
+@_loss("ppo")
 @_ratio_loss(0.8, 1.2)
 def ppo(ratio_BT: torch.Tensor, advantages_BT: torch.Tensor, logprobs_BT: torch.Tensor, low: float | None,
         high: float | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,7 +329,7 @@ def ppo(ratio_BT: torch.Tensor, advantages_BT: torch.Tensor, logprobs_BT: torch.
     return unclipped.minimum(clipped), clipped < unclipped
 
 
-@LOSSES.register("cispo")
+@_loss("cispo")
 @_ratio_loss(0.0, 7.0)
 def cispo(ratio_BT: torch.Tensor, advantages_BT: torch.Tensor, logprobs_BT: torch.Tensor, low: float | None,
           high: float | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -317,7 +347,7 @@ def cispo(ratio_BT: torch.Tensor, advantages_BT: torch.Tensor, logprobs_BT: torc
     return clipped * advantages_BT * logprobs_BT, ratio_BT.detach() != clipped
 
 
-@LOSSES.register("importance_sampling")
+@_loss("importance_sampling")
 @_ratio_loss(None, None)
 def importance_sampling(ratio_BT: torch.Tensor, advantages_BT: torch.Tensor, logprobs_BT: torch.Tensor,
                         low: float | None, high: float | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -330,18 +360,8 @@ def importance_sampling(ratio_BT: torch.Tensor, advantages_BT: torch.Tensor, log
     return used * advantages_BT, used.detach() != ratio_BT.detach()
 
 
-@LOSSES.register("nll")
-def nll(
-    logprobs_BT: torch.Tensor,
-    old_logprobs_BT: torch.Tensor,
-    advantages_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    params: LossParams = LossParams(),
-    *,
-    ref_logprobs_BT: torch.Tensor | None = None,
-    normalizer: float | None = None,
-    lag_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+@_loss("nll")
+def nll(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     """Advantage-weighted negative log-likelihood: loss_t = -A_t * log pi_theta(token_t).
 
     With A = 1 on demonstrated tokens it is supervised fine-tuning's NLL
@@ -351,31 +371,21 @@ def nll(
     demonstrations are no policy's samples).
     ``nll`` in the metrics is the masked mean of -log pi_theta.
     """
+    params = x.params
     named = {k: v for k, v in (("clip_low", params.clip_low), ("clip_high", params.clip_high),
                                 ("tis_cap", params.tis_cap)) if v is not None}
     if named:
         key, value = next(iter(named.items()))
         raise ValueError(f"{key} = {value}: the nll loss takes no ratio to clip or weight; leave {key} unset")
-    mask = mask_BT.to(logprobs_BT.dtype)
-    metrics = {"nll": _masked_mean(-logprobs_BT.detach(), mask)}
-    loss_BT = _with_kl(-advantages_BT * logprobs_BT, logprobs_BT, ref_logprobs_BT, mask, params, metrics)
+    mask = x.mask
+    metrics = {"nll": _masked_mean(-x.logprobs_BT.detach(), mask)}
+    loss_BT = _with_kl(-x.advantages_BT * x.logprobs_BT, x, mask, metrics)
     metrics["tokens"] = float(mask.sum())
-    return aggregate(loss_BT, mask, params.aggregation, normalizer), metrics
+    return aggregate(loss_BT, mask, params.aggregation, x.normalizer), metrics
 
 
-@LOSSES.register("distill")
-def distill(
-    logprobs_BT: torch.Tensor,
-    old_logprobs_BT: torch.Tensor,
-    advantages_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    params: LossParams = LossParams(),
-    *,
-    ref_logprobs_BT: torch.Tensor | None = None,
-    teacher_logprobs_BT: torch.Tensor | None = None,
-    normalizer: float | None = None,
-    lag_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+@_loss("distill", takes_teacher=True)
+def distill(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     """On-policy distillation: per-token reverse KL to a teacher, alone or added to the RL advantage.
 
     On the student's own sampled tokens x_t, k_t = log pi_theta(x_t) - log pi_teacher(x_t) is a one-sample
@@ -390,17 +400,19 @@ def distill(
     correction act as for ``importance_sampling``. Metrics: ``distill_reverse_kl`` (the masked mean of k_t) and
     ``teacher_logprob`` (of the teacher's logprobs).
     """
-    if params.distill_coef <= 0 or teacher_logprobs_BT is None:
+    params, teacher_BT = x.params, x.teacher_logprobs_BT
+    if params.distill_coef <= 0 or teacher_BT is None:
         raise ValueError("the distill loss needs a teacher: set advanced.distill_teacher (its logprobs of the "
                          "sampled tokens) and advanced.distill_coef > 0")
-    mask = mask_BT.to(logprobs_BT.dtype)
-    reverse_kl_BT = (logprobs_BT.detach() - teacher_logprobs_BT).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-    shaped_BT = params.distill_rl_coef * advantages_BT - params.distill_coef * reverse_kl_BT
-    loss, metrics = importance_sampling(logprobs_BT, old_logprobs_BT, shaped_BT, mask_BT, params,
-                                        ref_logprobs_BT=ref_logprobs_BT, normalizer=normalizer, lag_BT=lag_BT)
+    mask = x.mask
+    reverse_kl_BT = (x.logprobs_BT.detach() - teacher_BT).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    shaped_BT = params.distill_rl_coef * x.advantages_BT - params.distill_coef * reverse_kl_BT
+    loss, metrics = importance_sampling(x.logprobs_BT, x.old_logprobs_BT, shaped_BT, x.mask_BT, params,
+                                        ref_logprobs_BT=x.ref_logprobs_BT, normalizer=x.normalizer, lag_BT=x.lag_BT)
     metrics["distill_reverse_kl"] = _masked_mean(reverse_kl_BT, mask)
-    metrics["teacher_logprob"] = _masked_mean(teacher_logprobs_BT, mask)
+    metrics["teacher_logprob"] = _masked_mean(teacher_BT, mask)
     return loss, metrics
 
 
-__all__ = ["LOSSES", "LossFn", "LossParams", "aggregate", "cispo", "distill", "importance_sampling", "nll", "ppo"]
+__all__ = ["LOSSES", "LossFn", "LossInputs", "LossParams", "aggregate", "cispo", "distill", "importance_sampling", "nll",
+           "ppo"]
