@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from _adapter_support import specs, tasks
+from _roles_agents import planner_and_worker
 from mtrl_adapters import rollout, rollout_scope, update_reward
 from mtrl_adapters._values import policy_model_ids
 from mtrl_runtime.config import ConfigError, MtrlConfig
@@ -222,28 +223,6 @@ def test_bad_role_rewards_are_refused_before_sending():
 
 # ---------------------------------------------------------------- training through the trainer (hf engine)
 TRAIN = [{"id": f"t{i}", "prompt": f"inspect aircraft N{i}0"} for i in range(2)]
-
-
-def _parity(text: str) -> float:
-    import zlib
-
-    return float(zlib.crc32(text.encode()) % 2)
-
-
-@rollout
-async def planner_and_worker(task: Task) -> str:
-    """The two-role agent for the training test: the planner's plan, then the worker's reply; each rewarded apart
-    by a parity of what it wrote (the tiny model samples at random: rewards vary within each group)."""
-    client = openai.AsyncOpenAI(api_key="sk-user", base_url="https://api.openai.com/v1")
-    plan = await client.chat.completions.create(model=ROLES["planner"], messages=[
-        {"role": "user", "content": f"Plan: {task.prompt}"}])
-    plan_text = plan.choices[0].message.content or ""
-    reply = await client.chat.completions.create(model=ROLES["worker"], messages=[
-        {"role": "system", "content": plan_text}, {"role": "user", "content": task.prompt}])
-    answer = reply.choices[0].message.content or ""
-    update_reward(_parity(answer), role_rewards={"planner": _parity(plan_text)})
-    await client.close()
-    return answer
 
 
 def _check_mlflow(result: Any) -> None:

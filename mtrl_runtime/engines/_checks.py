@@ -1,6 +1,10 @@
-"""Request checks every engine applies before generating, naming the field and the value."""
+"""Request checks every engine applies before generating, and the arguments of an adapter load, naming the
+field and the value."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
 
 from ..types import GenerationRequest
 
@@ -25,4 +29,20 @@ def check_request(request: GenerationRequest, vocab_size: int | None = None) -> 
         raise ValueError(f"sampling.top_logprobs: must be >= 0, got {s.top_logprobs}")
 
 
-__all__ = ["check_request"]
+def role_adapter_folders(paths: Mapping[str, str], version: int) -> dict[str, Path]:
+    """``load_role_adapters``' arguments checked (``types.LoadsRoleAdapters``): each role's folder, resolved, holds a
+    peft adapter; ``version`` is an int >= 0."""
+    if not isinstance(version, int) or version < 0:
+        raise ValueError(f"version: expected an int >= 0, got {version!r}")
+    if not paths:
+        raise ValueError("paths: name at least one role's adapter folder")
+    folders = {}
+    for role, path in paths.items():
+        folder = Path(path).resolve()
+        if not (folder / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"paths[{role!r}]: {str(path)!r} holds no adapter_config.json")
+        folders[role] = folder
+    return folders
+
+
+__all__ = ["check_request", "role_adapter_folders"]

@@ -24,6 +24,11 @@ concurrency limit (so the engine holds up to twice the rows, and their KV);
 with ``sides_at_once=False``, or on other engines, the fine-tuned side runs
 first, then the base model with the adapter disabled for the whole engine
 (``base_policy``). Either way each side gets the same tasks and seeds.
+A run with roles (``advanced.policy_models`` a mapping, ``roles``) has one
+adapter per role, ``<adapter>/<role>/`` (``adapter``: the run folder's by
+default): each is loaded by its role's name (``types.LoadsRoleAdapters``),
+and each role's calls are served by its own; a role without its folder is
+refused naming it.
 The report (Markdown, JSON, PNG) goes to ``<run_dir>/eval`` (or
 ``output_path``) and, with ``tracking``, to an MLflow run named ``eval``:
 the fine-tuned model's metrics as ``val/...``, the base model's as
@@ -51,7 +56,7 @@ from ..config import MtrlConfig
 from ..coordinator import ReferenceModel, check_reference
 from ..rollouts import HEARTBEAT_S, executor_kind, open_stack
 from ..run_folder import RunFolder
-from ..types import MixesBaseRows, Rollout, Task
+from ..types import LoadsRoleAdapters, MixesBaseRows, Rollout, Task
 from ._base_model import base_policy
 from ._progress import EvalProgress
 from ._report import ReportPaths, report_data, write_report
@@ -156,7 +161,8 @@ class MultiTurnRLEvaluator:
         self.agent_env = agent_env
         self.dataset = dataset
         self.output_path = Path(output_path) if output_path is not None else self.config.run_folder.evaluation
-        self.adapter = Path(adapter) if adapter is not None else None
+        self.role_adapters = role_adapter_paths(self.config, adapter)  # None: one policy
+        self.adapter = Path(adapter) if adapter is not None and self.role_adapters is None else None
         self.evaluate_base_model = evaluate_base_model
         self.strict_scorer = as_strict_scorer(strict_scorer)
         self.engine = engine
@@ -198,7 +204,9 @@ class MultiTurnRLEvaluator:
                 display.attach(self._describe(stack, plan), dispatcher.tally, stack.coordinator.counters)
             if self.adapter is not None:
                 await stack.engine.load_adapter(str(self.adapter), int(stack.engine.policy_version) + 1)
-            fine_tuned = self.adapter is not None or stack.engine.policy_version > 0
+            if self.role_adapters is not None:
+                await load_role_adapters(stack.engine, self.role_adapters)
+            fine_tuned = self.adapter is not None or self.role_adapters is not None or stack.engine.policy_version > 0
             at_once = self.sides_at_once and mixes_base_rows(stack.engine)
             if fine_tuned and self.evaluate_base_model and at_once:  # both sides at once
                 sides[FINE_TUNED], sides[BASE] = await asyncio.gather(
@@ -230,11 +238,13 @@ class MultiTurnRLEvaluator:
         """The start line's facts: model, engine, where results go, MLflow URI, the work planned."""
         mlflow = (self.config.advanced.mlflow.tracking_uri or self.config.run_folder.mlflow_uri
                   if self.tracking else "off")
-        sides = (2 if self.evaluate_base_model and self.adapter is not None else 1) + (self.reference is not None)
+        tuned = self.adapter is not None or self.role_adapters is not None
+        sides = (2 if self.evaluate_base_model and tuned else 1) + (self.reference is not None)
         reference = f"{self.reference.model} at {self.reference.url}" if self.reference is not None else "none"
         return {
             "evaluating": stack.coordinator.served_model,
-            "adapter": self.adapter or "none",
+            "adapter": self.adapter or (", ".join(f"{r}: {p}" for r, p in self.role_adapters.items())
+                                        if self.role_adapters is not None else "none"),
             "reference": reference,
             "engine": stack.coordinator.engine_name,
             "output": self.output_path,
@@ -254,6 +264,25 @@ class MultiTurnRLEvaluator:
         tracker.close("FINISHED")
         return EvaluationResult(result.sides, result.plan, result.output_path, result.report, tracker.run_id,
                                 tracker.tracking_uri, result.data)
+
+
+def role_adapter_paths(config: MtrlConfig, adapter: str | Path | None) -> dict[str, Path] | None:
+    """Each role's adapter folder, ``<adapter>/<role>/`` (``adapter``: the run folder's when None), as a run with
+    roles saves them; None for a run with one policy."""
+    roles = config.advanced.role_map
+    if roles is None:
+        return None
+    root = Path(adapter) if adapter is not None else config.run_folder.adapter
+    return {role: root / role for role in roles.roles}
+
+
+async def load_role_adapters(engine: Any, folders: Mapping[str, Path]) -> None:
+    """Load each role's adapter onto ``engine`` by the role's name, as the next policy version."""
+    if not isinstance(engine, LoadsRoleAdapters):
+        raise TypeError(f"advanced.policy_models names roles {sorted(folders)!r}: {type(engine).__name__} cannot "
+                        "load an adapter per role (types.LoadsRoleAdapters); use core.engine: hf or vllm")
+    await engine.load_role_adapters({role: str(path) for role, path in folders.items()},
+                                    int(engine.policy_version) + 1)
 
 
 def mixes_base_rows(engine: Any) -> bool:

@@ -9,6 +9,11 @@ the run logged (``REPRODUCED``) and against the rollouts the store marks
 trained; any difference is listed, never smoothed over: it means the batch
 was rebuilt wrongly (a resumed step, an edited store) and the comparison
 would mislead.
+
+A run with roles is rebuilt as its loop trained it: each role's samples
+from its own view of the groups (``training.prepare_step_batch``). The new
+reward replaces the episode's; a role the agent rewarded apart
+(``role_rewards``) keeps its recorded reward on both sides.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ from ..config import REWARD_LIMIT
 from ..evaluation import StrictComparison, StrictScorer, compare_with_strict, final_text
 from ..rewards import Trajectory, score_trajectory, trajectory_of
 from ..rollouts import GroupResult
-from ..training import batch_options
 from ..types import Rollout, RolloutStatus, Task
 from ._run import StoredRun, StoredStep
 from ._signal import StepSignal, step_signal, with_rewards
@@ -128,14 +132,13 @@ def rescore_run(
         raise ValueError(f"--advantage: unknown advantage method {method!r}; known: {', '.join(ADVANTAGES.names())}")
     params = AdvantageParams(success_threshold=core.success_threshold)
     bound = off_policy_bound(run)
-    options = batch_options(run.config)
     steps = []
     for stored in run.steps:
         scores = score_rollouts(stored.rollouts, run.tasks, reward_fn, reward_name)
         rescored_groups = [_regroup(g, scores) for g in stored.groups]
         version = stored.policy_version
-        original = step_signal(stored.step, stored.groups, original_method, params, version, bound, options)
-        rescored = step_signal(stored.step, rescored_groups, method, params, version, bound, options)
+        original = step_signal(stored.step, stored.groups, original_method, params, version, bound, config=run.config)
+        rescored = step_signal(stored.step, rescored_groups, method, params, version, bound, config=run.config)
         strict_pair = (None, None)
         if strict is not None:
             new_rollouts = [r for g in rescored_groups for r in g.finished]

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..algorithms import AdvantageParams
 from ..diagnostics import ZERO_ADV
 from ..rollouts import GroupResult
-from ..training import prepare_batch, rollout_metrics
-from ..types import Rollout
+from ..training import prepare_batch, prepare_step_batch, rollout_metrics
+from ..types import ROLE_REWARD_PREFIX, Rollout
 
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 
@@ -72,11 +72,13 @@ class StepSignal:
 
 
 def with_rewards(rollout: Rollout, rewards: Mapping[str, tuple[float, Mapping[str, float]]]) -> Rollout:
-    """``rollout`` with its reward (and reward metrics) replaced when ``rewards`` holds one for it."""
+    """``rollout`` with its reward (and reward metrics) replaced when ``rewards`` holds one for it. Each role's own
+    reward (``role_reward/<role>``, ``Rollout.role_rewards``) stays as recorded unless the new metrics name it."""
     if rollout.id not in rewards:
         return rollout
     reward, metrics = rewards[rollout.id]
-    return replace(rollout, reward=reward, turn_rewards=None, reward_defaulted=False, metrics=dict(metrics))
+    kept = {name: value for name, value in rollout.metrics.items() if name.startswith(ROLE_REWARD_PREFIX)}
+    return replace(rollout, reward=reward, turn_rewards=None, reward_defaulted=False, metrics={**kept, **metrics})
 
 
 def step_signal(
@@ -87,10 +89,16 @@ def step_signal(
     version: int,
     max_off_policy: int,
     options: Mapping[str, bool] | None = None,
+    *,
+    config: Any = None,
 ) -> StepSignal:
-    """The figures of one step's groups (already carrying the rewards to measure) under ``method``; ``options``:
-    the run's ``training.batch_options``, so that the batch is prepared as its loop prepared it."""
-    prepared = prepare_batch(groups, method, params, version, max_off_policy, **(options or {}))
+    """The figures of one step's groups (already carrying the rewards to measure) under ``method``. ``config``: the
+    run's, so that the batch is prepared as its loop prepared it (``training.prepare_step_batch``: its options, and
+    each role's samples in a run with roles); without one, ``options`` (``training.batch_options``) for one policy."""
+    if config is not None:
+        prepared = prepare_step_batch(config, groups, step, method, params, version, max_off_policy)
+    else:
+        prepared = prepare_batch(groups, method, params, version, max_off_policy, **(options or {}))
     rollouts = [r for g in groups for r in g.finished]
     rewards = tuple(r.total_reward for r in rollouts)
     kept_groups = sum(1 for g in groups if g.kept)

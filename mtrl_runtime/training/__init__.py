@@ -34,7 +34,8 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("StepReport", "TrainingLoop", "off_policy_bound"), "._loop"),
     **dict.fromkeys(("onset_suspects", "reward_function_metrics", "rollout_entropy", "rollout_metrics", "tripwire_counts"), "._metrics"),
     **dict.fromkeys(("ResumePlan", "plan_resume"), "._resume"),
-    **dict.fromkeys(("RoleUpdates", "merge_role_batches", "prepare_role_batch", "role_metrics"), "._roles"),
+    **dict.fromkeys(("RoleUpdates", "merge_role_batches", "prepare_role_batch", "prepare_step_batch",
+                     "role_metrics"), "._roles"),
     **dict.fromkeys(("MultiTurnRLTrainer", "TrainingResult"), "._trainer"),
     **dict.fromkeys(("PushedWeights", "SharedWeights", "WeightSync", "shares_model"), "._weights"),
 }

@@ -52,18 +52,17 @@ from ..config import MtrlConfig
 from ..diagnostics import TEMPLATE_DRIFT, VAL_REWARD, ZERO_ADV
 from ..evaluation import StrictScorer, run_validation
 from ..monitor import StepObserver
-from ..roles import trained_roles
 from ..rollouts import Dispatcher, StepBatch, TaskSchedule
 from ..torch_support import on_own_thread
 from ..tracking import NullTracker
 from ..tripwires import TripwireStop
 from ..types import MeasuresTemplateDrift, RecordsTrips, RunTracker, Task
-from ._batch import PreparedBatch, batch_options, prepare_batch
+from ._batch import PreparedBatch
 from ._checkpoint import Checkpoints
 from ._dynamic_sampling import SampledStep, sample_step
 from ._metrics import onset_suspects, rollout_metrics
 from ._resume import ResumePlan
-from ._roles import RoleUpdates, merge_role_batches, prepare_role_batch
+from ._roles import RoleUpdates, prepare_step_batch
 from ._weights import WeightSync
 from .distributed import ShardedUpdate
 from .update import PolicyUpdate
@@ -258,13 +257,8 @@ class TrainingLoop:
 
     def _prepared(self, batch: StepBatch, params: AdvantageParams, bound: int) -> PreparedBatch:
         """The step's samples: of the one policy, or of each role the schedule trains now (``roles``)."""
-        method, version = self.config.core.advantage_method, int(self.update.version)
-        roles = self.config.advanced.role_map
-        if roles is None:
-            return prepare_batch(batch.groups, method, params, version, bound, **batch_options(self.config))
-        trained = trained_roles(roles.roles, self.config.advanced.roles, batch.step)
-        per_role = prepare_role_batch(batch.groups, trained, method, params, version, bound)
-        return merge_role_batches(per_role, frozen=[r for r in roles.roles if r not in trained])
+        return prepare_step_batch(self.config, batch.groups, batch.step, self.config.core.advantage_method, params,
+                                  int(self.update.version), bound)
 
     async def _maybe_checkpoint(self, next_step: int) -> str | None:
         every = self.config.advanced.checkpoint_every

@@ -7,6 +7,10 @@ role within each group by the run's method, and a group whose role rewards
 are all equal carries no signal for that role alone. Every sample is tagged
 with its role.
 
+``prepare_step_batch`` is a step's batch as the loop trains it, with or
+without roles (the roles the schedule trains at that step); ``mtrl
+rescore`` rebuilds a run's batches with it.
+
 ``RoleUpdates`` holds one peft adapter per role on one base model (named by
 the role) and one ``PolicyUpdate`` (its own AdamW state) per adapter. A step
 trains each role's adapter on that role's samples only: peft's
@@ -22,15 +26,15 @@ from __future__ import annotations
 import dataclasses
 import threading
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from ..algorithms import AdvantageParams
-from ..roles import role_view
+from ..roles import role_view, trained_roles
 from ..rollouts import GroupResult
 from ..types import Sample
-from ._batch import PreparedBatch, prepare_batch
+from ._batch import PreparedBatch, batch_options, prepare_batch
 from .update import TRAINER_STATE, WEIGHTS_FOLDER, NonFiniteWeights, Policy, PolicyUpdate, UpdateSettings, atomic_folder
 
 
@@ -41,13 +45,15 @@ def prepare_role_batch(
     params: AdvantageParams,
     version: int,
     max_off_policy: int,
+    **options: bool,
 ) -> dict[str, PreparedBatch]:
     """Each role's samples, advantaged within each group by that role's rewards, with what it played: its mean
-    reward (``rollout/reward/mean``), turns and generated tokens per rollout, over the groups' kept rollouts."""
+    reward (``rollout/reward/mean``), turns and generated tokens per rollout, over the groups' kept rollouts.
+    ``options``: ``prepare_batch``'s (``batch_options``)."""
     out = {}
     for role in roles:
         seen = [dataclasses.replace(g, kept=tuple(role_view(r, role) for r in g.kept)) for g in groups]
-        batch = prepare_batch(seen, method, params, version, max_off_policy)
+        batch = prepare_batch(seen, method, params, version, max_off_policy, **options)
         samples = [dataclasses.replace(s, role=role) for s in batch.samples]
         played = [r for g in seen for r in g.kept]
         metrics = dict(batch.metrics)
@@ -58,6 +64,26 @@ def prepare_role_batch(
                 len(t.completion_ids) for r in played for t in r.turns) / len(played)
         out[role] = dataclasses.replace(batch, samples=samples, metrics=metrics)
     return out
+
+
+def prepare_step_batch(
+    config: Any,
+    groups: Sequence[GroupResult],
+    step: int,
+    method: str,
+    params: AdvantageParams,
+    version: int,
+    max_off_policy: int,
+) -> PreparedBatch:
+    """Step ``step``'s samples as the run of ``config`` trains them: of the one policy, or of each role its
+    schedule trains at that step (``advanced.roles``), merged (``merge_role_batches``)."""
+    options = batch_options(config)
+    roles = config.advanced.role_map
+    if roles is None:
+        return prepare_batch(groups, method, params, version, max_off_policy, **options)
+    trained = trained_roles(roles.roles, config.advanced.roles, step)
+    per_role = prepare_role_batch(groups, trained, method, params, version, max_off_policy, **options)
+    return merge_role_batches(per_role, frozen=[r for r in roles.roles if r not in trained])
 
 
 _SUMMED = ("samples/", "async/stale_samples_dropped", "analysis/zero_adv_groups", "analysis/equal_reward_groups")
@@ -207,4 +233,4 @@ class RoleUpdates:
             self.version = int(state["version"])
 
 
-__all__ = ["RoleUpdates", "merge_role_batches", "prepare_role_batch", "role_metrics"]
+__all__ = ["RoleUpdates", "merge_role_batches", "prepare_role_batch", "prepare_step_batch", "role_metrics"]

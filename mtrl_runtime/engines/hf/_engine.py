@@ -24,7 +24,10 @@ Semantics worth knowing:
 - ``request.role`` (``types.ServesRoles``): the row decodes with the LoRA
   adapter of that name (one per role, ``mtrl_runtime.roles``) in the same
   batches as rows of the other roles (``_lora_fold.rows_as``); each role's
-  prompts are cached apart.
+  prompts are cached apart. The adapters are a trainer's (it adds one per
+  role to the shared model) or saved folders loaded by
+  ``load_role_adapters`` (``types.LoadsRoleAdapters``: ``mtrl eval`` of a
+  run with roles).
 - ``generate_stream`` (``types.StreamingEngine``): the worker hands each
   sampled token to the request's event loop (``loop.call_soon_threadsafe``)
   in the decode step that sampled it; the row batches as any other, and the
@@ -96,11 +99,11 @@ import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import Any, AsyncIterator, Callable, Mapping, TypeVar
 
 from ...torch_support import plain_kv_cache
 from ...types import Generation, GenerationRequest, TokenDelta
-from .._checks import check_request
+from .._checks import check_request, role_adapter_folders
 from .._loading import resolve_model
 from .._stats import EngineClosedError, EngineStats
 from ._attention import use_short_query_attention
@@ -289,6 +292,13 @@ class HFEngine(WorkerLoop):
             raise FileNotFoundError(f"adapter path {str(path)!r}: no adapter_config.json there")
         await self.on_worker(lambda: self._swap_adapter(folder, version))
 
+    async def load_role_adapters(self, paths: Mapping[str, str], version: int) -> None:
+        """Load each role's peft LoRA folder (``{role: path}``, ``types.LoadsRoleAdapters``) as the adapter named by
+        the role, as policy ``version``: a role's rows then decode with its own (``request.role``). An adapter of the
+        same name is replaced; one this engine loaded by ``load_adapter`` is dropped."""
+        folders = role_adapter_folders(paths, version)
+        await self.on_worker(lambda: self._swap_role_adapters(folders, version))
+
     async def on_worker(self, fn: Callable[[], T], *, drain: bool = False) -> T:
         """Run ``fn()`` on the worker thread between decode steps and return its result (or raise its error).
 
@@ -367,6 +377,20 @@ class HFEngine(WorkerLoop):
                                                                    replaces=self._adapter_name)
             self._adapter_name = name
             self.policy_version = version  # clears the prefix cache
+
+    def _swap_role_adapters(self, folders: Mapping[str, Path], version: int) -> None:
+        """Load every role's adapter by its name under the weights lock; the first role's is the active one."""
+        with self.weights_lock, self.lora_fold.unfolded():
+            model = self._model
+            for role, folder in folders.items():
+                if role in self.lora_fold.adapters():
+                    model.delete_adapter(role)
+                model = self.lora_fold.model = load_lora_adapter(model, folder, role)
+            model.set_adapter(next(iter(folders)))
+            if self._adapter_name is not None and self._adapter_name not in folders:
+                model.delete_adapter(self._adapter_name)
+            self._model, self._adapter_name = model, None
+            self.policy_version = version  # clears the prefix caches, each role's too
 
 
 def create(

@@ -63,6 +63,7 @@ from typing import Any, AsyncIterator, Mapping
 import httpx
 
 from ...types import Generation, GenerationRequest, TokenDelta
+from .._checks import role_adapter_folders
 from .._loading import resolve_model
 from .._stats import EngineClosedError, EngineStats
 from .._tokenizer import load_tokenizer
@@ -190,16 +191,7 @@ class VLLMEngine:
 
     async def load_role_adapters(self, paths: Mapping[str, str], version: int) -> None:
         """Load each role's peft LoRA folder (``{role: path}``) as policy ``version``, each by its own name."""
-        if not isinstance(version, int) or version < 0:
-            raise ValueError(f"version: expected an int >= 0, got {version!r}")
-        if not paths:
-            raise ValueError("paths: name at least one role's adapter folder")
-        folders = {}
-        for role, path in paths.items():
-            folder = Path(path).resolve()
-            if not (folder / "adapter_config.json").is_file():
-                raise FileNotFoundError(f"paths[{role!r}]: {str(path)!r} holds no adapter_config.json")
-            folders[role] = folder
+        folders = role_adapter_folders(paths, version)
         self._check_open()
         await self._runner.run(self._load_role_adapters(folders, version))
 
