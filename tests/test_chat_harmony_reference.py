@@ -19,9 +19,11 @@ declarations for every JSON-schema construct its renderer knows.
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import importlib.util
 import json
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -106,16 +108,52 @@ def enc(vocab_dir: Path) -> Any:
         return harmony.load_harmony_encoding(harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
 
 
-@pytest.fixture(scope="module")
-def tok(vocab_dir: Path) -> Any:
-    """gpt-oss's vocabulary as a transformers fast tokenizer, mtrl's harmony template as its chat template."""
-    from transformers import PreTrainedTokenizerFast
+def _converted(vocab_dir: Path, specials: list[str]) -> Any:
+    """transformers' ``TikTokenConverter`` over the o200k ranks: a ``tokenizers.Tokenizer`` (minutes of CPU)."""
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    specials = [HARMONY_SPECIALS.get(i, f"<|reserved_{i}|>") for i in range(199998, 200014)]
-    backend = TikTokenConverter(
+    return TikTokenConverter(
         vocab_file=str(vocab_dir / "o200k_base.tiktoken"), pattern=O200K_PATTERN, extra_special_tokens=specials
     ).converted()
+
+
+def _converted_once(pytestconfig: pytest.Config, vocab_dir: Path, specials: list[str]) -> Any:
+    """``_converted``, kept in pytest's cache folder: built by the first worker, read by every later one.
+
+    The conversion merges 200k ranks in Python: about 130 s of CPU on the
+    2-core machine, once per xdist worker that ran a test of this module.
+    Its output depends only on its inputs (the ranks, whose hash the vocabulary
+    fixture checked, the pattern, the specials) and on the two libraries'
+    versions, which together key the cached ``tokenizer.json``; a lock makes a
+    second worker wait for the first rather than convert again.
+    """
+    import tokenizers
+    import transformers
+    from tokenizers import Tokenizer
+
+    cache = getattr(pytestconfig, "cache", None)
+    if cache is None:  # the cache plugin is off
+        return _converted(vocab_dir, specials)
+    key = hashlib.sha256(json.dumps([O200K_SHA256, O200K_PATTERN, specials, transformers.__version__,
+                                     tokenizers.__version__]).encode()).hexdigest()[:16]
+    folder = Path(cache.mkdir("mtrl-harmony-tokenizer"))
+    saved = folder / f"{key}.json"
+    with open(folder / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not saved.exists():
+            staging = folder / f"{key}.json.tmp-{os.getpid()}"
+            _converted(vocab_dir, specials).save(str(staging))
+            staging.rename(saved)  # atomic: a reader never sees half a file
+    return Tokenizer.from_file(str(saved))
+
+
+@pytest.fixture(scope="module")
+def tok(pytestconfig: pytest.Config, vocab_dir: Path) -> Any:
+    """gpt-oss's vocabulary as a transformers fast tokenizer, mtrl's harmony template as its chat template."""
+    from transformers import PreTrainedTokenizerFast
+
+    specials = [HARMONY_SPECIALS.get(i, f"<|reserved_{i}|>") for i in range(199998, 200014)]
+    backend = _converted_once(pytestconfig, vocab_dir, specials)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token="<|startoftext|>", eos_token="<|return|>", pad_token="<|endoftext|>"
     )
