@@ -2,7 +2,8 @@
 
 Each case runs ``tests/_crash_child.py`` twice in a fresh run folder: once
 until it kills itself (after 3 of 5 steps, with checkpoints every 2 steps),
-then with ``resume``. Checked on the real files the runs leave: every turn
+then with ``resume``; each run is its own process, forked from one that
+made the child's imports once (tests/_preloaded_python.py). Checked on the real files the runs leave: every turn
 the agent was answered is in the store (before and after the resume); no
 checkpoint folder is partial; the resumed run starts at the last complete
 checkpoint and every step 0..4 is trained and logged exactly once; no
@@ -16,8 +17,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -25,17 +26,32 @@ import torch
 from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.training._resume import INTERRUPTED, RESUMES_KEY
 
+from _preloaded_python import PreloadedPython
+
 CHILD = Path(__file__).resolve().parent / "_crash_child.py"
 MAX_STEPS = 5
 STEP_METRIC = "time/step"  # logged once per committed step
 
 
-def _run(run_dir: Path, log: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(CHILD), str(run_dir), str(log), *args],
-        capture_output=True, text=True, timeout=280,
-        env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"},
-    )
+# What the child imports before its first step (7.4 s of CPU per process on the 2-core machine): imported once
+# per worker by the server its processes fork from (tests/_preloaded_python.py), not by each of the ten.
+PRELOAD = ["torch", "transformers", "transformers.models.llama.modeling_llama", "tokenizers", "peft", "openai",
+           "strands", "strands.models.openai", "safetensors.torch", "mtrl_adapters", "mtrl_runtime.config",
+           "mtrl_runtime.engines", "mtrl_runtime.engines.hf", "mtrl_runtime.testing", "mtrl_runtime.training",
+           "mtrl_runtime.training.update._step", "mtrl_runtime.server", "mtrl_runtime.server.protocols",
+           "mtrl_runtime.store"]
+
+
+@pytest.fixture(scope="module")
+def python(tmp_path_factory) -> Iterator[PreloadedPython]:
+    """``python`` for ``_crash_child.py``: each run a fresh process, forked from one that made the imports."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    with PreloadedPython(PRELOAD, tmp_path_factory.mktemp("crash-child-outputs"), env=env) as preloaded:
+        yield preloaded
+
+
+def _run(python: PreloadedPython, run_dir: Path, log: Path, *args: str) -> subprocess.CompletedProcess:
+    return python.run(CHILD, str(run_dir), str(log), *args, timeout=280)
 
 
 def _answered(log: Path) -> list[tuple[str, int]]:
@@ -57,19 +73,19 @@ def _checkpoints(run_dir: Path) -> list[Path]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("kill, resume_from", [("generation", 2), ("update", 2), ("checkpoint", 2), ("commit", 4)])
-def test_a_run_killed_anywhere_resumes_without_losing_or_repeating_anything(tmp_path, kill, resume_from):
-    _kill_and_resume(tmp_path, kill, resume_from)
+def test_a_run_killed_anywhere_resumes_without_losing_or_repeating_anything(python, tmp_path, kill, resume_from):
+    _kill_and_resume(python, tmp_path, kill, resume_from)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_poisoned_run_never_writes_non_finite_weights_and_resumes(tmp_path):
+def test_a_poisoned_run_never_writes_non_finite_weights_and_resumes(python, tmp_path):
     """Every rollout reports a reward of 1.7e308 first and step 1 gets a NaN gradient; then it is killed and resumed."""
     from safetensors.torch import load_file
 
     from mtrl_runtime.diagnostics import NONFINITE_SKIPPED
 
-    run_dir, log = _kill_and_resume(tmp_path, "update", 2, "--poison")
+    run_dir, log = _kill_and_resume(python, tmp_path, "update", 2, "--poison")
     answers = [json.loads(line) for line in Path(str(log) + ".poison").read_text().splitlines()]
     assert answers and all(a["answer"].startswith("RolloutError") and "1.7e+308 is outside this run's reward range"
                            in a["answer"] for a in answers), answers[:3]  # the coordinator's 400, as the agent saw it
@@ -85,9 +101,10 @@ def test_a_poisoned_run_never_writes_non_finite_weights_and_resumes(tmp_path):
             assert all(bool(torch.isfinite(t).all()) for t in load_file(weights).values()), weights
 
 
-def _kill_and_resume(tmp_path: Path, kill: str, resume_from: int, *extra: str) -> tuple[Path, Path]:
+def _kill_and_resume(python: PreloadedPython, tmp_path: Path, kill: str, resume_from: int,
+                     *extra: str) -> tuple[Path, Path]:
     run_dir, log = tmp_path / "run", tmp_path / "answered.jsonl"
-    crashed = _run(run_dir, log, "--kill", kill, *extra)
+    crashed = _run(python, run_dir, log, "--kill", kill, *extra)
     assert crashed.returncode == -9, crashed.stdout[-2000:] + crashed.stderr[-3000:]
 
     # what the killed process left: answered turns stored, checkpoints complete or absent
@@ -103,7 +120,7 @@ def _kill_and_resume(tmp_path: Path, kill: str, resume_from: int, *extra: str) -
     if kill == "commit":  # renamed into place, but the store had not yet learned of it
         assert names[-1] == "step-000004" and known == 2
 
-    resumed = _run(run_dir, log, "--resume")
+    resumed = _run(python, run_dir, log, "--resume")
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     summary = json.loads(resumed.stdout.strip().splitlines()[-1])
     assert summary == {"start_step": resume_from, "final_step": MAX_STEPS}
