@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from .algorithms import ADVANTAGES, LOSSES
 from .algorithms.stale import STALE_CORRECTIONS
@@ -30,6 +30,7 @@ from .store import DEFAULT_STORE, STORES
 from .task_sources import parse_source
 from .tripwires import TripwireSettings
 from .types import SamplingParams
+from .validation import coerced, validated
 
 
 REWARD_LIMIT = 1e6
@@ -444,22 +445,15 @@ class MtrlConfig(_Section):
     @classmethod
     def coerce(cls, config: "MtrlConfig | Mapping[str, Any] | str | Path | None") -> "MtrlConfig":
         """A validated config from what a user may pass: a config (copied), a mapping, a YAML path, or None."""
-        if config is None:
-            return cls()
-        if isinstance(config, MtrlConfig):
-            return config.model_copy(deep=True)
         if isinstance(config, (str, Path)):
             return cls.from_yaml(config)
-        if isinstance(config, Mapping):
-            return cls.from_dict(dict(config))
-        raise ConfigError(f"config: expected an MtrlConfig, a mapping or a YAML path, got {type(config).__name__}")
+        if config is not None and not isinstance(config, (MtrlConfig, Mapping)):
+            raise ConfigError(f"config: expected an MtrlConfig, a mapping or a YAML path, got {type(config).__name__}")
+        return coerced(cls, config, error=ConfigError, prefix=_INVALID)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MtrlConfig":
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            raise ConfigError(_describe(exc)) from None
+        return validated(cls, data, error=ConfigError, prefix=_INVALID)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "MtrlConfig":
@@ -510,15 +504,7 @@ MASKED = "**********"  # what a recorded secret reads as (pydantic's SecretStr s
 _SERVER_SECRETS = ("api_key", "sagemaker_secret")
 
 
-def _describe(exc: ValidationError) -> str:
-    lines = []
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        if err["type"] == "extra_forbidden":
-            lines.append(f"{key}: unknown key (value {err['input']!r})")
-        else:
-            lines.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
-    return "invalid configuration: " + "; ".join(lines)
+_INVALID = "invalid configuration: "  # what a config's validation errors start with
 
 
 __all__ = [

@@ -6,6 +6,10 @@ request without reading the server's code.
 
 from __future__ import annotations
 
+from typing import Any, Mapping, Sequence
+
+from .validation import describe_errors, error_field
+
 
 class MtrlError(Exception):
     """Base error: ``status`` is the HTTP status, ``param`` the request field at fault."""
@@ -22,6 +26,13 @@ class MtrlError(Exception):
 class BadRequest(MtrlError):
     status = 400
     code = "invalid_request"
+
+    @classmethod
+    def naming(cls, errors: Sequence[Mapping[str, Any]]) -> "BadRequest":
+        """The 400 for a body pydantic refused (``errors()`` of its exception): each field at fault by its dotted
+        path and the value given; ``param`` is the first field, ``body`` for the body as a whole."""
+        param = error_field(errors[0], whole="body") if errors else None
+        return cls(describe_errors(errors, whole="body"), param=param)
 
 
 class Unauthorized(MtrlError):

@@ -84,9 +84,7 @@ async def _parse(request: Request, model: type[M]) -> M:
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
-        parts = [f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']} (got {e.get('input')!r})"
-                 for e in exc.errors()]
-        raise BadRequest("; ".join(parts), param=str(exc.errors()[0]["loc"][0]) if exc.errors()[0]["loc"] else None)
+        raise BadRequest.naming(exc.errors()) from None
 
 
 __all__ = ["OnlineEndpoints", "build_online_router"]

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..config import ConfigError, MtrlConfig
+from ..validation import validated
 
 GROUPINGS = ("task", "feedback_key")
 """How rewarded sessions form groups: ``task`` (sessions whose tasks read alike: the same normalised prompt, or the
@@ -56,10 +57,7 @@ def load_online_config(source: str | Path | dict[str, Any]) -> tuple[MtrlConfig,
     section = data.pop("online", None) or {}
     if not isinstance(section, dict):
         raise ConfigError(f"{where}online: expected a mapping, got {section!r}")
-    try:
-        settings = OnlineSettings.model_validate(section)
-    except ValidationError as exc:
-        raise ConfigError(where + "; ".join(_describe(e) for e in exc.errors())) from None
+    settings = validated(OnlineSettings, section, error=ConfigError, prefix=where, under="online")
     try:
         config = MtrlConfig.from_dict(data)
     except ConfigError as exc:
@@ -68,13 +66,6 @@ def load_online_config(source: str | Path | dict[str, Any]) -> tuple[MtrlConfig,
         raise ConfigError(f"{where}online.agent: the gate runs the held-out set ({settings.holdout!r}) through an "
                           "agent; name it (module:function or an agent server URL), got None")
     return config, settings
-
-
-def _describe(err: Any) -> str:
-    key = ".".join(["online", *(str(p) for p in err["loc"])])
-    if err["type"] == "extra_forbidden":
-        return f"{key}: unknown key (value {err['input']!r})"
-    return f"{key}: {err['msg']} (got {err.get('input')!r})"
 
 
 __all__ = ["GROUPINGS", "OnlineSettings", "load_online_config"]

@@ -19,9 +19,10 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from ..datafile import read_data_file
+from ..validation import validated
 
 PLACEHOLDERS = ("{rubric}", "{task}", "{trajectories}", "{ids}", "{n}")  # replaced as text, no str.format
 
@@ -126,13 +127,7 @@ class JudgeSpec(BaseModel):
             return data
         if not isinstance(data, Mapping):
             raise JudgeSpecError(f"{source}: expected a mapping with base_url and model, got {type(data).__name__}")
-        try:
-            return cls.model_validate(dict(data))
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}"
-                + (f" (got {e['input']!r:.80})" if e["loc"] else "") for e in exc.errors())
-            raise JudgeSpecError(f"{source}: {problems}") from None
+        return validated(cls, data, error=JudgeSpecError, prefix=f"{source}: ", whole="spec")
 
 
 def _read(folder: Path, name: str, field: str) -> str:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..validation import coerced
 
 KINDS = ("bubblewrap", "docker", "podman", "tempdir")
 """The kinds ``SANDBOXES`` registers (a test keeps the two equal)."""
@@ -60,18 +62,7 @@ class SandboxSettings(BaseModel):
     @classmethod
     def coerce(cls, value: "SandboxSettings | Mapping[str, Any] | None") -> "SandboxSettings":
         """Settings from settings (copied), a mapping (validated, errors naming the key) or None (defaults)."""
-        if value is None:
-            return cls()
-        if isinstance(value, SandboxSettings):
-            return value.model_copy(deep=True)
-        if isinstance(value, Mapping):
-            try:
-                return cls.model_validate(dict(value))
-            except ValidationError as exc:
-                raise ValueError("sandbox settings: " + "; ".join(
-                    f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']} (got {err.get('input')!r})"
-                    for err in exc.errors())) from None
-        raise TypeError(f"sandbox settings: expected SandboxSettings, a mapping or None, got {type(value).__name__}")
+        return coerced(cls, value, error=ValueError, prefix="sandbox settings: ")
 
 
 __all__ = ["KINDS", "SandboxKindName", "SandboxSettings"]

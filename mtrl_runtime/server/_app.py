@@ -71,8 +71,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
-        parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})" for e in exc.errors()]
-        return error_response(BadRequest("; ".join(parts)))
+        return error_response(BadRequest.naming(exc.errors()))
 
     return app
 

@@ -47,7 +47,8 @@ from mtrl_adapters.wire import CompletionReport, RewardReport, SageMakerComplete
 from ..coordinator import Coordinator, VerifiedToken
 from ..errors import BadRequest, Unauthorized
 from ..types import AgentEnded, RolloutStatus
-from ._http import BodyLimits, bearer_token, describe_validation, json_response, openapi_body, parse_body
+from ..validation import describe_errors
+from ._http import BodyLimits, bearer_token, json_response, openapi_body, parse_body
 from ._sigv4 import signature_problem
 from ._trajectory import resolve_trajectory
 
@@ -255,8 +256,7 @@ def _reward_report(rewards: list[float] | float) -> RewardReport:
             return RewardReport(reward=values[0])
         return RewardReport(turn_rewards=values)
     except ValidationError as exc:
-        message, _ = describe_validation(exc)
-        raise BadRequest(f"Rewards: {message}", param="Rewards") from None
+        raise BadRequest("Rewards: " + describe_errors(exc.errors(), whole="body"), param="Rewards") from None
 
 
 def _peer(request: Request) -> str:

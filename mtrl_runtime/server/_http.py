@@ -42,24 +42,6 @@ def route_error_response(method: str, path: str, status: int, headers: Mapping[s
                     headers={**dict(headers or {}), **extra})
 
 
-def describe_validation(exc: ValidationError) -> tuple[str, str | None]:
-    """One sentence per problem, each naming the field path and the value given."""
-    parts = []
-    first_param = None
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "body"
-        first_param = first_param or loc
-        value = err.get("input")
-        shown = repr(value)
-        if len(shown) > 120:
-            shown = shown[:117] + "..."
-        if err["type"] == "missing":
-            parts.append(f"{loc}: field required")
-        else:
-            parts.append(f"{loc}: {err['msg']} (got {shown})")
-    return "; ".join(parts), first_param
-
-
 OFF_LOOP_BYTES = 64 * 1024
 """A body larger than this is decoded and checked on a worker thread (and its call's prompt built there): parsing
 thousands of items took seconds, during which the event loop served no one else."""
@@ -116,8 +98,7 @@ def validate(data: dict[str, Any], model: type[M]) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        message, param = describe_validation(exc)
-        raise BadRequest(message, param=param) from None
+        raise BadRequest.naming(exc.errors()) from None
 
 
 async def read_limited(request: Request, max_bytes: int) -> bytes:
@@ -263,7 +244,6 @@ __all__ = [
     "check_string_lengths",
     "decode_body",
     "decode_json",
-    "describe_validation",
     "error_body",
     "error_response",
     "json_response",

@@ -91,5 +91,19 @@ def check_call(field: str, call: Any, kind: type) -> None:
         raise ValueError(f"{field}.status must be 'success' or 'error', got {call.status!r}")
 
 
-__all__ = ["INT_MAX", "check_call", "check_float", "check_int", "check_metrics", "check_rollout_ids", "check_str",
-           "final_status", "status_of"]
+FIXED_ONCE_TRAINED = {
+    "tool calls": "its tool calls are fixed",
+    "model calls": "its model calls are fixed",
+    "reward": "its reward is fixed",
+}
+"""What an update's training on a rollout freezes, and how a refused change says so (every backend, same words)."""
+
+
+def check_untrained(rollout_id: str, trained_step: int | None, what: str) -> None:
+    """Refuses a change to ``what`` (a key of ``FIXED_ONCE_TRAINED``) of a rollout an update trained on."""
+    if trained_step is not None:
+        raise ValueError(f"rollout {rollout_id!r} was trained at step {trained_step}; {FIXED_ONCE_TRAINED[what]}")
+
+
+__all__ = ["FIXED_ONCE_TRAINED", "INT_MAX", "check_call", "check_float", "check_int", "check_metrics", "check_rollout_ids", "check_str",
+           "check_untrained", "final_status", "status_of"]

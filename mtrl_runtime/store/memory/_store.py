@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from ...types import ModelCall, Rollout, RolloutStatus, Task, ToolCall, Turn
-from .._checks import check_int, check_metrics, check_rollout_ids, check_str, final_status
+from .._checks import check_int, check_metrics, check_rollout_ids, check_str, check_untrained, final_status
 from .._codec import (
     decode_rollout,
     decode_task,
@@ -124,7 +124,7 @@ class MemoryStore(StoreFront):
         """A tool call of a rollout not yet trained; returns its sequence number in the rollout."""
         row = encode_tool_call(call)
         with self._open():
-            recorded = self._untrained("tool_call.rollout_id", row[0], "its tool calls are fixed")
+            recorded = self._untrained("tool_call.rollout_id", row[0], "tool calls")
             return _add_tool_call(recorded, row)
 
     async def aadd_tool_call(self, call: ToolCall) -> int:
@@ -134,7 +134,7 @@ class MemoryStore(StoreFront):
         """A non-policy model call of a rollout not yet trained; returns its sequence number in the rollout."""
         row = encode_model_call(call)
         with self._open():
-            recorded = self._untrained("model_call.rollout_id", row[0], "its model calls are fixed")
+            recorded = self._untrained("model_call.rollout_id", row[0], "model calls")
             seq = len(recorded.model_calls)  # order of arrival, as the sqlite writer assigns it
             recorded.model_calls.append(decode_model_call((row[0], seq, *row[1:])))
             return seq
@@ -142,7 +142,7 @@ class MemoryStore(StoreFront):
     def _store_reward(self, row: RewardRow) -> bool:
         rollout_id, value, turns_json, metrics_json, defaulted = row
         with self._open():
-            recorded = self._untrained("rollout_id", rollout_id, "its reward is fixed")
+            recorded = self._untrained("rollout_id", rollout_id, "reward")
             current = recorded.rollout
             if defaulted and (current.reward is not None or current.turn_rewards is not None):
                 return False
@@ -299,11 +299,10 @@ class MemoryStore(StoreFront):
             raise ValueError(f"{field_name}: unknown rollout id {rollout_id!r}")
         return recorded
 
-    def _untrained(self, field_name: str, rollout_id: str, fixed: str) -> _Recorded:
-        """The recorded rollout, refused (``fixed`` says what stays as it is) once an update trained on it."""
+    def _untrained(self, field_name: str, rollout_id: str, what: str) -> _Recorded:
+        """The recorded rollout, refused once an update trained on it (``what`` it was to change stays as it is)."""
         recorded = self._recorded(field_name, rollout_id)
-        if recorded.trained_step is not None:
-            raise ValueError(f"rollout {rollout_id!r} was trained at step {recorded.trained_step}; {fixed}")
+        check_untrained(rollout_id, recorded.trained_step, what)
         return recorded
 
     def _export_records(self, step: int | None) -> Iterator[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 from ...types import ModelCall
+from .._checks import check_untrained
 from .._model_calls import COLUMNS, decode_model_call
 
 
@@ -13,9 +14,7 @@ def insert_model_call(conn: sqlite3.Connection, row: tuple) -> int:
     state = conn.execute("SELECT trained_step FROM rollouts WHERE id = ?", (row[0],)).fetchone()
     if state is None:
         raise ValueError(f"model_call.rollout_id: unknown rollout id {row[0]!r}")
-    trained = state[0]
-    if trained is not None:
-        raise ValueError(f"rollout {row[0]!r} was trained at step {trained}; its model calls are fixed")
+    check_untrained(row[0], state[0], "model calls")
     (seq,) = conn.execute(
         "SELECT COALESCE(MAX(seq) + 1, 0) FROM model_calls WHERE rollout_id = ?", (row[0],)
     ).fetchone()

@@ -13,6 +13,7 @@ import sqlite3
 from array import array
 from typing import Any, Sequence
 
+from .._checks import check_untrained
 from .._codec import ROLLOUT_COLUMNS, TurnRow, empty_ids, ids_from_blob, to_blob
 
 _FINAL = ("completed", "failed", "timed_out", "interrupted", "abandoned")
@@ -49,8 +50,7 @@ def insert_turn(conn: sqlite3.Connection, row: TurnRow) -> None:
 
 def insert_tool_call(conn: sqlite3.Connection, row: tuple) -> int:
     _, trained = _rollout_state(conn, "tool_call.rollout_id", row[0])
-    if trained is not None:
-        raise ValueError(f"rollout {row[0]!r} was trained at step {trained}; its tool calls are fixed")
+    check_untrained(row[0], trained, "tool calls")
     return _insert_tool_call(conn, row)
 
 
@@ -64,8 +64,7 @@ def set_reward(
 ) -> bool:
     """Store a reported reward (the latest report wins), or a default one if none was reported."""
     _, trained = _rollout_state(conn, "rollout_id", rollout_id)
-    if trained is not None:
-        raise ValueError(f"rollout {rollout_id!r} was trained at step {trained}; its reward is fixed")
+    check_untrained(rollout_id, trained, "reward")
     condition = " AND reward IS NULL AND turn_rewards IS NULL" if defaulted else ""
     cursor = conn.execute(
         "UPDATE rollouts SET reward = ?, turn_rewards = ?, metrics = ?, reward_defaulted = ? "
