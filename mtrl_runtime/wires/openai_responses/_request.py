@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ...errors import BadRequest
 from ...types import ChatOptions
+from ...validation import describe_error, error_field
 from .._shared import string_field
 
 
@@ -108,9 +109,7 @@ def parse_tool(raw: dict[str, Any], where: str) -> FunctionTool | NamespaceTool 
         return model.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        detail = "field required" if first["type"] == "missing" else f"{first['msg']} (got {first.get('input')!r:.120})"
-        raise BadRequest(f"{where}.{field}: {detail}", param=f"{where}.{field}") from None
+        raise BadRequest(describe_error(first, under=where), param=error_field(first, under=where)) from None
 
 
 class ResponsesRequest(BaseModel):
