@@ -7,7 +7,7 @@ the problems themselves are described here, once. Imports nothing of the project
 
 - A missing field reads ``field required``: pydantic's input for it is the enclosing
   object, not a value of the field.
-- A key the model does not know reads ``unknown key (got value)``.
+- A key the model does not know reads ``Extra inputs are not permitted: an unknown key (got value)``.
 - A problem with the whole object (a model validator's, whose message names the
   fields it read) does not repeat that object, which may hold every setting and
   its secrets; a whole input that is not a mapping at all is shown.
@@ -37,7 +37,7 @@ def describe_error(error: Mapping[str, Any], *, whole: str = "(top level)", unde
     field = error_field(error, whole=whole, under=under)
     if error["type"] == "missing":
         return f"{field}: field required"
-    what = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+    what = f"{error['msg']}: an unknown key" if error["type"] == "extra_forbidden" else error["msg"]
     value = error.get("input")
     if not error["loc"] and isinstance(value, Mapping):
         return f"{field}: {what}"
