@@ -56,7 +56,7 @@ from ..types import (
     Task,
     TrajectoryStore,
 )
-from ._capture import CallCapture, ChatResult, Respond
+from ._capture import CallCapture, ChatResult, PolicyCall, Respond
 from ._counters import CoordinatorCounters
 from ._drift import DriftMeter
 from ._ends import RolloutEnds
@@ -234,12 +234,9 @@ class Coordinator:
         credential refused for its stale trajectory header (``_owner``) first ends the rollouts whose replies it
         proves reached another agent.
         """
+        call = PolicyCall(rollout_id, token, messages, tools, sampling, options, stream, respond, off_loop)
         try:
-            if respond is None:
-                return await self._capture.chat(rollout_id, token, messages, tools, sampling, options, stream,
-                                                off_loop=off_loop)
-            return await self._capture.chat(rollout_id, token, messages, tools, sampling, options, stream,
-                                            respond=respond, off_loop=off_loop)
+            return await self._capture.chat(call)
         except StaleTrajectoryHeader as refused:
             for implicated in refused.implicated:
                 reason = (f"a reply of this rollout reached an agent that names rollout {rollout_id!r} "

@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import replace
-from typing import Any, Awaitable, Callable, Mapping, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from ..chat import (
     CHAT_TEMPLATE_META,
@@ -49,8 +49,30 @@ Respond = Callable[[ChatResult], Awaitable[Any]]
 """Builds a call's answer (the bytes its route sends) from its result, before the turn is committed."""
 
 
-async def _as_is(result: ChatResult) -> ChatResult:
-    return result
+@dataclass(frozen=True)
+class PolicyCall:
+    """One chat call for the policy, as ``Coordinator.chat`` takes it and ``CallCapture`` serves it.
+
+    ``rollout_id`` None: an unattributed (inference) call; ``token`` the
+    caller's credential (a ``VerifiedToken``: a run-wide one). ``messages``,
+    ``tools`` and ``options`` are as the caller sent them until
+    ``CallCapture.chat`` checks and settles them; ``respond`` None: the
+    answer is the ``ChatResult`` itself; ``stream``, ``respond`` and
+    ``off_loop`` are explained in the module docstring. Built once per call
+    and passed down whole; a step that settles a field (the normalized
+    messages, the rollout a run-wide credential's call belongs to, the
+    turn's seed) passes on a ``replace``d copy.
+    """
+
+    rollout_id: str | None
+    token: str | None
+    messages: Sequence[Mapping[str, Any]]
+    tools: Sequence[Mapping[str, Any]] | None
+    sampling: SamplingParams
+    options: ChatOptions | None = None
+    stream: ChatStream | None = None
+    respond: Respond | None = None
+    off_loop: bool = False
 
 
 class CallCapture:
@@ -83,41 +105,33 @@ class CallCapture:
         # what prompts render with, kept with the run: ``mtrl export`` writes this template beside the trained weights
         store.set_meta(CHAT_TEMPLATE_META, {"chat_format": self.format.name, "template": self.renderer.template})
 
-    async def chat(
-        self,
-        rollout_id: str | None,
-        token: str | None,
-        messages: list[Mapping[str, Any]],
-        tools: list[Mapping[str, Any]] | None,
-        sampling: SamplingParams,
-        options: ChatOptions | None = None,
-        stream: ChatStream | None = None,
-        respond: Respond = _as_is,
-        off_loop: bool = False,
-    ) -> Any:
-        """Serve one chat completion and return ``respond``'s answer (by default the ``ChatResult`` itself).
+    async def chat(self, call: PolicyCall) -> Any:
+        """Serve one chat completion and return ``call.respond``'s answer (by default the ``ChatResult`` itself).
 
         An attributed call is recorded after its answer is built and before this returns (the module
-        docstring). With ``stream``, the completion's text goes to it as it is decoded (``_stream``); the
+        docstring). With ``call.stream``, the completion's text goes to it as it is decoded (``_stream``); the
         turn recorded is the same as without.
         """
-        options = options or _AUTO
-        normalized, tools = await _work(off_loop, _checked, messages, tools, options)
+        options = call.options or _AUTO
+        messages, tools = await _work(call.off_loop, _checked, call.messages, call.tools, options)
+        call = replace(call, messages=messages, tools=tools, options=options)
+        rollout_id, token = call.rollout_id, call.token
         if rollout_id is None:
-            if sampling.seed is None:
-                sampling = replace(sampling, seed=self.default_seed)
-            return await self._inference(normalized, tools, sampling, options, stream, respond, off_loop)
+            if call.sampling.seed is None:
+                call = replace(call, sampling=replace(call.sampling, seed=self.default_seed))
+            return await self._inference(call)
         if isinstance(token, VerifiedToken):  # a run-wide credential (SageMaker SigV4): the prompt may name the rollout
-            rollout_id = call_owner(self.live, rollout_id, normalized, self.counters)
+            rollout_id = call_owner(self.live, rollout_id, messages, self.counters)
             token = VerifiedToken(rollout_id)
+            call = replace(call, rollout_id=rollout_id, token=token)
         live = self.live.running(rollout_id, token)
         if options.model is not None and options.model in self.background_models:
-            return await self._background(live, normalized, tools, sampling, options, stream, respond, off_loop)
+            return await self._background(live, call)
         async with live.lock:
             if self.live.get(rollout_id) is None:
                 raise Conflict(f"rollout {rollout_id!r} ended while this call waited", param="rollout_id")
             if isinstance(token, VerifiedToken):  # checked under the lock: the rollout's turns are settled
-                check_owner(self.live, rollout_id, normalized, self.counters)
+                check_owner(self.live, rollout_id, messages, self.counters)
             if live.turns >= live.max_turns:
                 self.live.decide(rollout_id, TurnLimitHit())
                 self.counters.turn_limit_hits += 1
@@ -127,14 +141,12 @@ class CallCapture:
                 )
             if options.unserved_tools:  # hosted tools the call declared, not offered to the policy
                 live.unserved_tool_calls += 1
-            seed = self._seed(live, sampling.seed)
+            seed = self._seed(live, call.sampling.seed)
             if seed is not None:  # each turn its own noise (``seeds.turn_seed``)
-                sampling = replace(sampling, seed=turn_seed(seed, live.turns))
+                call = replace(call, sampling=replace(call.sampling, seed=turn_seed(seed, live.turns)))
             if live.reference is not None:  # an evaluation's reference side: passed through, recorded without ids
-                return await self._reference_turn(live, normalized, tools, sampling, options, respond)
-            role = self._role(live, options.model)
-            return await self._attributed_turn(live, normalized, tools, sampling, options, stream, respond, off_loop,
-                                               role)
+                return await self._reference_turn(live, call)
+            return await self._attributed_turn(live, call, self._role(live, options.model))
 
     def _role(self, live: LiveRollout, model: str | None) -> str | None:
         """The role whose model id the call names (``roles``); with roles, a call naming none is refused (400): it
@@ -159,7 +171,7 @@ class CallCapture:
             return live.seed
         return None if self.default_seed is None else derived_seed(self.default_seed, live.rollout_id)
 
-    def _plan(self, state: Any, messages: list[dict], tools: list, options: ChatOptions) -> tuple[PromptPlan, str, bool]:
+    def _plan(self, state: Any, call: PolicyCall) -> tuple[PromptPlan, str, bool]:
         """The turn's prompt, the text the reply is parsed after, and whether a tool call was forced.
 
         The forced prefix (the format's call opener, with the tool's name when
@@ -169,7 +181,8 @@ class CallCapture:
         Qwen3.5's ``<think>\\n``) is parsed with that opener in front too, and
         a forced call there first closes the block empty.
         """
-        plan = self.builder.build(state, messages, tools, options.template_kwargs)
+        tools, options = call.tools, call.options
+        plan = self.builder.build(state, call.messages, tools, options.template_kwargs)
         opened = opened_reasoning(self.format, self.renderer.decode(plan.prompt_ids[-_OPENER_TAIL_TOKENS:]))
         head = opened[0] if opened else ""
         if options.tool_choice == "auto" or not tools:
@@ -178,21 +191,22 @@ class CallCapture:
             options.tool_name if options.tool_choice == "function" else None)
         return replace(plan, prompt_ids=plan.prompt_ids + tuple(self.renderer.encode(forced))), head + forced, True
 
-    async def _planned(
-        self, state: Any, messages: list[dict], tools: list, options: ChatOptions, off_loop: bool
-    ) -> tuple[PromptPlan, str]:
+    async def _planned(self, state: Any, call: PolicyCall) -> tuple[PromptPlan, str]:
         """``_plan``, on a worker thread for a large request (the renderer's cache is safe to share)."""
-        plan, prefix, forced = await _work(off_loop, self._plan, state, messages, tools, options)
+        plan, prefix, forced = await _work(call.off_loop, self._plan, state, call)
         if forced:
             self.counters.forced_tool_calls += 1
         return plan, prefix
 
-    async def _answer(self, respond: Respond, result: ChatResult) -> Any:
-        """The caller's answer to ``result``, built before anything is recorded (see the module docstring).
+    async def _answer(self, respond: Respond | None, result: ChatResult) -> Any:
+        """The caller's answer to ``result`` (``result`` itself without ``respond``), built before anything is
+        recorded (see the module docstring).
 
         A refusal of the caller's own (``MtrlError``) passes as it is; any other failure is an
         ``AnswerFailure`` (500) saying that nothing was recorded, and is logged with its traceback.
         """
+        if respond is None:
+            return result
         try:
             return await respond(result)
         except (MtrlError, StreamClosed, asyncio.CancelledError):
@@ -203,60 +217,54 @@ class CallCapture:
             raise AnswerFailure(f"the answer could not be written ({type(exc).__name__}: {exc}); "
                                 "nothing was recorded for this call") from exc
 
-    async def _background(
-        self, live: LiveRollout, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions,
-        stream: ChatStream | None, respond: Respond, off_loop: bool,
-    ) -> Any:
+    async def _background(self, live: LiveRollout, call: PolicyCall) -> Any:
         """A harness's background call (``background_models``): answered by the engine as an unattributed call,
         recorded as a non-policy model call of the rollout, never a turn (not trained, not its conversation)."""
         started = time.time()
         usage: list[tuple[int, int]] = []
-        answer = await self._inference(messages, tools, sampling, options, stream, respond, off_loop, usage)
+        answer = await self._inference(call, usage)
         prompt_tokens, completion_tokens = usage[0]
         await self.store.aadd_model_call(ModelCall(
-            live.rollout_id, options.protocol or "openai", options.model, latency_s=time.time() - started,
-            started_at=started, input_tokens=prompt_tokens, output_tokens=completion_tokens, stream=stream is not None,
+            live.rollout_id, call.options.protocol or "openai", call.options.model, latency_s=time.time() - started,
+            started_at=started, input_tokens=prompt_tokens, output_tokens=completion_tokens,
+            stream=call.stream is not None,
         ))
         self.counters.background_calls += 1
         return answer
 
-    async def _inference(
-        self, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions,
-        stream: ChatStream | None, respond: Respond, off_loop: bool, usage: list | None = None,
-    ) -> Any:
-        plan, prefix = await self._planned(None, messages, tools, options, off_loop)
-        sampling = self._fit_context(len(plan.prompt_ids), sampling)
+    async def _inference(self, call: PolicyCall, usage: list | None = None) -> Any:
+        plan, prefix = await self._planned(None, call)
+        tools = call.tools
+        sampling = self._fit_context(len(plan.prompt_ids), call.sampling)
         # no rollout: the turn is the replies since the last user message (what a scripted engine's file reads;
         # replies before it belong to worked examples or earlier exchanges)
         turn = 0
-        for message in reversed(messages):
+        for message in reversed(call.messages):
             if message["role"] == "user":
                 break
             turn += message["role"] == "assistant"
         gen = await self._generate(
             GenerationRequest(prompt_ids=plan.prompt_ids, sampling=sampling, turn_index=turn,
                               stop_token_ids=self.renderer.stop_token_ids),
-            self._streaming(stream, prefix, tools, sampling, len(plan.prompt_ids)),
+            self._streaming(call.stream, prefix, tools, sampling, len(plan.prompt_ids)),
         )
         text, message, finish, _, _ = self._reply(gen, tools, sampling, prefix)
-        answer = await self._answer(respond, ChatResult(message, finish, plan.prompt_ids, gen, text))
+        answer = await self._answer(call.respond, ChatResult(message, finish, plan.prompt_ids, gen, text))
         if usage is None:
             self.counters.inference_calls += 1
         else:
             usage.append((len(plan.prompt_ids), len(gen.completion_ids)))
         return answer
 
-    async def _attributed_turn(
-        self, live: LiveRollout, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions,
-        stream: ChatStream | None, respond: Respond, off_loop: bool, role: str | None = None,
-    ) -> Any:
+    async def _attributed_turn(self, live: LiveRollout, call: PolicyCall, role: str | None = None) -> Any:
         started = time.time()
+        messages, tools = call.messages, call.tools
         live.note_answers(messages)
         state = live.conversation if role is None else live.role_conversations.get(role)  # each role its own
-        plan, prefix = await self._planned(state, messages, tools, options, off_loop)
+        plan, prefix = await self._planned(state, call)
         if plan.break_reason is not None and role is None:  # compaction is read on the rollout's own conversation
             plan = self._compacted(live, plan, messages)
-        sampling = self._fit_context(len(plan.prompt_ids), sampling)
+        sampling = self._fit_context(len(plan.prompt_ids), call.sampling)
         request = GenerationRequest(
             prompt_ids=plan.prompt_ids,
             sampling=sampling,
@@ -267,7 +275,7 @@ class CallCapture:
             base_model=live.base_model,
             role=role,
         )
-        gen = await self._generate(request, self._streaming(stream, prefix, tools, sampling, len(plan.prompt_ids)))
+        gen = await self._generate(request, self._streaming(call.stream, prefix, tools, sampling, len(plan.prompt_ids)))
         text, message, finish, malformed, reasoning_tokens = self._reply(gen, tools, sampling, prefix)
         if plan.break_reason is not None:
             self.counters.prefix_breaks[plan.break_reason] += 1
@@ -293,9 +301,9 @@ class CallCapture:
             reasoning_tokens=reasoning_tokens,
             role=role,
         )
-        conversation = await _work(off_loop, self.builder.advance, state, plan, messages, tools,
+        conversation = await _work(call.off_loop, self.builder.advance, state, plan, messages, tools,
                                    gen.completion_ids, gen.finish_reason, message)  # pure: nothing changes yet
-        answer = await self._answer(respond, ChatResult(message, finish, plan.prompt_ids, gen, text))
+        answer = await self._answer(call.respond, ChatResult(message, finish, plan.prompt_ids, gen, text))
         await self.store.aadd_turn(turn)  # the last step that can fail; durable before the answer is sent
         if role is None:
             live.previous, live.conversation = live.conversation, conversation
@@ -309,14 +317,12 @@ class CallCapture:
             self.counters.max_tokens_clamped += 1
         return answer
 
-    async def _reference_turn(
-        self, live: LiveRollout, messages: list[dict], tools: list, sampling: SamplingParams, options: ChatOptions,
-        respond: Respond,
-    ) -> Any:
+    async def _reference_turn(self, live: LiveRollout, call: PolicyCall) -> Any:
         """Answer with the rollout's reference model (``_reference``) and commit the turn, named by its model and
         without token ids (none come from a closed endpoint), before the answer leaves. A streamed call gets the
         whole reply at once."""
         assert live.reference is not None
+        messages, tools, options = call.messages, call.tools, call.options
         if options.token_ids:  # nothing to give back: refused before the call leaves, nothing recorded
             raise BadRequest(
                 f"rollout {live.rollout_id!r} is answered by the reference model {live.reference.model!r} through its "
@@ -327,7 +333,7 @@ class CallCapture:
         live.note_answers(messages)
         if options.template_kwargs:  # the policy's template variables: not sent to another model (``_reference``)
             self.counters.reference_template_kwargs_dropped += 1
-        reply = await live.reference.chat(messages, tools, sampling, options)
+        reply = await live.reference.chat(messages, tools, call.sampling, options)
         calls = tuple(reply.message.get("tool_calls") or ())
         turn = Turn(
             rollout_id=live.rollout_id, index=live.turns, messages=tuple(messages), prompt_ids=(), completion_ids=(),
@@ -336,8 +342,8 @@ class CallCapture:
             latency_s=time.time() - started, reasoning=reply.reasoning, model=live.reference.model,
         )
         generation = Generation((), (), reply.finish_reason, live.policy_version)
-        answer = await self._answer(respond, ChatResult(reply.message, reply.finish_reason, (), generation,
-                                                        reply.completion_text))
+        answer = await self._answer(call.respond, ChatResult(reply.message, reply.finish_reason, (), generation,
+                                                             reply.completion_text))
         await self.store.aadd_turn(turn)  # the last step that can fail; durable before the answer is sent
         live.note_calls(calls, tools, turn.index)
         live.turns += 1
@@ -484,4 +490,4 @@ def _check_tool_choice(options: ChatOptions, tools: list) -> None:
             )
 
 
-__all__ = ["CallCapture", "ChatResult", "Respond"]
+__all__ = ["CallCapture", "ChatResult", "PolicyCall", "Respond"]
