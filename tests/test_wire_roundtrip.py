@@ -10,7 +10,7 @@ streamed, its events read back as each protocol's SDK accumulates them give
 that reply too.
 
 Cases: plain text, tool calls, tool results (a failed one too), reasoning,
-streaming. Where a protocol cannot carry something both ways the test says
+streaming, every tool choice a protocol has. Where a protocol cannot carry something both ways the test says
 what and why ("within what the protocol allows"):
 
 - reasoning sent back in a request: Anthropic's ``thinking`` and Bedrock's
@@ -24,7 +24,10 @@ what and why ("within what the protocol allows"):
   result: its text is the result (``wires._shared``);
 - Responses' ``instructions`` and leading system messages are one thing to
   the chat side (the system message), and a ``developer`` message is a
-  ``system`` one (``chat.normalize_messages``).
+  ``system`` one (``chat.normalize_messages``);
+- a ``none`` tool choice never reaches the calling side: the serving route
+  drops the tools (``types.ChatOptions``), so a request without tools is what
+  a reference is sent; the tool-choice maps carry ``none`` both ways.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from mtrl_runtime.types import ChatResult, Generation, SamplingParams
 from mtrl_runtime.wires import WIRES, ReferenceReply
 from mtrl_runtime.wires import anthropic_messages as anthropic
 from mtrl_runtime.wires import bedrock_converse as bedrock
+from mtrl_runtime.wires import gemini
 from mtrl_runtime.wires import openai_chat
 from mtrl_runtime.wires import openai_responses as responses
 
@@ -108,6 +112,36 @@ def test_a_finish_reason_map_is_read_and_written_from_one_table(wire, pairs):
     assert wire.to_native("unheard_of") == "end_turn"
 
 
+@pytest.mark.parametrize("choices, natives", [
+    (openai_chat.TOOL_CHOICE, {"auto": "auto", "none": "none", "required": "required",
+                               "function": {"type": "function", "function": {"name": "lookup"}}}),
+    (responses.TOOL_CHOICE, {"auto": "auto", "none": "none", "required": "required",
+                             "function": {"type": "function", "name": "lookup"}}),
+    (anthropic.TOOL_CHOICE, {"auto": {"type": "auto"}, "none": {"type": "none"}, "required": {"type": "any"},
+                             "function": {"type": "tool", "name": "lookup"}}),
+    (bedrock.TOOL_CHOICE, {"auto": {"auto": {}}, "required": {"any": {}}, "function": {"tool": {"name": "lookup"}}}),
+    (gemini.TOOL_CHOICE, {"auto": {"mode": "AUTO"}, "none": {"mode": "NONE"}, "required": {"mode": "ANY"},
+                          "function": {"mode": "ANY", "allowedFunctionNames": ["lookup"]}}),
+], ids=["openai_chat", "openai_responses", "anthropic_messages", "bedrock_converse", "gemini"])
+def test_a_tool_choice_map_is_read_and_written_from_one_table(choices, natives):
+    for chat, native in natives.items():
+        name = "lookup" if chat == "function" else None
+        assert choices.to_native(chat, name) == native
+        assert choices.to_chat(copy.deepcopy(native)) == (chat, name)
+    assert choices.to_chat(None) == ("auto", None)  # no tool choice sent: the model's choice
+    for chat in {"auto", "none", "required", "function"} - set(natives):  # Converse has no "none"
+        with pytest.raises(ValueError, match=repr(chat)):
+            choices.to_native(chat)
+
+
+def test_gemini_reads_any_of_several_functions_as_a_required_call_and_other_modes_as_auto():
+    """ANY names the one function it allows, or several (the tools are narrowed to them, ``chat_tools``)."""
+    assert gemini.TOOL_CHOICE.to_chat({"mode": "ANY", "allowedFunctionNames": ["a", "b"]}) == ("required", None)
+    for auto in ({"mode": "VALIDATED"}, {"mode": "MODE_UNSPECIFIED"}, {"allowedFunctionNames": ["a"]},
+                 {"mode": "AUTO", "allowedFunctionNames": ["a"]}):
+        assert gemini.TOOL_CHOICE.to_chat(auto) == ("auto", None)
+
+
 # -- OpenAI chat completions ---------------------------------------------------------------------
 
 OPENAI_TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look up a record.",
@@ -134,6 +168,12 @@ OPENAI_REQUESTS = {
         "temperature": 0.0, "top_p": 1.0, "max_tokens": 32, "seed": 7, "stop": ["END"], "tools": OPENAI_TOOLS,
         "tool_choice": {"type": "function", "function": {"name": "lookup"}},
     },
+    "tools, the model's choice": {"model": "ref", "messages": [{"role": "user", "content": "Look up N1."}],
+                                  "temperature": 1.0, "top_p": 1.0, "max_tokens": 16, "tools": OPENAI_TOOLS,
+                                  "tool_choice": "auto"},
+    "a required call": {"model": "ref", "messages": [{"role": "user", "content": "Look up N1."}],
+                        "temperature": 1.0, "top_p": 1.0, "max_tokens": 16, "tools": OPENAI_TOOLS,
+                        "tool_choice": "required"},
 }
 
 
@@ -255,6 +295,11 @@ ANTHROPIC_REQUESTS = {
         "model": "claude-x", "max_tokens": 16, "temperature": 1.0,
         "messages": [{"role": "user", "content": [{"type": "text", "text": "Look up N1."}]}],
         "tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "tool", "name": "lookup"},
+    },
+    "tools, the model's choice": {
+        "model": "claude-x", "max_tokens": 16, "temperature": 1.0,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Look up N1."}]}],
+        "tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "auto"},
     },
 }
 
@@ -400,6 +445,11 @@ BEDROCK_REQUESTS = {
         "messages": [{"role": "user", "content": [{"text": "Look up N1."}]}],
         "inferenceConfig": {"maxTokens": 16, "temperature": 1.0},
         "toolConfig": {**BEDROCK_TOOLS, "toolChoice": {"tool": {"name": "lookup"}}},
+    },
+    "tools, the model's choice": {
+        "messages": [{"role": "user", "content": [{"text": "Look up N1."}]}],
+        "inferenceConfig": {"maxTokens": 16, "temperature": 1.0},
+        "toolConfig": {**BEDROCK_TOOLS, "toolChoice": {"auto": {}}},
     },
 }
 
@@ -705,3 +755,34 @@ def test_openai_responses_streams_round_trip(case):
     items, final = _responses_accumulate(_stream(responses.ResponsesEvents(pending, _responses_written), result))
     assert items == original["output"]
     assert final == {**original, "created_at": final["created_at"]}
+
+
+# -- Gemini (the conversation's round trip: test_protocol_gemini) ---------------------------------
+
+GEMINI_TOOLS = [{"functionDeclarations": [{"name": "lookup", "description": "Look up a record.",
+                                           "parametersJsonSchema": SCHEMA}]}]
+
+
+def _gemini_request(**fields: Any) -> dict[str, Any]:
+    return {"contents": [{"role": "user", "parts": [{"text": "Look up N1."}]}],
+            "generationConfig": {"maxOutputTokens": 16, "temperature": 1.0}, "tools": GEMINI_TOOLS, **fields}
+
+
+GEMINI_REQUESTS = {  # the model's choice is Gemini's default: no toolConfig
+    "tools, the model's choice": _gemini_request(),
+    "a required call": _gemini_request(toolConfig={"functionCallingConfig": {"mode": "ANY"}}),
+    "a named tool": _gemini_request(toolConfig={"functionCallingConfig": {"mode": "ANY",
+                                                                          "allowedFunctionNames": ["lookup"]}}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GEMINI_REQUESTS))
+def test_gemini_tool_choices_round_trip(case):
+    original = GEMINI_REQUESTS[case]
+    body = gemini.GenerateContentRequest.model_validate(copy.deepcopy(original))
+    messages = normalize_messages(gemini.chat_messages(body))
+    config = body.config
+    sampling = SamplingParams(temperature=config.temperature, top_p=config.topP or 1.0,
+                              max_tokens=config.maxOutputTokens)
+    sent = gemini.WIRE.calling.request_body("gemini-x", messages, body.chat_tools() or [], sampling, body.options())
+    assert sent == original

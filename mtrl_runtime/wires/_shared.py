@@ -1,4 +1,4 @@
-"""What every wire protocol shares: the calling side's seam, tool results, finish-reason tables, event framing.
+"""What every wire protocol shares: the calling side's seam, tool results, finish-reason and tool-choice tables, event framing.
 
 Calling a real endpoint of a protocol (a reference model, a judge): the
 conversation arrives as normalized OpenAI chat messages (tool-call arguments
@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import orjson
 from pydantic import BaseModel
@@ -228,6 +228,58 @@ class FinishReasons:
         return self._native.get(chat, self.default)
 
 
+class ToolChoices:
+    """A protocol's tool choices and the chat tool choice each means, written once for both directions.
+
+    ``pairs`` are ``(native, chat)`` kinds; the chat kinds are ``auto``,
+    ``none``, ``required`` (some tool must be called) and ``function`` (the
+    named tool must be called). ``write`` puts a native kind and the tool's
+    name (None unless ``function``) in the protocol's own value; ``read`` takes
+    them out of it (a request's validated value is read as its JSON). Reading a
+    request, a native kind is the chat kind it is paired with first, and one
+    also paired with ``function`` (Gemini's ``ANY``) is ``function`` when the
+    value names one tool; no value (or no kind in it) is ``auto``. Writing a
+    request to a real endpoint, a chat kind is the first native kind paired
+    with it.
+    """
+
+    def __init__(self, pairs: tuple[tuple[str, str], ...], write: Callable[[str, str | None], Any],
+                 read: Callable[[Any], tuple[str | None, str | None]]) -> None:
+        self.pairs = pairs
+        self._write = write
+        self._read = read
+        self._chat: dict[str, str] = {}
+        self._native: dict[str, str] = {}
+        for native, chat in pairs:
+            self._chat.setdefault(native, chat)
+            self._native.setdefault(chat, native)
+
+    def to_chat(self, value: Any) -> tuple[str, str | None]:
+        """The chat kind and tool name (None unless ``function``) of a request's native ``value``."""
+        if isinstance(value, BaseModel):
+            value = value.model_dump(exclude_none=True)
+        native, name = self._read(value) if value is not None else (None, None)
+        if native is None:
+            return "auto", None
+        if name is not None and self._native.get("function") == native:
+            return "function", name
+        if native not in self._chat:
+            raise ValueError(f"tool choice {native!r} has no chat meaning; known: {sorted(self._chat)}")
+        return self._chat[native], None
+
+    def to_native(self, chat: str, name: str | None = None) -> Any:
+        """The protocol's value for the chat kind ``chat`` (``name``: the tool a ``function`` choice names)."""
+        if chat not in self._native:
+            raise ValueError(f"tool choice {chat!r} has no native form here; known: {sorted(self._native)}")
+        return self._write(self._native[chat], name if chat == "function" else None)
+
+    def options(self, value: Any, **fields: Any) -> ChatOptions:
+        """The coordinator's options for a request's ``value``, with ``fields`` (``none`` is ``auto`` there: the
+        route drops the tools, ``types.ChatOptions``)."""
+        chat, name = self.to_chat(value)
+        return ChatOptions(tool_choice="auto" if chat == "none" else chat, tool_name=name, **fields)
+
+
 def tool_message(call_id: str, text: str, failed: bool, name: str | None = None) -> dict[str, Any]:
     """The chat ``tool`` message of one tool result: ``text`` unchanged, ``status: error`` when ``failed``."""
     message: dict[str, Any] = {"role": "tool", "tool_call_id": call_id, "content": text}
@@ -269,6 +321,6 @@ def sse(event: str, payload: bytes) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n"
 
 
-__all__ = ["EVENTS", "CallingWire", "FinishReasons", "ReferenceReply", "AssistantBlocks", "Wire", "append_blocks",
+__all__ = ["EVENTS", "CallingWire", "FinishReasons", "ToolChoices", "ReferenceReply", "AssistantBlocks", "Wire", "append_blocks",
            "arguments_object", "arguments_text", "call_name", "object_arguments", "prefill_refused", "sampling_fields", "sse",
            "string_field", "tool_call", "tool_message"]

@@ -12,13 +12,16 @@ its response body built by ``chat``'s ``respond`` before the turn is
 committed, or returns a ``Streamed`` answer that
 ``server._streaming.stream_answer`` writes as its tokens are generated. A
 refusal (``MtrlError``) is written in the protocol's own error shape
-(``error_body``).
+(``error_body``). ``post_router`` makes a protocol's router of its paths.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
+
+from fastapi import APIRouter
+from starlette.routing import Route
 
 from ...coordinator import Coordinator
 from ...errors import BadRequest, MtrlError
@@ -104,6 +107,15 @@ class ProtocolEndpoint:
         return await self.answer(Call(rollout_id, token, data, headers, off_loop))
 
 
+def post_router(routes: Iterable[tuple[str, Any]]) -> APIRouter:
+    """A protocol's router: a plain ASGI ``POST`` route for each ``(path, app)``, none in FastAPI's own schema
+    (``_openapi`` publishes the protocols' paths with their request models)."""
+    router = APIRouter()
+    for path, app in routes:
+        router.routes.append(Route(path, app, methods=["POST"], include_in_schema=False))
+    return router
+
+
 async def off_loop(call: Call, prepare: Callable[..., T], *args: Any) -> T:
     """``prepare(*args)`` (a protocol's validation and translation): on a worker thread for a large body."""
     return await asyncio.to_thread(prepare, *args) if call.off_loop else prepare(*args)
@@ -179,4 +191,5 @@ def sampling(
     )
 
 
-__all__ = ["Call", "JSON", "ProtocolEndpoint", "Streamed", "check_counts", "check_tool_calls", "off_loop", "sampling"]
+__all__ = ["Call", "JSON", "ProtocolEndpoint", "Streamed", "check_counts", "check_tool_calls", "off_loop", "post_router",
+           "sampling"]

@@ -17,13 +17,12 @@ import secrets
 
 import orjson
 from fastapi import APIRouter
-from starlette.routing import Route
 
 from ...coordinator import Coordinator
 from ...types import ChatResult, SamplingParams
 from ...wires.anthropic_messages import MessagesEvents, MessagesRequest, anthropic_error_body, chat_messages, message_object
 from .._http import validate
-from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop, sampling
+from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop, post_router, sampling
 
 PATH = "/v1/messages"
 ROLLOUT_PATH = "/rollouts/{rollout_id}/v1/messages"
@@ -86,10 +85,7 @@ def build_router(coordinator: Coordinator) -> APIRouter:
     """Both Messages paths, as plain ASGI routes (see ``_endpoint``)."""
     protocol = MessagesProtocol(coordinator)
     endpoint = ProtocolEndpoint(coordinator, protocol.answer, anthropic_error_body, token_header=b"x-api-key")
-    router = APIRouter()
-    for path in PATHS:
-        router.routes.append(Route(path, endpoint, methods=["POST"], include_in_schema=False))
-    return router
+    return post_router((path, endpoint) for path in PATHS)
 
 
 __all__ = ["PATH", "PATHS", "ROLLOUT_PATH", "MessagesProtocol", "build_router"]

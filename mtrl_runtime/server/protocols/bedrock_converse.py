@@ -28,14 +28,13 @@ import time
 from typing import Awaitable, Callable
 
 from fastapi import APIRouter
-from starlette.routing import Route
 
 from ...coordinator import ChatStream, Coordinator
 from ...types import ChatOptions, ChatResult, SamplingParams
 from ...wires import bedrock_converse as translate
 from ...wires.bedrock_converse import ConverseEvents, ConverseRequest, error_body, error_type
 from .._http import validate
-from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop, sampling
+from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop, post_router, sampling
 
 PATHS = (
     "/model/{model_id}/converse",
@@ -93,16 +92,12 @@ class ConverseProtocol:
 
 def build_router(coordinator: Coordinator) -> APIRouter:
     """The four Converse paths (a ``model_id`` may hold ``/``: an inference-profile or model ARN)."""
-    router = APIRouter()
     endpoints = {
         stream: ProtocolEndpoint(coordinator, ConverseProtocol(coordinator, stream).answer, error_body)
         for stream in (False, True)
     }
-    for path in PATHS:
-        endpoint = endpoints[path.endswith("-stream")]
-        route_path = path.replace("{model_id}", "{model_id:path}")
-        router.routes.append(Route(route_path, endpoint, methods=["POST"], include_in_schema=False))
-    return router
+    return post_router((path.replace("{model_id}", "{model_id:path}"), endpoints[path.endswith("-stream")])
+                       for path in PATHS)
 
 
 __all__ = ["PATHS", "ConverseProtocol", "build_router", "error_body", "error_type"]

@@ -28,7 +28,6 @@ from urllib.parse import parse_qs
 
 import orjson
 from fastapi import APIRouter
-from starlette.routing import Route
 
 from ...coordinator import ChatResult, Coordinator
 from ...errors import BadRequest
@@ -38,7 +37,7 @@ from ...wires.gemini import (
 )
 from .._asgi import Receive, Send, send_body
 from .._http import validate
-from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop, sampling
+from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop, post_router, sampling
 
 _VERSIONS = ("v1beta", "v1")
 PATHS = tuple(
@@ -122,11 +121,7 @@ def build_router(coordinator: Coordinator) -> APIRouter:
 
     whole = GeminiRoute({"json": endpoint(None)})
     streamed = GeminiRoute({"json": endpoint("array"), "sse": endpoint("sse")})
-    router = APIRouter()
-    for path in PATHS:
-        app = streamed if path.endswith(":streamGenerateContent") else whole
-        router.routes.append(Route(path, app, methods=["POST"], include_in_schema=False))
-    return router
+    return post_router((path, streamed if path.endswith(":streamGenerateContent") else whole) for path in PATHS)
 
 
 __all__ = ["PATHS", "GeminiProtocol", "GeminiRoute", "build_router"]

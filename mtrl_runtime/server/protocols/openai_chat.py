@@ -18,14 +18,13 @@ import secrets
 from typing import Any
 
 from fastapi import APIRouter
-from starlette.routing import Route
 
 from ...coordinator import Coordinator
 from ...errors import BadRequest
 from ...types import ChatResult, SamplingParams
 from ...wires.openai_chat import ChatCompletionRequest, ChunkEvents, completion_json, error_body
 from .._http import validate
-from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop
+from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop, post_router
 
 PATH = "/v1/chat/completions"
 ROLLOUT_PATH = "/rollouts/{rollout_id}/v1/chat/completions"
@@ -102,10 +101,7 @@ def _check_content_sizes(body: ChatCompletionRequest, limit: int) -> None:
 def build_router(coordinator: Coordinator) -> APIRouter:
     """Both chat completion paths, as plain ASGI routes (see ``_endpoint``)."""
     endpoint = ProtocolEndpoint(coordinator, ChatProtocol(coordinator).answer, error_body)
-    router = APIRouter()
-    for path in PATHS:
-        router.routes.append(Route(path, endpoint, methods=["POST"], include_in_schema=False))
-    return router
+    return post_router((path, endpoint) for path in PATHS)
 
 
 __all__ = ["PATH", "PATHS", "ROLLOUT_PATH", "ChatProtocol", "build_router", "chat_path_rollout"]

@@ -22,7 +22,6 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter
-from starlette.routing import Route
 
 from ...coordinator import Coordinator
 from ...errors import BadRequest
@@ -30,7 +29,7 @@ from ...types import ChatResult, Generation, SamplingParams
 from ...wires.openai_chat import error_body
 from ...wires.openai_responses import ResponsesEvents, ResponsesRequest, input_messages, response_object
 from .._http import validate
-from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop, sampling
+from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop, post_router, sampling
 from ._response_history import ResponseHistory
 
 PATH = "/v1/responses"
@@ -117,10 +116,7 @@ def build_router(coordinator: Coordinator) -> APIRouter:
     """Both Responses paths, as plain ASGI routes (see ``_endpoint``)."""
     protocol = ResponsesProtocol(coordinator)
     endpoint = ProtocolEndpoint(coordinator, protocol.answer, error_body)
-    router = APIRouter()
-    for path in PATHS:
-        router.routes.append(Route(path, endpoint, methods=["POST"], include_in_schema=False))
-    return router
+    return post_router((path, endpoint) for path in PATHS)
 
 
 __all__ = ["PATH", "PATHS", "ROLLOUT_PATH", "ResponsesProtocol", "build_router"]

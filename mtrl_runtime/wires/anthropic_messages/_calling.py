@@ -22,7 +22,7 @@ from ...types import ChatOptions, SamplingParams
 from .._shared import (
     ReferenceReply, AssistantBlocks, append_blocks, arguments_object, call_name, sampling_fields, tool_call,
 )
-from ._maps import API_VERSION, FINISH
+from ._maps import API_VERSION, FINISH, TOOL_CHOICE
 
 
 class AnthropicMessagesWire:
@@ -68,9 +68,7 @@ class AnthropicMessagesWire:
             body["system"] = "\n\n".join(s for s in system if s)
         if tools:
             body["tools"] = [_tool(t) for t in tools]
-            choices = {"auto": {"type": "auto"}, "required": {"type": "any"},
-                       "function": {"type": "tool", "name": options.tool_name}}
-            body["tool_choice"] = choices[options.tool_choice]
+            body["tool_choice"] = TOOL_CHOICE.to_native(options.tool_choice, options.tool_name)
         return body
 
     def parse_reply(self, payload: Any) -> ReferenceReply:

@@ -1,8 +1,10 @@
-"""Anthropic Messages' stop reasons and error types, once for both directions (serving and calling)."""
+"""Anthropic Messages' stop reasons, tool choices and error types, once for both directions (serving and calling)."""
 
 from __future__ import annotations
 
-from .._shared import FinishReasons
+from typing import Any
+
+from .._shared import FinishReasons, ToolChoices
 
 # Read from a reply: each stop reason's chat finish reason. Written in an answer: a chat reason's first native
 # one (``stop_sequence`` is written only when the request's stop sequence ended the turn, see ``_response``).
@@ -24,4 +26,9 @@ ERROR_TYPES = {
 
 API_VERSION = "2023-06-01"
 
-__all__ = ["API_VERSION", "ERROR_TYPES", "FINISH"]
+# tool_choice: {"type": <kind>}, with the tool's "name" for "tool"
+TOOL_CHOICE = ToolChoices((("auto", "auto"), ("none", "none"), ("any", "required"), ("tool", "function")),
+                          write=lambda kind, name: {"type": kind} if name is None else {"type": kind, "name": name},
+                          read=lambda value: (value.get("type"), value.get("name")))
+
+__all__ = ["API_VERSION", "ERROR_TYPES", "FINISH", "TOOL_CHOICE"]

@@ -21,8 +21,6 @@ every protocol follows); an ``is_error`` that is not a boolean is refused.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from typing import Any, Literal
 
 import orjson
@@ -31,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ...errors import BadRequest
 from ...types import ChatOptions
 from .._shared import AssistantBlocks, prefill_refused, string_field, tool_message
+from ._maps import TOOL_CHOICE
 
 
 class CustomTool(BaseModel):
@@ -101,20 +100,12 @@ class MessagesRequest(BaseModel):
         return self
 
     def options(self) -> ChatOptions:
-        """The call's options with the model it named (``advanced.server.background_models``) and its family."""
-        return replace(self._options(), model=self.model, protocol="anthropic")
-
-    def _options(self) -> ChatOptions:
-        """Template variables (``thinking`` enabled or disabled sets ``enable_thinking``) and the tool choice."""
+        """The call's options: template variables (``thinking`` enabled or disabled sets ``enable_thinking``), the
+        tool choice (``TOOL_CHOICE``), the model it named (``advanced.server.background_models``) and its family."""
         kwargs = dict(self.chat_template_kwargs or {})
         if self.thinking is not None and self.thinking.type != "adaptive":
             kwargs.setdefault("enable_thinking", self.thinking.type == "enabled")
-        choice = self.tool_choice
-        if choice is None or choice.type in ("auto", "none"):
-            return ChatOptions(template_kwargs=kwargs)
-        if choice.type == "any":
-            return ChatOptions(template_kwargs=kwargs, tool_choice="required")
-        return ChatOptions(template_kwargs=kwargs, tool_choice="function", tool_name=choice.name)
+        return TOOL_CHOICE.options(self.tool_choice, template_kwargs=kwargs, model=self.model, protocol="anthropic")
 
 
 def chat_messages(body: MessagesRequest) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ from ...types import ChatOptions, SamplingParams
 from .._shared import (
     ReferenceReply, AssistantBlocks, append_blocks, arguments_object, call_name, sampling_fields, tool_call,
 )
-from ._maps import FINISH
+from ._maps import FINISH, TOOL_CHOICE
 
 _REGION = re.compile(r"^bedrock-runtime(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com")
 
@@ -78,14 +78,12 @@ class BedrockConverseWire:
             body["system"] = system
         if tools:
             fns = [t.get("function") or {} for t in tools]
-            choice = {"auto": {"auto": {}}, "required": {"any": {}},
-                      "function": {"tool": {"name": options.tool_name}}}[options.tool_choice]
             body["toolConfig"] = {
                 "tools": [{"toolSpec": {"name": fn.get("name"), **({"description": fn["description"]}
                                                                     if fn.get("description") else {}),
                                         "inputSchema": {"json": fn.get("parameters") or {"type": "object"}}}}
                           for fn in fns],
-                "toolChoice": choice,
+                "toolChoice": TOOL_CHOICE.to_native(options.tool_choice, options.tool_name),
             }
         return body
 

@@ -1,8 +1,10 @@
-"""Bedrock Converse's stop reasons and error names, once for both directions (serving and calling)."""
+"""Bedrock Converse's stop reasons, tool choices and error names, once for both directions (serving and calling)."""
 
 from __future__ import annotations
 
-from .._shared import FinishReasons
+from typing import Any
+
+from .._shared import FinishReasons, ToolChoices
 
 # Read from a reply: each stop reason's chat finish reason. Written in an answer: a chat reason's first native
 # one (``stop_sequence`` only when one of the request's stop sequences is in the text, see ``_translate``).
@@ -39,4 +41,15 @@ def error_type(status: int) -> str:
     return ERROR_TYPES.get(status, "InternalServerException" if status >= 500 else "ValidationException")
 
 
-__all__ = ["ERROR_TYPES", "FINISH", "STREAM_EXCEPTIONS", "error_type"]
+def _read_choice(value: Any) -> tuple[str, str | None]:
+    (kind, member), = value.items()  # a union: exactly one member (the request schema checks it)
+    return kind, member.get("name")
+
+
+# toolConfig.toolChoice: a union of one member, {<kind>: {}}, with the tool's "name" for "tool"; Converse has no
+# "none" (a request that wants no call sends no toolConfig)
+TOOL_CHOICE = ToolChoices((("auto", "auto"), ("any", "required"), ("tool", "function")),
+                          write=lambda kind, name: {kind: {} if name is None else {"name": name}}, read=_read_choice)
+
+
+__all__ = ["ERROR_TYPES", "FINISH", "STREAM_EXCEPTIONS", "TOOL_CHOICE", "error_type"]

@@ -9,7 +9,7 @@ with ``status: error`` reaches the model as its text, unchanged, and the
 flag is recorded (``wires._shared`` says why: the rule every protocol
 follows). ``toolConfig`` becomes OpenAI function tools; ``toolChoice``
 ``auto`` / ``any`` / ``tool`` become ``auto`` / ``required`` / a named
-function.
+function (``_maps.TOOL_CHOICE``, which the calling side writes with).
 
 Out: the reply's reasoning, text and tool calls as content blocks (in that
 order), the stop reason (``tool_use``, ``max_tokens``, ``stop_sequence``,
@@ -27,7 +27,7 @@ import orjson
 from ...errors import BadRequest, MtrlError
 from ...types import ChatOptions, ChatResult
 from .._shared import tool_message
-from ._maps import FINISH, error_type
+from ._maps import FINISH, TOOL_CHOICE, error_type
 from ._request import ConverseRequest, ToolResultBlock
 
 
@@ -113,12 +113,7 @@ def chat_tools(body: ConverseRequest) -> tuple[list[dict[str, Any]] | None, Chat
             function["description"] = spec.description
         function["parameters"] = spec.inputSchema.json_schema
         tools.append({"type": "function", "function": function})
-    choice = config.toolChoice
-    if choice is None or choice.auto is not None:
-        return tools, ChatOptions(template_kwargs=template_kwargs)
-    if choice.any is not None:
-        return tools, ChatOptions(template_kwargs=template_kwargs, tool_choice="required")
-    return tools, ChatOptions(template_kwargs=template_kwargs, tool_choice="function", tool_name=choice.tool.name)
+    return tools, TOOL_CHOICE.options(config.toolChoice, template_kwargs=template_kwargs)
 
 
 def stop_reason(result: ChatResult, body: ConverseRequest, tokenizer: Any) -> str:

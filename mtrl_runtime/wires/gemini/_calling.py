@@ -29,7 +29,7 @@ from ...types import ChatOptions, SamplingParams
 from .._shared import (
     ReferenceReply, AssistantBlocks, append_blocks, arguments_object, call_name, sampling_fields, tool_call,
 )
-from ._maps import API_VERSION, FINISH
+from ._maps import API_VERSION, FINISH, TOOL_CHOICE
 
 SKIP_SIGNATURE = "skip_thought_signature_validator"  # Google's documented signature for calls it did not write
 
@@ -85,11 +85,9 @@ class GeminiWire:
             body["systemInstruction"] = {"parts": [{"text": "\n\n".join(s for s in system if s)}]}
         if tools:
             body["tools"] = [{"functionDeclarations": [_declaration(t) for t in tools]}]
-            if options.tool_choice != "auto":
-                calling: dict[str, Any] = {"mode": "ANY"}
-                if options.tool_choice == "function":
-                    calling["allowedFunctionNames"] = [options.tool_name]
-                body["toolConfig"] = {"functionCallingConfig": calling}
+            if options.tool_choice != "auto":  # auto: no toolConfig, Gemini's default
+                body["toolConfig"] = {"functionCallingConfig": TOOL_CHOICE.to_native(options.tool_choice,
+                                                                                      options.tool_name)}
         return body
 
     def parse_reply(self, payload: Any) -> ReferenceReply:

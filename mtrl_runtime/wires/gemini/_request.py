@@ -47,6 +47,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from ...errors import BadRequest
 from ...types import ChatOptions
 from .._shared import AssistantBlocks, prefill_refused, tool_message
+from ._maps import TOOL_CHOICE
 
 _IGNORED = "accepted and ignored"
 _PART_DATA = ("inlineData", "fileData", "executableCode", "codeExecutionResult", "toolCall", "toolResponse")
@@ -227,12 +228,8 @@ class GenerateContentRequest(BaseModel):
         enabled = thinking.enable_thinking() if thinking is not None else None
         if enabled is not None:
             kwargs["enable_thinking"] = enabled
-        fc = self.toolConfig.functionCallingConfig if self.toolConfig else None
-        if fc is None or fc.mode != "ANY":
-            return ChatOptions(template_kwargs=kwargs)
-        if fc.allowedFunctionNames and len(fc.allowedFunctionNames) == 1:
-            return ChatOptions(template_kwargs=kwargs, tool_choice="function", tool_name=fc.allowedFunctionNames[0])
-        return ChatOptions(template_kwargs=kwargs, tool_choice="required")
+        return TOOL_CHOICE.options(self.toolConfig.functionCallingConfig if self.toolConfig else None,
+                                   template_kwargs=kwargs)
 
 
 def chat_messages(body: GenerateContentRequest) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 from ...types import ChatOptions, SamplingParams
 from .._shared import ReferenceReply, arguments_text
+from ._maps import TOOL_CHOICE
 
 
 class OpenAIChatWire:
@@ -40,10 +41,7 @@ class OpenAIChatWire:
             body["stop"] = list(sampling.stop)
         if tools:
             body["tools"] = [dict(t) for t in tools]
-            body["tool_choice"] = (
-                {"type": "function", "function": {"name": options.tool_name}} if options.tool_choice == "function"
-                else options.tool_choice
-            )
+            body["tool_choice"] = TOOL_CHOICE.to_native(options.tool_choice, options.tool_name)
         return body
 
     def parse_reply(self, payload: Any) -> ReferenceReply:

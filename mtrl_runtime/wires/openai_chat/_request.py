@@ -8,14 +8,13 @@ add them over time.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from ...errors import BadRequest
 from ...types import ChatOptions, SamplingParams
+from ._maps import TOOL_CHOICE
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -131,24 +130,11 @@ class ChatCompletionRequest(BaseModel):
         return self
 
     def options(self) -> ChatOptions:
-        """The call's options with the model it named (``advanced.server.background_models``) and its family."""
-        return replace(self._options(), model=self.model, protocol="openai")
-
-    def _options(self) -> ChatOptions:
-        """Template variables and the tool choice (``"none"`` is applied by dropping the tools)."""
-        choice, name = self.tool_choice, None
-        if isinstance(choice, dict):
-            fn = choice.get("function")
-            name = fn.get("name") if isinstance(fn, dict) else None
-            if choice.get("type", "function") != "function" or not isinstance(name, str) or not name:
-                raise BadRequest(
-                    f"tool_choice must be {{'type': 'function', 'function': {{'name': ...}}}}, got {choice!r}",
-                    param="tool_choice",
-                )
-            choice = "function"
-        kind = choice if choice in ("required", "function") else "auto"
-        return ChatOptions(template_kwargs=self.chat_template_kwargs or {}, tool_choice=kind, tool_name=name,
-                           token_ids=self.wants_token_ids or self.wants_logprobs)
+        """The call's options: template variables, the tool choice (``TOOL_CHOICE``; ``"none"`` is applied by dropping
+        the tools), the model it named (``advanced.server.background_models``) and its family."""
+        return TOOL_CHOICE.options(self.tool_choice, template_kwargs=self.chat_template_kwargs or {},
+                                   token_ids=self.wants_token_ids or self.wants_logprobs, model=self.model,
+                                   protocol="openai")
 
     def sampling(self, default: SamplingParams, max_tokens_cap: int, over_cap: str = "clamp") -> SamplingParams:
         """The request's sampling settings over the run's defaults. A max_tokens above the cap is served up to the

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 from ...types import ChatOptions, SamplingParams
 from .._shared import ReferenceReply, AssistantBlocks, arguments_object, arguments_text, call_name, tool_call
 from ..openai_chat import OpenAIChatWire
-from ._maps import INCOMPLETE
+from ._maps import INCOMPLETE, TOOL_CHOICE
 from ._request import NAMESPACE_SEPARATOR
 
 
@@ -60,9 +60,7 @@ class OpenAIResponsesWire(OpenAIChatWire):
             body["instructions"] = "\n\n".join(s for s in instructions if s)
         if tools:
             body["tools"] = _tools(tools)
-            choices = {"auto": "auto", "required": "required",
-                       "function": {"type": "function", "name": options.tool_name}}
-            body["tool_choice"] = choices[options.tool_choice]
+            body["tool_choice"] = TOOL_CHOICE.to_native(options.tool_choice, options.tool_name)
         return body
 
     def parse_reply(self, payload: Any) -> ReferenceReply:

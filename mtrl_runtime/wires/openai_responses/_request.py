@@ -26,8 +26,6 @@ assistant message (``reasoning_content``, ``content``, ``tool_calls``);
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -36,6 +34,7 @@ from ...errors import BadRequest
 from ...types import ChatOptions
 from ...validation import describe_error, error_field
 from .._shared import string_field
+from ._maps import TOOL_CHOICE
 
 
 NAMESPACE_SEPARATOR = "."  # a namespace's function as the policy sees it: "<namespace>.<name>"
@@ -150,25 +149,11 @@ class ResponsesRequest(BaseModel):
         return self
 
     def options(self) -> ChatOptions:
-        """The call's options with the model it named (``advanced.server.background_models``) and its family."""
-        return replace(self._options(), model=self.model, protocol="openai")
-
-    def _options(self) -> ChatOptions:
-        """The tool choice as the coordinator takes it (``"none"`` is applied by dropping the tools)."""
-        choice = self.tool_choice
-        if isinstance(choice, dict):
-            name = choice.get("name")
-            if choice.get("type") != "function" or not isinstance(name, str) or not name:
-                raise BadRequest(
-                    f"tool_choice must be {{'type': 'function', 'name': ...}}, got {choice!r:.120}; "
-                    "only function tools are supported",
-                    param="tool_choice",
-                )
-            return ChatOptions(template_kwargs=self.chat_template_kwargs or {}, tool_choice="function", tool_name=name,
-                               unserved_tools=self.hosted_tools)
-        kind = "required" if choice == "required" else "auto"
-        return ChatOptions(template_kwargs=self.chat_template_kwargs or {}, tool_choice=kind,
-                           unserved_tools=self.hosted_tools)
+        """The call's options: the tool choice as the coordinator takes it (``TOOL_CHOICE``; ``"none"`` is applied by
+        dropping the tools), the hosted tools it is not offered, the model it named
+        (``advanced.server.background_models``) and its family."""
+        return TOOL_CHOICE.options(self.tool_choice, template_kwargs=self.chat_template_kwargs or {},
+                                   unserved_tools=self.hosted_tools, model=self.model, protocol="openai")
 
     def chat_tools(self) -> list[dict[str, Any]] | None:
         """The tools offered to the policy: functions, and namespaces' functions as ``<namespace>.<name>``."""
