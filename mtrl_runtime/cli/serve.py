@@ -12,7 +12,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._command import Command
 
@@ -81,6 +81,20 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _signalled_server_class() -> type:
+    """uvicorn's Server, remembering whether a signal (Ctrl-C, SIGTERM) told it to stop."""
+    import uvicorn
+
+    class SignalledServer(uvicorn.Server):
+        signalled = False
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            self.signalled = True
+            super().handle_exit(sig, frame)
+
+    return SignalledServer
+
+
 def _run_server(config: MtrlConfig, adapter: Path | None, port: int) -> int:
     """Build the rollout stack (engine with ``adapter`` loaded, store, coordinator) and serve it until stopped.
 
@@ -90,12 +104,11 @@ def _run_server(config: MtrlConfig, adapter: Path | None, port: int) -> int:
     """
     import asyncio
 
-    import uvicorn
-
     from ..rollouts import RolloutStack
     from ..server import create_app, server_config
     from ._stopping import stop_on_sigterm
 
+    _SignalledServer = _signalled_server_class()
     server_cfg = config.advanced.server
     sock = _listen(server_cfg.host, port)  # before the model loads: a port in use fails at once
     stack, stopped = None, False
@@ -105,11 +118,14 @@ def _run_server(config: MtrlConfig, adapter: Path | None, port: int) -> int:
             asyncio.run(stack.engine.load_adapter(str(adapter), 1))
         app = create_app(stack.coordinator)
         bound = sock.getsockname()[1]
-        server = uvicorn.Server(server_config(app, server_cfg.host, bound))
+        server = _SignalledServer(server_config(app, server_cfg.host, bound))
         print(f"mtrl: serving {stack.coordinator.served_model} ({config.core.engine}) on "
               f"http://{server_cfg.host}:{bound}/v1", flush=True)
         with stop_on_sigterm():
             server.run(sockets=[sock])  # uvicorn stops on the signal, then raises it again: KeyboardInterrupt
+        # uvicorn re-raises the signal it stopped on, but once (a full suite run) Ctrl-C ended here without the
+        # KeyboardInterrupt and the status was 0: the server's own record of the signal decides
+        stopped = server.signalled
     except KeyboardInterrupt:
         stopped = True
     finally:
