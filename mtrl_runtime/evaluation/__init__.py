@@ -27,6 +27,7 @@ from ._metrics import (
     eval_metrics,
     mean_reward,
     mean_turns,
+    metric_means,
     pass_at_k,
     pass_k_metrics,
     reward_metric_means,
@@ -36,7 +37,7 @@ from ._metrics import (
     tool_call_distribution,
     turn_limit_rate,
 )
-from ._records import conversation, final_text, record_of, requested_tools, reward_function_metrics
+from ._records import conversation, final_text, record_of, requested_tools, reward_function_metrics, tripped_wires
 from ._report import (
     ReportPaths,
     disagreement_sections,
@@ -101,6 +102,7 @@ __all__ = [
     "markdown_row",
     "mean_reward",
     "mean_turns",
+    "metric_means",
     "metric_prefix",
     "number_text",
     "pass_at_k",
@@ -123,6 +125,7 @@ __all__ = [
     "table_cell",
     "token_cap_fraction",
     "tool_call_distribution",
+    "tripped_wires",
     "turn_limit_rate",
     "write_report",
 ]

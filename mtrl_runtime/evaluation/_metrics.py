@@ -166,13 +166,18 @@ def tool_call_distribution(records: Sequence[EvalRecord]) -> dict[str, float]:
     return {name: counts[name] / total for name in sorted(counts)}
 
 
-def reward_metric_means(records: Sequence[EvalRecord]) -> dict[str, float]:
-    """Mean of each reward-function metric over the records that report it."""
+def metric_means(reports: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Mean of each metric over the reports that carry it, by name."""
     values: dict[str, list[float]] = {}
-    for r in records:
-        for name, value in r.metrics.items():
+    for report in reports:
+        for name, value in report.items():
             values.setdefault(name, []).append(float(value))
     return {name: _mean(v) for name, v in sorted(values.items())}
+
+
+def reward_metric_means(records: Sequence[EvalRecord]) -> dict[str, float]:
+    """Mean of each reward-function metric over the records that report it."""
+    return metric_means(r.metrics for r in records)
 
 
 def eval_metrics(records: Sequence[EvalRecord], ks: Iterable[int], *, prefix: str = "val") -> dict[str, float]:

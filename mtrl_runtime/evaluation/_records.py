@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ..rewards import last_conversation
-from ..tripwires import TRIP_METRIC_PREFIX
-from ..types import Rollout, Turn
+from ..tripwires import TRIP_METRIC_PREFIX, TRIPWIRE_ZEROED
+from ..types import ROLLOUT_FLAGS, Rollout, Turn
 from ._metrics import EvalRecord
 
-# Metrics the coordinator adds to a rollout itself; the rest came from the reward function.
-COORDINATOR_METRICS = frozenset({"hit_turn_limit", "reward_defaulted", "tripwire_tripped", "tripwire_zeroed"})
+# Metrics the coordinator adds to a rollout itself (its flags, and a zeroed reward's mark; each tripwire's
+# ``tripwire/<wire>`` count too); the rest came from the reward function. Training and evaluation read them alike.
+COORDINATOR_METRICS = frozenset({*ROLLOUT_FLAGS, TRIPWIRE_ZEROED})
 
 
 def record_of(rollout: Rollout, success_threshold: float) -> EvalRecord:
@@ -35,12 +36,18 @@ def record_of(rollout: Rollout, success_threshold: float) -> EvalRecord:
         metrics=reward_function_metrics(rollout),
         reasoning_tokens=sum(t.reasoning_tokens for t in turns),
         completion_tokens=sum(len(t.completion_ids) for t in turns),
-        tripwires=tuple(sorted(k[len(TRIP_METRIC_PREFIX):] for k in rollout.metrics if k.startswith(TRIP_METRIC_PREFIX))),
+        tripwires=tripped_wires(rollout),
     )
 
 
+def tripped_wires(rollout: Rollout) -> tuple[str, ...]:
+    """The names of the tripwires the rollout tripped (its ``tripwire/<wire>`` metrics), sorted."""
+    return tuple(sorted(k[len(TRIP_METRIC_PREFIX):] for k in rollout.metrics if k.startswith(TRIP_METRIC_PREFIX)))
+
+
 def reward_function_metrics(rollout: Rollout) -> dict[str, float]:
-    """The metrics the agent reported with ``update_reward`` (none for a defaulted reward)."""
+    """The metrics the agent reported with ``update_reward`` (none for a defaulted reward): every metric but the
+    coordinator's (``COORDINATOR_METRICS``, ``tripwire/<wire>``)."""
     if rollout.reward_defaulted:
         return {}
     return {k: float(v) for k, v in rollout.metrics.items()
@@ -90,4 +97,5 @@ __all__ = [
     "record_of",
     "requested_tools",
     "reward_function_metrics",
+    "tripped_wires",
 ]

@@ -20,7 +20,7 @@ called with the ``Rollout`` (turns and tool calls) and the ground truth.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 from ..types import Rollout, Task
@@ -79,8 +79,7 @@ class Disagreement:
     final_text: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "rollout_id": self.rollout_id, "task_id": self.task_id,
-                "reward": self.reward, "strict": self.strict, "final_text": self.final_text}
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ reward replaces the episode's; a role the agent rewarded apart
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from ..algorithms import ADVANTAGES, AdvantageParams
@@ -77,8 +77,7 @@ class RewardChange:
     final_answer: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rollout_id": self.rollout_id, "task_id": self.task_id, "group_id": self.group_id,
-                "original": self.original, "rescored": self.rescored, "final_answer": self.final_answer}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -222,16 +221,3 @@ def _regroup(group: GroupResult, scores: Mapping[str, tuple[float, dict[str, flo
 def _changes(rollouts: Sequence[Rollout], scores: Mapping[str, tuple[float, dict[str, float]]]) -> list[RewardChange]:
     return [RewardChange(r.id, r.task_id, r.group_id, r.total_reward, scores[r.id][0], final_text(r))
             for r in rollouts if r.id in scores and scores[r.id][0] != r.total_reward]
-
-
-__all__ = [
-    "REPRODUCED",
-    "Mismatch",
-    "RescoreError",
-    "RescoreResult",
-    "RewardChange",
-    "StepComparison",
-    "off_policy_bound",
-    "rescore_run",
-    "score_rollouts",
-]

@@ -252,7 +252,7 @@ def decode_turn(row: TurnRow) -> Turn:
 
 
 def encode_tool_call(call: ToolCall) -> tuple:
-    """The row without its ``seq``, which the writer assigns (order of arrival per rollout)."""
+    """The row (``TOOL_CALL_COLUMNS``) without its ``seq``, which the writer assigns (order of arrival per rollout)."""
     check_call("tool_call", call, ToolCall)
     return (
         check_str("tool_call.rollout_id", call.rollout_id),
@@ -269,21 +269,17 @@ def encode_tool_call(call: ToolCall) -> tuple:
     )
 
 
+TOOL_CALL_COLUMNS = (
+    "rollout_id, seq, call_id, name, arguments, result, error, status, latency_s, turn_index, started_at, source"
+)
+_TOOL_CALL_FIELDS = tuple(TOOL_CALL_COLUMNS.split(", "))
+
+
 def decode_tool_call(row: tuple) -> ToolCall:
-    rollout_id, _seq, call_id, name, arguments, result, error, status, latency_s, turn_index, started_at, source = row
-    return ToolCall(
-        rollout_id=rollout_id,
-        name=name,
-        arguments=loads(arguments),
-        call_id=call_id,
-        result=loads(result),
-        error=error,
-        status=status,
-        latency_s=latency_s,
-        turn_index=turn_index,
-        started_at=started_at,
-        source=source,
-    )
+    """A ``tool_calls`` row (in ``TOOL_CALL_COLUMNS`` order); ``seq`` is its place in the rollout, not a field."""
+    fields = dict(zip(_TOOL_CALL_FIELDS, row, strict=True))
+    del fields["seq"]
+    return ToolCall(**fields | {name: loads(fields[name]) for name in ("arguments", "result")})
 
 
 def encode_reward(reward: Any, turn_rewards: Any, metrics: Any) -> tuple[float | None, str | None, str]:

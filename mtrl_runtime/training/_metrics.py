@@ -26,9 +26,11 @@ temperature. The ``hack_onset`` diagnostics rule reads it.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Sequence
 
-from ..tripwires import TRIP_METRIC_PREFIX
+from ..evaluation import metric_means, tripped_wires
+from ..evaluation import reward_function_metrics as rollout_reward_metrics
 from ..types import ROLLOUT_FLAGS, Rollout, RolloutStatus
 
 
@@ -94,24 +96,14 @@ def onset_suspects(rollouts: Sequence[Rollout], n: int = 5) -> list[str]:
 
 def tripwire_counts(rollouts: Sequence[Rollout]) -> dict[str, float]:
     """Each tripwire's number of rollouts it tripped on (``advanced.tripwires``; the wire's metric ``tripwire/<name>``)."""
-    counts: dict[str, float] = {}
-    for rollout in rollouts:
-        for key in rollout.metrics:
-            if key.startswith(TRIP_METRIC_PREFIX):
-                name = key[len(TRIP_METRIC_PREFIX):]
-                counts[name] = counts.get(name, 0.0) + 1.0
-    return dict(sorted(counts.items()))
+    counts = Counter(name for rollout in rollouts for name in tripped_wires(rollout))
+    return {name: float(counts[name]) for name in sorted(counts)}
 
 
 def reward_function_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
-    """Mean of each metric the agents reported with ``update_reward``, over the rollouts reporting it."""
-    values: dict[str, list[float]] = {}
-    for rollout in rollouts:
-        for name, value in rollout.metrics.items():
-            if name.startswith(TRIP_METRIC_PREFIX) or name in ("tripwire_tripped", "tripwire_zeroed"):  # not the reward's
-                continue
-            values.setdefault(name, []).append(float(value))
-    return {name: _mean(v) for name, v in sorted(values.items())}
+    """Mean of each metric the agents reported with ``update_reward``, over the rollouts reporting it (the rule
+    evaluation's ``val/metrics/<name>`` uses: ``evaluation.reward_function_metrics``)."""
+    return metric_means(rollout_reward_metrics(r) for r in rollouts)
 
 
 __all__ = ["onset_suspects", "reward_function_metrics", "rollout_entropy", "rollout_metrics", "tripwire_counts"]

@@ -224,19 +224,3 @@ WIRE_KINDS: dict[str, type[_Wire]] = {"forbidden_call": ForbiddenCall, "honeypot
 """The kinds a config may declare, by their ``kind`` value (``state`` needs code: ``StateCheck``)."""
 
 Wire = CallWire | AnswerWire | StateWire
-
-__all__ = [
-    "AnswerLeak",
-    "AnswerWire",
-    "CallWire",
-    "EVIDENCE_CHARS",
-    "ForbiddenCall",
-    "ForbiddenCallWhere",
-    "Honeypot",
-    "StateCheck",
-    "StateWire",
-    "Trip",
-    "WIRE_KINDS",
-    "Wire",
-    "contains_reference",
-]

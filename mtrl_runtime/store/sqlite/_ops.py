@@ -14,7 +14,7 @@ from array import array
 from typing import Any, Sequence
 
 from .._checks import check_untrained
-from .._codec import ROLLOUT_COLUMNS, TurnRow, empty_ids, ids_from_blob, to_blob
+from .._codec import ROLLOUT_COLUMNS, TOOL_CALL_COLUMNS, TurnRow, empty_ids, ids_from_blob, to_blob
 
 _FINAL = ("completed", "failed", "timed_out", "interrupted", "abandoned")
 
@@ -160,8 +160,7 @@ def _insert_tool_call(conn: sqlite3.Connection, row: tuple) -> int:
         "SELECT COALESCE(MAX(seq) + 1, 0) FROM tool_calls WHERE rollout_id = ?", (row[0],)
     ).fetchone()
     conn.execute(
-        "INSERT INTO tool_calls(rollout_id, seq, call_id, name, arguments, result, error, status, latency_s, "
-        "turn_index, started_at, source) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        f"INSERT INTO tool_calls({TOOL_CALL_COLUMNS}) VALUES({', '.join('?' * (len(row) + 1))})",
         (row[0], seq, *row[1:]),
     )
     return seq

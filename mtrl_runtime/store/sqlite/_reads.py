@@ -11,6 +11,7 @@ from typing import Any, Iterator
 from ...types import Rollout, Task, ToolCall, Turn
 from .._codec import (
     ROLLOUT_COLUMNS,
+    TOOL_CALL_COLUMNS,
     TurnRow,
     decode_rollout,
     decode_task,
@@ -25,9 +26,6 @@ TURN_COLUMNS = (
     "rollout_id, idx, messages, tools, prompt_prefix_len, prompt_ids, completion_ids, logprobs, "
     "finish_reason, completion_text, tool_calls, policy_version, segment, break_reason, "
     "malformed_tool_call, started_at, latency_s, reasoning, reasoning_tokens, model, token_versions, role"
-)
-TOOL_CALL_COLUMNS = (
-    "rollout_id, seq, call_id, name, arguments, result, error, status, latency_s, turn_index, started_at, source"
 )
 
 
