@@ -218,3 +218,28 @@ def test_seven_levels_spread():
     """The agent's reward really varies: a group of four ties for a role once in 343 (every role trains)."""
     levels = {seven_levels(f"text {i}") for i in range(200)}
     assert len(levels) == 7
+
+
+def test_eval_base_of_a_roles_run_runs_the_base_model_for_every_role_beside_each_roles_adapter(run_copy):
+    """``mtrl eval --base`` on a run with roles: the fine-tuned side serves each role's calls with its adapter, the
+    base side every call with no adapter; each side's rollouts keep their roles."""
+    from transformers import AutoModelForCausalLM
+
+    run, out = run_copy / "run", run_copy / "eval"
+    assert cli.main(["eval", str(run_copy / "config.yaml"), "--agent", AGENT, "--dataset",
+                     str(run_copy / "tasks.jsonl"), "--no-mlflow", "--output", str(out), "--base"]) == 0
+    base = AutoModelForCausalLM.from_pretrained(
+        json.loads((run / "adapter" / "planner" / "adapter_config.json").read_text())["base_model_name_or_path"],
+        torch_dtype=torch.float32).eval()
+    with SQLiteStore(RunFolder(out).store, read_only=True) as store:
+        rollouts = store.rollouts()
+    assert len(rollouts) == 2 * 2 * len(TRAIN)  # k samples per task, fine-tuned and base
+    base_side = [r for r in rollouts if "-base" in (r.group_id or "")]
+    assert len(base_side) == 2 * len(TRAIN), [r.group_id for r in rollouts]
+    for rollout in rollouts:
+        assert [t.role for t in rollout.turns] == ["planner", "worker"], rollout.error
+    for rollout in base_side:
+        for turn in rollout.turns:
+            gap = float((_teacher_forced(base, turn) - torch.tensor(turn.logprobs)).abs().max())
+            assert gap < 1e-3, (turn.role, gap)
+
