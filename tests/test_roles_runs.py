@@ -243,3 +243,28 @@ def test_eval_base_of_a_roles_run_runs_the_base_model_for_every_role_beside_each
             gap = float((_teacher_forced(base, turn) - torch.tensor(turn.logprobs)).abs().max())
             assert gap < 1e-3, (turn.role, gap)
 
+
+
+
+FAILING_AGENT = """
+from mtrl_adapters import rollout
+
+
+@rollout
+async def unreachable_tool(task):
+    raise ConnectionError(f"the inspection database is down ({task.id})")
+"""
+
+
+def test_eval_that_completes_no_rollout_exits_1_naming_the_side_and_its_first_error(run_copy, capsys):
+    """Every rollout fails (the agent's own tool is down): the command says so and exits 1 instead of passing on a
+    table of zeros as a result; the report is still written."""
+    agent = run_copy / "failing_agent.py"
+    agent.write_text(FAILING_AGENT)
+    out = run_copy / "eval"
+    assert cli.main(["eval", str(run_copy / "config.yaml"), "--agent", f"{agent}:unreachable_tool", "--dataset",
+                     str(run_copy / "tasks.jsonl"), "--no-mlflow", "--output", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "mtrl eval: no rollout of the fine_tuned side completed (4 ended failed); the first error: ConnectionError: " in err, err
+    assert "the inspection database is down (t0)" in err or "the inspection database is down (t1)" in err, err
+    assert (out / "report" / "eval_report.md").is_file()

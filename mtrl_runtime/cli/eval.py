@@ -109,7 +109,22 @@ def _eval(args: argparse.Namespace) -> int:
     print(f"mtrl: report: {result.report.markdown} (also .json, .png)")
     if result.tracking_uri and result.tracking_uri.startswith("sqlite:///"):
         print(f"mtrl: open it with: mlflow ui --backend-store-uri {result.tracking_uri}")
-    return 0
+    return _no_side_empty(result)
+
+
+def _no_side_empty(result: Any) -> int:
+    """1, each such side named with its first error, when a side completed no rollout at all: its figures are
+    zeros that measure nothing (an agent that cannot reach the model, an engine that refused every call), and
+    a status of 0 would pass them on as a result. The report and the store keep everything that ran."""
+    empty = [side for side in result.sides.values()
+             if side.rollouts and not any(r.status.value == "completed" for r in side.rollouts)]
+    for side in empty:
+        first = next((r.error.strip().splitlines()[0] for r in side.rollouts if r.error and r.error.strip()),
+                     "none recorded")  # its first line: the rest is the traceback, in the store
+        print(f"mtrl eval: no rollout of the {side.label} side completed ({len(side.rollouts)} ended "
+              f"{', '.join(sorted({r.status.value for r in side.rollouts}))}); the first error: {first:.600}",
+              file=sys.stderr, flush=True)
+    return 1 if empty else 0
 
 
 def _reference(args: argparse.Namespace) -> Any:
