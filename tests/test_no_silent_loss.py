@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 import socket
 import subprocess
@@ -194,6 +195,26 @@ def test_mtrl_serve_cuts_slow_headers_and_stops_on_ctrl_c_without_a_traceback(tm
         output = server.output()
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
     assert "mtrl: stopped; the trajectories are in" in output, output
+
+
+@pytest.mark.timeout(180)
+def test_mtrl_online_stops_on_sigterm_with_status_130_and_no_traceback(tmp_path, tiny_model_dir):
+    """`mtrl online` serves from a background thread, where uvicorn handles no signal: the main thread's wait is
+    what SIGTERM (routed to Ctrl-C's KeyboardInterrupt by ``stop_on_sigterm``) ends; the service closes and one
+    line names the store."""
+    import yaml
+
+    cfg = tmp_path / "online.yaml"
+    cfg.write_text(yaml.safe_dump({"core": {"model": str(tiny_model_dir), "engine": "scripted",
+                                            "run_dir": str(tmp_path / "run")}}))
+    online_line = re.compile(r"^mtrl: online on (?P<url>http://\S+?)/v1 ")
+    command = [sys.executable, "-m", "mtrl_runtime.cli", "online", str(cfg), "--port", "0"]
+    with server_process(command, url_line=online_line, health="/health", timeout=120) as (server, url):
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(60) == 130, server.output()
+        output = server.output()
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    assert "mtrl: stopped; the sessions and trajectories are in" in output, output
 
 
 # ------------------------------------------------------------------ 9. tool calls per message; big bodies off the loop
