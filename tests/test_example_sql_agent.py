@@ -242,6 +242,20 @@ async def test_an_agent_that_never_answers_stops_at_max_turns_with_zero_reward(s
 # --------------------------------------------------------------------------- config and training
 
 
+def test_the_model_client_waits_as_long_as_the_rollout_may_run():
+    """Inside a rollout the client's timeout is the rollout's deadline (it used to give up after openai's 600 s,
+    failing episodes the run still had time for, with no retry); outside one, openai's default."""
+    import openai
+
+    from examples.sql_agent.agent import make_client
+
+    spec = RolloutSpec("r1", "g1", Task(id="t", prompt="q"), "tok", "http://127.0.0.1:1/v1", "policy",
+                       SamplingParams(max_tokens=8), 6, 1800.0)
+    with rollout_scope(spec):
+        assert make_client().timeout == 1800.0
+    assert make_client().timeout == openai.DEFAULT_TIMEOUT
+
+
 def test_the_config_validates_and_names_the_train_split():
     config = MtrlConfig.from_yaml(PACKAGE_DIR / "config.yaml")
     assert (REPO / config.core.dataset).resolve() == (PACKAGE_DIR / "instances" / "train.jsonl").resolve()

@@ -39,8 +39,16 @@ MODEL = "policy"
 
 
 def make_client() -> openai.AsyncOpenAI:
-    """The agent's model client (one per episode: an async client belongs to the loop it first ran on)."""
-    return openai.AsyncOpenAI(base_url=DEFAULT_BASE_URL, api_key="unused-while-training", max_retries=0)
+    """The agent's model client (one per episode: an async client belongs to the loop it first ran on).
+
+    Inside a rollout a call may take as long as the rollout has (``advanced.rollout_timeout_s``, the rollout's
+    ``timeout_s``): a slow CPU serving many rollouts can take minutes a turn, and a client that gave up sooner
+    would fail an episode the run still had time for. Outside one, openai's own default.
+    """
+    ctx = current_rollout()
+    timeout = ctx.timeout_s if ctx is not None and ctx.timeout_s else openai.DEFAULT_TIMEOUT
+    return openai.AsyncOpenAI(base_url=DEFAULT_BASE_URL, api_key="unused-while-training", max_retries=0,
+                              timeout=timeout)
 
 
 def _max_turns() -> int:
