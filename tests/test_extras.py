@@ -129,12 +129,13 @@ class Resolution:
     versions: dict[str, str]  # normalized name -> version; empty when it failed
 
 
-def _resolve(extra: str, pins: dict[str, str], work: Path) -> Resolution:
-    """``uv pip compile`` of pyproject.toml's base dependencies and ``extra``'s, with ``pins`` as constraints."""
+def _resolve(uv: str, extra: str, pins: dict[str, str], work: Path) -> Resolution:
+    """``uv pip compile`` (``uv``: its binary) of pyproject.toml's base dependencies and ``extra``'s, with ``pins`` as
+    constraints."""
     work.mkdir(parents=True)
     constraints, out = work / "constraints.txt", work / "resolved.txt"
     constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(pins.items())))
-    argv = [_uv(), "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--python-version",
+    argv = [uv, "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--python-version",
             f"{sys.version_info.major}.{sys.version_info.minor}", str(ROOT / "pyproject.toml"),
             "--constraint", str(constraints), "--output-file", str(out)]
     if extra != BASE:
@@ -160,8 +161,12 @@ def resolutions(tmp_path_factory) -> dict[tuple[str, str | None], Resolution]:
     """Every resolution this module checks, run at once: each waits mostly on PyPI, not on the CPU."""
     cases = [(extra, None) for extra in CHECKED] + CONFLICTS
     base = tmp_path_factory.mktemp("extras")
+    # found once, before the threads: uv.find_uv_bin reads sysconfig, whose first read is not thread-safe
+    # (threads racing it saw EXE as None when this module ran alone)
+    uv = _uv()
     with ThreadPoolExecutor(max_workers=8) as pool:
-        futures = {case: pool.submit(_resolve, case[0], _pins(*case), base / f"case{i}") for i, case in enumerate(cases)}
+        futures = {case: pool.submit(_resolve, uv, case[0], _pins(*case), base / f"case{i}")
+                   for i, case in enumerate(cases)}
     return {case: future.result() for case, future in futures.items()}
 
 
