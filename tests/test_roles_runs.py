@@ -244,8 +244,6 @@ def test_eval_base_of_a_roles_run_runs_the_base_model_for_every_role_beside_each
             assert gap < 1e-3, (turn.role, gap)
 
 
-
-
 FAILING_AGENT = """
 from mtrl_adapters import rollout
 
