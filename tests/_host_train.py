@@ -45,7 +45,7 @@ def main(settings: dict) -> None:
     ray.init(address=settings["ray_address"], log_to_driver=False)
     try:
         print(f"joined the cluster at {settings['ray_address']}", flush=True)
-        wait_for_nodes(settings["nodes"])
+        wait_for_nodes(settings["nodes"], settings.get("nodes_timeout_s", 120))
         print(f"{settings['nodes']} nodes up", flush=True)
         executor = RayExecutor(host_agent, num_cpus=1, remote_options={"scheduling_strategy": "SPREAD"})
         trainer = MultiTurnRLTrainer(agent_env=executor, training_dataset=settings["tasks"], config=config,

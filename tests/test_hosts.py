@@ -46,7 +46,7 @@ from _netns import Host, Network, namespaces_problem
 from mtrl_integrations.agentcore_standin import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY
 
 pytest.importorskip("ray")
-pytestmark = [pytest.mark.timeout(600), processes]  # never beside another cluster or torchrun job
+pytestmark = [pytest.mark.timeout(900), processes]  # never beside another cluster or torchrun job
 TESTS = Path(__file__).resolve().parent
 PYTHON = sys.executable
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -61,6 +61,8 @@ AWS_TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": TEST_ACCESS_KEY_ID, "AWS_SECRET_ACC
 # the head declares a node dead after 5 failed health checks 2 s apart (Ray's default: 3 s apart). A check of a
 # killed node fails at once (its port refuses); one of a live node only after 10 s without an answer (Ray's
 # default), so a raylet slowed by a busy machine is not declared dead (1 s timeouts did that at load 24)
+WORKER_START_ATTEMPTS = 3
+NODES_TIMEOUT_S = 360  # the training script's wait for every node: the workers' start attempts, one after another
 HEALTH = {"RAY_health_check_period_ms": "2000", "RAY_health_check_failure_threshold": "5"}
 
 
@@ -134,14 +136,27 @@ def hosts(network: Network, ray_temp_dir: Path, tmp_path_factory: pytest.TempPat
     wait_for_line(node, "Ray runtime started")
     errors: list[str] = []
 
+    def start_worker(name: str) -> None:
+        """``ray start`` on ``name``, started again (its host cleared first) when it gives up: Ray waits a fixed
+        30 s for a new raylet to register, which a busy machine can exceed (CI once: "The current node timed
+        out during startup"); an operator starts such a node again, and so does this."""
+        worker, failures = network.hosts[name], []
+        for attempt in range(WORKER_START_ATTEMPTS):
+            started = network.popen(worker, [RAY, "start", "--block", "--disable-usage-stats",
+                                             f"--address={address}", f"--node-ip-address={worker.address}",
+                                             "--num-cpus=2"], logs / f"{name}.{attempt}.log", host_env())
+            try:
+                wait_for_line(started, "Ray runtime started")
+                return
+            except (RuntimeError, TimeoutError) as exc:
+                failures.append(f"attempt {attempt + 1}: {type(exc).__name__}: {exc}")
+                network.kill_host(worker)
+        raise RuntimeError(f"{name} did not join in {WORKER_START_ATTEMPTS} attempts:\n" + "\n".join(failures))
+
     def start_workers() -> None:
         try:
             for name in ("w1", "w2"):
-                worker = network.hosts[name]
-                started = network.popen(worker, [RAY, "start", "--block", "--disable-usage-stats",
-                                                 f"--address={address}", f"--node-ip-address={worker.address}",
-                                                 "--num-cpus=2"], logs / f"{name}.log", host_env())
-                wait_for_line(started, "Ray runtime started")
+                start_worker(name)
         except Exception as exc:  # noqa: BLE001 - kept for the test's failure message
             errors.append(f"{type(exc).__name__}: {exc}")
 
@@ -169,7 +184,7 @@ def test_training_across_hosts_survives_losing_a_worker_host(network, hosts, tmp
     markers.mkdir()
     group_size, batch, steps = 2, 2, 2
     settings = {
-        "ray_address": hosts.ray_address, "nodes": 3, "tasks": host_tasks(markers, w1),
+        "ray_address": hosts.ray_address, "nodes": 3, "nodes_timeout_s": NODES_TIMEOUT_S, "tasks": host_tasks(markers, w1),
         "config": {"core": {"run_dir": str(run_dir), "model": str(tiny_model_dir), "group_size": group_size,
                             "train_batch_size": batch, "max_steps": steps, "max_turns": 8, "lora_rank": 4,
                             "lora_alpha": 8, "val_every": 0, "seed": 3, "sampling_params": {"max_tokens": 64}},
@@ -186,6 +201,10 @@ def test_training_across_hosts_survives_losing_a_worker_host(network, hosts, tmp
         return (tmp_path / "train.log").read_text()[-4000:] + "".join(f"\nstarting a worker: {e}" for e in
                                                                      hosts.worker_errors)
 
+    try:  # the cluster first (each worker may need a second start), then 150 s for a rollout to reach w1
+        wait_for_line(trainer, "3 nodes up", timeout=NODES_TIMEOUT_S + 30)
+    except (RuntimeError, TimeoutError) as exc:
+        raise AssertionError(log()) from exc
     deadline = time.monotonic() + 150
     while not (held := [json.loads(p.read_text()) for p in markers.glob("*.json")
                         if json.loads(p.read_text())["node"] == w1.address]):
