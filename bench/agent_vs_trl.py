@@ -37,7 +37,8 @@ template, set by hand.
                                  [--eval-tasks 25] [--eval-samples 2] [--no-trl] [--out PATH]
     python bench/agent_vs_trl.py --setup        # creates .venv-trl (the same as bench/trl_vs_mtrl.py --setup)
 
-Writes bench/results/agent_vs_trl.json (or ``--out``).
+Writes bench/results/agent_vs_trl.json (or ``--out``) after each seed, trained and scored whole
+(``settings.runs_done`` says how many), so a run stopped early keeps what it finished.
 """
 
 from __future__ import annotations
@@ -246,26 +247,28 @@ def main() -> None:
         raise SystemExit(f"no {TRL_VENV}: run `python bench/agent_vs_trl.py --setup` first (or pass --no-trl)")
     started = time.perf_counter()
     load_before = os.getloadavg()
-    runs = []
+    runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="mtrl-bench-agent-vs-trl-") as tmp:
         folder = Path(tmp)
-        for seed in range(args.runs):
-            (folder / f"trl-seed{seed}").mkdir()
-            runs.append(train_mtrl(args, folder, seed, False, python))
-            if args.mtrl_async:
-                runs.append(train_mtrl(args, folder, seed, True, None))
-        print("evaluating the base model and every kept adapter on the test tasks", flush=True)
+        print("evaluating the base model on the test tasks", flush=True)
         base = evaluate(args, None, 0)
-        for r in runs:
-            r["eval"] = {step: evaluate(args, path, r["seed"]) for step, path in sorted(r["adapters"].items())}
-            if r["trl"] is not None:
-                r["trl"]["eval"] = {step: evaluate(args, path, r["seed"])
-                                    for step, path in sorted(r["trl"]["adapters"].items())}
-    report = build_report(args, runs, base, load_before, time.perf_counter() - started)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+        for seed in range(args.runs):  # each seed trained and scored whole, the report written after it
+            (folder / f"trl-seed{seed}").mkdir()
+            these = [train_mtrl(args, folder, seed, False, python)]
+            if args.mtrl_async:
+                these.append(train_mtrl(args, folder, seed, True, None))
+            print(f"evaluating seed {seed}'s kept adapters on the test tasks", flush=True)
+            for r in these:
+                r["eval"] = {step: evaluate(args, path, r["seed"]) for step, path in sorted(r["adapters"].items())}
+                if r["trl"] is not None:
+                    r["trl"]["eval"] = {step: evaluate(args, path, r["seed"])
+                                        for step, path in sorted(r["trl"]["adapters"].items())}
+            runs.extend(these)
+            report = build_report(args, runs, base, load_before, time.perf_counter() - started)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(report, indent=2) + "\n")
+            print(f"wrote {args.out} ({seed + 1} of {args.runs} runs a side)", flush=True)
     print(json.dumps(report["summary"], indent=2))
-    print(f"wrote {args.out}")
 
 
 def build_report(args: argparse.Namespace, runs: list[dict[str, Any]], base: dict[str, float],
@@ -290,6 +293,7 @@ def build_report(args: argparse.Namespace, runs: list[dict[str, Any]], base: dic
         "machine": machine_info(tuple(load_before), tuple(os.getloadavg()), args.threads,
                                 dtype=precision or "unknown"),
         "settings": {"steps": args.steps, "val_every": args.val_every, "runs": args.runs,
+                     "runs_done": len({r["seed"] for r in runs}),
                      "eval_tasks": args.eval_tasks, "eval_samples": args.eval_samples, "threads": args.threads,
                      "recipe": "mtrl demo (SmolLM2-135M, LoRA r16, 2 tasks x 4 rollouts, lr 1e-4, 96 tokens/call, "
                                "9 calls)", "tool_result_tokens": args.tool_result_tokens},
