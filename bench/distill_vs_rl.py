@@ -27,7 +27,8 @@ its figures mean nothing); the other flags size a real run to the machine.
                                   [--distill-rl-coef 0] [--val-every 2] [--val-tasks 10] [--tiny] [--out PATH]
 
 The machine is shared: read ``machine.loadavg_*`` in the results before
-comparing runs.
+comparing runs. The results are written after each arm's run (``summary.runs_done``),
+so a run stopped early keeps what it finished.
 """
 
 from __future__ import annotations
@@ -112,10 +113,21 @@ def main() -> int:
         if teacher is None:
             teacher, teacher_info = train_teacher(args, work, model)
             print(f"teacher: {teacher_info['selection']}, trained in {teacher_info['seconds']:.0f} s", flush=True)
-        runs = {"rl_only": [], "distill": []}
+        runs: dict[str, list[dict[str, Any]]] = {"rl_only": [], "distill": []}
         for seed in range(args.runs):  # interleaved, so a change of the machine's load falls on both arms alike
-            runs["rl_only"].append(arm(args, work, model, "rl_only", seed, None))
-            runs["distill"].append(arm(args, work, model, "distill", seed, teacher))
+            for name, arm_teacher in (("rl_only", None), ("distill", teacher)):
+                runs[name].append(arm(args, work, model, name, seed, arm_teacher))
+                result = report(args, runs, teacher_info, load_before)  # after each arm: a stopped run keeps it
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"], indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], teacher_info: dict[str, Any],
+           load_before: tuple[float, ...]) -> dict[str, Any]:
+    """The results so far: every finished arm run, the ratios of the seeds both arms have finished."""
     load_after = os.getloadavg()
     ratios = []
     for rl_run, distill_run in zip(runs["rl_only"], runs["distill"]):
@@ -128,6 +140,7 @@ def main() -> int:
         distill_run["reached_rl_only_final_at_s"] = reached
         ratios.append(None if reached is None else round(reached / args.budget_s, 3))
     summary = {
+        "runs_done": {name: len(done) for name, done in runs.items()},
         "rl_only_final_strict": [r["final_strict"] for r in runs["rl_only"]],
         "distill_final_strict": [r["final_strict"] for r in runs["distill"]],
         "distill_strict_before_rl": [r["before_rl_strict"] for r in runs["distill"]],
@@ -136,7 +149,7 @@ def main() -> int:
         "distill_time_to_rl_only_final_over_budget": ratios,
         "budget_s": args.budget_s,
     }
-    result = {
+    return {
         "bench": "distill_vs_rl",
         "command": "python bench/distill_vs_rl.py " + " ".join(sys.argv[1:]),
         "model": "tiny random Llama (--tiny: the figures mean nothing)" if args.tiny else DEMO_RECIPE["core"]["model"],
@@ -148,11 +161,6 @@ def main() -> int:
         "summary": summary,
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(summary, indent=2))
-    print(f"wrote {args.out}")
-    return 0
 
 
 if __name__ == "__main__":
