@@ -1,17 +1,25 @@
 """Ending rollouts: an event goes to the rollout's state machine; the Ending it returns is written here.
 
 This is the one place a rollout's final status, its default reward and its
-end-of-rollout flags reach the store.
+end-of-rollout flags reach the store. The write runs as its own task, so an
+end once decided always lands: a caller cancelled while it waits (a run
+stopping, a step's collection torn down) does not stop it, a store error while
+the flags are written still ends the rollout (``failed``, naming the error)
+before it propagates, and an event that arrives while another's end is being
+written returns only once that end is in the store (the dispatcher reads the
+row next). ``settle`` waits for every write in progress (a stack closing).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from ..tripwires import TRIPWIRE_ZEROED, TripwireWatch, trip_metrics, unreported_calls
-from ..types import RolloutEvent, TrajectoryStore
+from ..types import RolloutEvent, RolloutStatus, TrajectoryStore
 from ._counters import CoordinatorCounters
-from ._live import LiveRollouts
+from ._lifecycle import Ending
+from ._live import LiveRollout, LiveRollouts
 
 _log = logging.getLogger("mtrl.coordinator")
 
@@ -39,13 +47,45 @@ class RolloutEnds:
         self.default_reward = default_reward
         self.trips = trips  # advanced.tripwires: a tripped rollout is flagged, its reward zeroed or kept
         self._warned_unrecorded = False  # the fix is logged once per run; every rollout is flagged
+        self._writing: dict[str, asyncio.Task] = {}  # rollouts decided whose end is still being written
 
     async def observe(self, rollout_id: str, event: RolloutEvent) -> bool:
-        """Feed ``event``; True when it ended the rollout (then recorded), False when it did not (or had ended)."""
+        """Feed ``event``; True when it ended the rollout (then recorded), False when it did not (or had ended).
+
+        Either way, once it returns the rollout's end, if decided, is in the store."""
         decided = self.live.decide(rollout_id, event)
         if decided is None:
+            writing = self._writing.get(rollout_id)
+            if writing is not None:  # an earlier event ended it: wait until that end is written
+                await asyncio.wait([writing])
             return False
         live, ending = decided
+        task = asyncio.ensure_future(self._write(rollout_id, live, ending))
+        self._writing[rollout_id] = task
+        task.add_done_callback(lambda _: self._writing.pop(rollout_id, None))
+        await asyncio.shield(task)  # a cancelled caller leaves the write running to its end
+        return True
+
+    async def settle(self) -> None:
+        """Wait until every end decided so far is written (errors were raised to the callers that decided them)."""
+        while self._writing:
+            await asyncio.wait(list(self._writing.values()))
+
+    async def _write(self, rollout_id: str, live: LiveRollout, ending: Ending) -> None:
+        """Record ``ending``: the flags and the default reward, then the final status; a store error on the way
+        still ends the rollout, ``failed`` with the error named, before it propagates."""
+        try:
+            await self._record_flags(rollout_id, live, ending)
+        except Exception as exc:
+            error = (f"recording the rollout's end ({ending.status.value}) failed: {type(exc).__name__}: {exc}"
+                     + (f"; it was ending with: {ending.error}" if ending.error else ""))
+            await self.store.afinish_rollout(rollout_id, RolloutStatus.FAILED, error)
+            self.counters.rollouts_ended[RolloutStatus.FAILED] += 1
+            raise
+        await self.store.afinish_rollout(rollout_id, ending.status, ending.error)
+        self.counters.rollouts_ended[ending.status] += 1
+
+    async def _record_flags(self, rollout_id: str, live: LiveRollout, ending: Ending) -> None:
         async with live.lock:  # let a call in flight finish recording its turn first
             pass
         metrics = {**live.agent_flags, **ending.flags}
@@ -92,9 +132,6 @@ class RolloutEnds:
                 await self.store.aset_reward(
                     rollout_id, stored.reward, stored.turn_rewards, {**stored.metrics, **metrics}, defaulted=False
                 )
-        await self.store.afinish_rollout(rollout_id, ending.status, ending.error)
-        self.counters.rollouts_ended[ending.status] += 1
-        return True
 
     def _trips(self, rollout_id: str) -> tuple:
         """Close the rollout's tripwire watch: the answer wires read its last reply, the state wires check again."""

@@ -118,11 +118,13 @@ class RolloutStack:
 
         Called before the server stops, so a rollout whose dispatcher was torn
         down before it could say so still ends as interrupted rather than
-        failing later on a closed connection. Returns how many it ended.
+        failing later on a closed connection; then waits for the ends decided
+        before (their writes run on) to reach the store. Returns how many it ended.
         """
         ended = 0
         for rollout_id in self.coordinator.live_rollout_ids():
             ended += await on_loop(self.server_loop, self.coordinator.end(rollout_id, RunStopped()))
+        await on_loop(self.server_loop, self.coordinator.settle_ends())  # ends decided earlier, still being written
         return ended
 
     async def close(self) -> None:
