@@ -61,8 +61,10 @@ def test_an_end_whose_caller_is_cancelled_while_a_call_is_in_flight_still_reache
         ending.cancel()  # the run stopping, a step's collection torn down
         with pytest.raises(asyncio.CancelledError):
             await ending
+        assert await coordinator.settle_ends(0.05) == [rollout_id]  # still writing: named, not waited for long
+        assert status(coordinator, rollout_id)[0] is RolloutStatus.RUNNING
         await call  # the call in flight finishes and records its turn
-        await coordinator.settle_ends()
+        assert await coordinator.settle_ends() == []
         assert status(coordinator, rollout_id) == (
             RolloutStatus.TIMED_OUT, "the rollout ran longer than advanced.rollout_timeout_s=5 s and was stopped")
         row = coordinator.recorded(rollout_id)

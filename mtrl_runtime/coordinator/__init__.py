@@ -282,9 +282,10 @@ class Coordinator:
         """Feed an end event (the dispatcher, the executor, a deadline); True if it ended the rollout now."""
         return await self._ends.observe(rollout_id, event)
 
-    async def settle_ends(self) -> None:
-        """Wait until every rollout end decided so far is in the store (before the server's loop stops)."""
-        await self._ends.settle()
+    async def settle_ends(self, timeout_s: float = 60.0) -> list[str]:
+        """Wait up to ``timeout_s`` until every rollout end decided so far is in the store (before the server's
+        loop stops); returns the rollouts whose end is still not written."""
+        return await self._ends.settle(timeout_s)
 
     async def abandon_idle(self, ttl_s: float) -> list[str]:
         """End ``abandoned`` every live rollout with no call or report for ``ttl_s`` seconds (kept in the store)."""

@@ -66,10 +66,14 @@ class RolloutEnds:
         await asyncio.shield(task)  # a cancelled caller leaves the write running to its end
         return True
 
-    async def settle(self) -> None:
-        """Wait until every end decided so far is written (errors were raised to the callers that decided them)."""
-        while self._writing:
-            await asyncio.wait(list(self._writing.values()))
+    async def settle(self, timeout_s: float) -> list[str]:
+        """Wait up to ``timeout_s`` until every end decided so far is written (errors were raised to the callers
+        that decided them); returns the rollouts whose end is still being written (their model call in flight
+        has not returned)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self._writing and (left := deadline - asyncio.get_running_loop().time()) > 0:
+            await asyncio.wait(list(self._writing.values()), timeout=left)
+        return sorted(self._writing)
 
     async def _write(self, rollout_id: str, live: LiveRollout, ending: Ending) -> None:
         """Record ``ending``: the flags and the default reward, then the final status; a store error on the way

@@ -17,6 +17,7 @@ caller (an engine) is borrowed: closing the stack closes only what it built.
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,8 @@ from ..torch_support import on_own_thread
 from ..types import GroupRescorer, PolicyEngine, RolloutExecutor, RunStopped, TrajectoryStore
 from ._dispatcher import Dispatcher, on_loop
 from ._executors import executor_for
+
+_log = logging.getLogger("mtrl.train")
 
 
 @dataclass
@@ -124,7 +127,10 @@ class RolloutStack:
         ended = 0
         for rollout_id in self.coordinator.live_rollout_ids():
             ended += await on_loop(self.server_loop, self.coordinator.end(rollout_id, RunStopped()))
-        await on_loop(self.server_loop, self.coordinator.settle_ends())  # ends decided earlier, still being written
+        unwritten = await on_loop(self.server_loop, self.coordinator.settle_ends())  # ends decided earlier
+        if unwritten:  # their model call in flight never returned: said, not left silently `running`
+            _log.warning("%d rollout end(s) could not be written before the server stopped; still 'running' in "
+                         "the store: %s", len(unwritten), ", ".join(unwritten))
         return ended
 
     async def close(self) -> None:
