@@ -77,11 +77,25 @@ def test_base_rows_in_a_mixed_batch_give_what_the_base_model_alone_gives(share_p
     assert (stats.shared_prefix_passes > 0) == share_prefix
 
 
-def test_a_base_model_request_to_an_engine_without_an_adapter_is_refused():
+def test_a_base_model_request_to_an_engine_without_an_adapter_is_refused_once_its_weights_changed():
+    """A model holding no LoRA adapter is its own base model while its weights are as loaded (policy version 0:
+    ``mtrl eval`` of a roles config not trained yet sends every role's rows as base rows); once its weights
+    changed (a full fine-tune's update: version 1) nothing can give the base model's rows, and they are refused."""
     tok = tiny_tokenizer()
-    engine = HFEngine.from_objects(tiny_model(tok), tok)
+    engine = HFEngine.from_objects(tiny_model(tok), tok, eos_token_ids=())
+    prompt = tuple(tok.encode("hello"))
+
+    async def served() -> tuple[Any, Any]:
+        sampling = SamplingParams(temperature=0.0, max_tokens=4)
+        return (await engine.generate(GenerationRequest(prompt, sampling, base_model=True, role="planner")),
+                await engine.generate(GenerationRequest(prompt, sampling)))
+
+    assert engine.mixes_base_rows()
+    as_base, plain = asyncio.run(served())
+    assert as_base.completion_ids == plain.completion_ids and as_base.policy_version == 0
+    engine.policy_version = 1
     assert not engine.mixes_base_rows()
-    request = GenerationRequest(tuple(tok.encode("hello")), SamplingParams(max_tokens=2), base_model=True)
+    request = GenerationRequest(prompt, SamplingParams(max_tokens=2), base_model=True)
     with pytest.raises(ValueError, match="base_model: this engine's model holds no LoRA adapter it can switch off"):
         asyncio.run(engine.generate(request))
 

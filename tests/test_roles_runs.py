@@ -244,6 +244,31 @@ def test_eval_base_of_a_roles_run_runs_the_base_model_for_every_role_beside_each
             assert gap < 1e-3, (turn.role, gap)
 
 
+def test_eval_of_a_roles_config_not_trained_yet_runs_the_base_model_for_every_role(run_copy, capsys):
+    """Before training (no role's adapter in the run folder), ``mtrl eval`` measures the base model the run starts
+    from, every role's calls answered by it, the turns keeping their roles (it stopped at load before, naming the
+    first role's missing folder)."""
+    from transformers import AutoModelForCausalLM
+
+    run, out = run_copy / "run", run_copy / "eval"
+    base_path = json.loads((run / "adapter" / "planner" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    shutil.rmtree(run / "adapter")
+    assert cli.main(["eval", str(run_copy / "config.yaml"), "--agent", AGENT, "--dataset",
+                     str(run_copy / "tasks.jsonl"), "--no-mlflow", "--output", str(out), "--base"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[0].split() == ["metric", "base"], printed  # one side, the base model's
+    base = AutoModelForCausalLM.from_pretrained(base_path, torch_dtype=torch.float32).eval()
+    with SQLiteStore(RunFolder(out).store, read_only=True) as store:
+        rollouts = store.rollouts()
+    assert len(rollouts) == 2 * len(TRAIN) and all("-base" in r.group_id for r in rollouts)  # one side: the base
+    for rollout in rollouts:
+        assert rollout.status.value == "completed", rollout.error
+        assert [t.role for t in rollout.turns] == ["planner", "worker"], rollout.error
+        for turn in rollout.turns:
+            gap = float((_teacher_forced(base, turn) - torch.tensor(turn.logprobs)).abs().max())
+            assert gap < 1e-3, (turn.role, gap)
+
+
 FAILING_AGENT = """
 from mtrl_adapters import rollout
 

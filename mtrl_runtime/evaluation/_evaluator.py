@@ -28,7 +28,9 @@ A run with roles (``advanced.policy_models`` a mapping, ``roles``) has one
 adapter per role, ``<adapter>/<role>/`` (``adapter``: the run folder's by
 default): each is loaded by its role's name (``types.LoadsRoleAdapters``),
 and each role's calls are served by its own; a role without its folder is
-refused naming it.
+refused naming it. A run folder that holds no role's adapter yet (a config
+not trained) evaluates the base model for every role: its rows keep their
+roles and are served as base rows (``GenerationRequest.base_model``).
 The report (Markdown, JSON, PNG) goes to ``<run_dir>/eval`` (or
 ``output_path``) and, with ``tracking``, to an MLflow run named ``eval``:
 the fine-tuned model's metrics as ``val/...``, the base model's as
@@ -218,9 +220,11 @@ class MultiTurnRLEvaluator:
                 sides[FINE_TUNED] = await run_side(dispatcher, plan, label=FINE_TUNED, group_prefix=f"eval-{tag}-ft",
                                                    scorer=self.strict_scorer)
             if BASE not in sides and (self.evaluate_base_model or not sides):
+                # roles with no adapter (an untrained run): the rows keep their roles and are the base model's
+                untrained_roles = self.config.advanced.role_map is not None and not fine_tuned
                 async with base_policy(stack.engine):
                     sides[BASE] = await run_side(dispatcher, plan, label=BASE, group_prefix=f"eval-{tag}-base",
-                                                 scorer=self.strict_scorer)
+                                                 scorer=self.strict_scorer, base_model=untrained_roles)
             if self.reference is not None:  # the same tasks and seeds, answered by the reference's endpoint
                 async with stack.coordinator.reference_side(self.reference, reference_key):
                     sides[REFERENCE] = await run_side(dispatcher, plan, label=REFERENCE, group_prefix=f"eval-{tag}-ref",
@@ -268,12 +272,17 @@ class MultiTurnRLEvaluator:
 
 def role_adapter_paths(config: MtrlConfig, adapter: str | Path | None) -> dict[str, Path] | None:
     """Each role's adapter folder, ``<adapter>/<role>/`` (``adapter``: the run folder's when None), as a run with
-    roles saves them; None for a run with one policy."""
+    roles saves them; None for a run with one policy, and for a run with roles whose folder holds no role's
+    adapter yet (not trained: the base model is evaluated for every role). A folder holding some roles' adapters
+    but not all is returned whole: loading it names the missing role."""
     roles = config.advanced.role_map
     if roles is None:
         return None
     root = Path(adapter) if adapter is not None else config.run_folder.adapter
-    return {role: root / role for role in roles.roles}
+    folders = {role: root / role for role in roles.roles}
+    if adapter is None and not any(folder.is_dir() for folder in folders.values()):
+        return None  # the run trained no role yet: the base model answers every role's calls
+    return folders
 
 
 async def load_role_adapters(engine: Any, folders: Mapping[str, Path]) -> None:

@@ -241,8 +241,9 @@ class HFEngine(WorkerLoop):
     def mixes_base_rows(self) -> bool:
         """Whether a ``base_model`` request can be served beside the adapter's (``types.MixesBaseRows``): the
         model holds a LoRA adapter whose term can be taken off per row (``LoraFold.per_row``). Read without the
-        weights lock (callers are event loops; the worker holds it for whole passes)."""
-        return self.lora_fold.per_row()
+        weights lock (callers are event loops; the worker holds it for whole passes). A model that holds no LoRA
+        adapter and has its weights as loaded (policy version 0) is the base model: every row is a base row."""
+        return self.lora_fold.per_row() or (not self.lora_fold.adapters() and self.policy_version == 0)
 
     def serves_roles(self) -> frozenset[str]:
         """The roles whose requests it serves (``types.ServesRoles``): the LoRA adapters its model holds by name,
@@ -340,8 +341,9 @@ class HFEngine(WorkerLoop):
         check_request(request, self.vocab_size)
         if request.base_model and not self.mixes_base_rows():
             raise ValueError("base_model: this engine's model holds no LoRA adapter it can switch off per row "
-                             "(none loaded, or one of another kind); evaluate its base model on its own instead")
-        if request.role is not None and request.role not in self.serves_roles():
+                             "(none loaded and its weights changed since they were loaded, or one of another kind); "
+                             "evaluate its base model on its own instead")
+        if request.role is not None and not request.base_model and request.role not in self.serves_roles():
             raise ValueError(f"role: {request.role!r} names no LoRA adapter this engine's model holds "
                              f"({sorted(self.serves_roles())!r}); a run with roles adds one per role (RoleUpdates)")
         if len(request.prompt_ids) >= self.context_length:
