@@ -105,7 +105,9 @@ def build_trainer(setup: dict[str, Any], output_dir: str) -> Any:
     args = grpo_config(
         setup, output_dir,
         gradient_checkpointing=False,  # mtrl's config runs without it on this task
-        per_device_train_batch_size=setup["tasks_per_step"] * setup["group_size"],
+        # the step's episodes in micro-batches, one optimizer step for all of them (one generation batch)
+        per_device_train_batch_size=setup["micro_batch"],
+        gradient_accumulation_steps=setup["tasks_per_step"] * setup["group_size"] // setup["micro_batch"],
         max_completion_length=setup["max_completion_length"],
         max_tool_calling_iterations=setup["max_turns"] - 1,
         temperature=setup["temperature"],

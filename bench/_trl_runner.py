@@ -103,7 +103,8 @@ class StepClock:
 
 def grpo_config(setup: dict[str, Any], output_dir: str, **own: Any) -> Any:
     """The GRPOConfig both TRL benches train with (CPU, the setup's precision, LoRA-friendly constant learning
-    rate, no KL term, one optimizer step per batch, no saving or reporting), plus each bench's ``own`` settings."""
+    rate, no KL term, one optimizer step per batch (in ``gradient_accumulation_steps`` micro-batches where ``own``
+    says so), no saving or reporting), plus each bench's ``own`` settings."""
     from trl import GRPOConfig
 
     return GRPOConfig(
@@ -112,7 +113,7 @@ def grpo_config(setup: dict[str, Any], output_dir: str, **own: Any) -> Any:
         bf16=setup["bf16"],
         model_init_kwargs={"dtype": setup["weights"]},  # float32 or bfloat16 base weights, as on mtrl's side
         num_generations=setup["group_size"],
-        gradient_accumulation_steps=1,
+        gradient_accumulation_steps=own.pop("gradient_accumulation_steps", 1),
         top_p=1.0,
         learning_rate=setup["learning_rate"],
         lr_scheduler_type="constant",

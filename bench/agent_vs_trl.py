@@ -37,8 +37,15 @@ template, set by hand.
                                  [--eval-tasks 25] [--eval-samples 2] [--no-trl] [--out PATH]
     python bench/agent_vs_trl.py --setup        # creates .venv-trl (the same as bench/trl_vs_mtrl.py --setup)
 
+TRL trains the step's 8 episodes in micro-batches of ``--trl-micro-batch``
+(2; one optimizer step per step, as mtrl): all 8 at once (its settings'
+``per_device_train_batch_size`` 8) ran the machine out of its 24 GiB in
+the first step (the runner killed at 21.8 GB resident, 2026-12-03): the
+logits of 8 episodes of up to ~3,000 tokens over a 49,152-token vocabulary.
+
 Writes bench/results/agent_vs_trl.json (or ``--out``) after each seed, trained and scored whole
-(``settings.runs_done`` says how many), so a run stopped early keeps what it finished.
+(``settings.runs_done`` says how many), so a run stopped early keeps what it finished, and the
+step rows of the run in progress to ``agent_vs_trl.partial.json`` after each step.
 """
 
 from __future__ import annotations
@@ -111,7 +118,7 @@ def trl_setup(args: argparse.Namespace, config: Any, model: Path, seed: int) -> 
         "max_completion_length": core.max_turns * (max_tokens + args.tool_result_tokens),
         "temperature": core.sampling_params.temperature, "learning_rate": core.learning_rate,
         "steps": args.steps, "seed": seed, "lora_rank": core.lora_rank, "lora_alpha": core.lora_alpha,
-        "target_modules": TARGET_MODULES,
+        "target_modules": TARGET_MODULES, "micro_batch": args.trl_micro_batch,
     }
 
 
@@ -125,6 +132,8 @@ class Interleave:
         self.trl_adapters: dict[int, str] = {}
         self.resumed: float | None = None
         self.started = time.perf_counter()
+        self.on_progress: Any = None  # called after each step with this hook (the step rows so far)
+        self.precision = "unknown"
 
     def __call__(self, report: Any) -> bool:
         now = time.perf_counter()
@@ -133,7 +142,7 @@ class Interleave:
             "step": report.step, "wall_s": now - (self.resumed if self.resumed is not None else self.started),
             "rollout_s": m.get("time/rollout"), "update_s": m.get("time/update"),
             "tokens_trained": m.get("train/tokens_real", 0.0), "samples": m.get("train/samples", 0.0),
-            "reward_mean": m.get("rollout/reward_mean", m.get("reward/mean")), "load": load_avg(),
+            "reward_mean": m.get("rollout/reward/mean"), "load": load_avg(),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         })
         done = len(self.mtrl) >= self.total
@@ -149,6 +158,8 @@ class Interleave:
                 self.trl.save(path)
                 self.trl_adapters[steps_done] = str(path)
         print(line, flush=True)
+        if self.on_progress is not None:
+            self.on_progress(self)
         self.resumed = time.perf_counter()
         return done
 
@@ -168,6 +179,8 @@ def train_mtrl(args: argparse.Namespace, folder: Path, seed: int, asynchronous: 
     if trl_python_path is not None:
         trl = TrlSide(trl_python_path, trl_setup(args, config, model, seed), folder / f"trl-seed{seed}")
     hook = Interleave(trl, args.steps, args.val_every, folder / f"trl-seed{seed}")
+    hook.precision = config.advanced.precision
+    hook.on_progress = lambda h: write_progress(args, label, seed, h)
     try:
         MultiTurnRLTrainer(agent_env=run, training_dataset=tasks("train"), config=config,
                            tracking=False).train(progress=False, on_step=hook)
@@ -183,6 +196,19 @@ def train_mtrl(args: argparse.Namespace, folder: Path, seed: int, asynchronous: 
             "precision": config.advanced.precision,
             "trl": None if trl is None else {"steps": hook.trl_rows, "adapters": hook.trl_adapters,
                                              "runner": trl.info}}
+
+
+def write_progress(args: argparse.Namespace, label: str, seed: int, hook: Interleave) -> None:
+    """The step rows of the run in progress, both sides, to ``<out>.partial.json`` after each step: a run stopped
+    before its seed is trained and scored keeps its time figures."""
+    path = args.out.with_suffix(".partial.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "benchmark": "agent_vs_trl (in progress)", "label": label, "seed": seed, "steps_done": len(hook.mtrl),
+        "machine": machine_info(tuple(os.getloadavg()), tuple(os.getloadavg()), args.threads,
+                                dtype=hook.precision),
+        "mtrl": hook.mtrl, "trl": hook.trl_rows, "command": " ".join(["python", *sys.argv]),
+    }, indent=2) + "\n")
 
 
 def evaluate(args: argparse.Namespace, adapter: str | None, seed: int) -> dict[str, float]:
@@ -235,6 +261,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tool-result-tokens", type=int, default=64,
                         help="tokens allowed per tool result in TRL's whole-episode completion budget")
+    parser.add_argument("--trl-micro-batch", type=int, default=2,
+                        help="episodes per TRL forward/backward (the step's 8 in micro-batches, one optimizer step)")
     parser.add_argument("--no-trl", action="store_true")
     parser.add_argument("--setup", action="store_true", help="create .venv-trl, then exit")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -295,6 +323,7 @@ def build_report(args: argparse.Namespace, runs: list[dict[str, Any]], base: dic
         "settings": {"steps": args.steps, "val_every": args.val_every, "runs": args.runs,
                      "runs_done": len({r["seed"] for r in runs}),
                      "eval_tasks": args.eval_tasks, "eval_samples": args.eval_samples, "threads": args.threads,
+                     "trl_micro_batch": args.trl_micro_batch,
                      "recipe": "mtrl demo (SmolLM2-135M, LoRA r16, 2 tasks x 4 rollouts, lr 1e-4, 96 tokens/call, "
                                "9 calls)", "tool_result_tokens": args.tool_result_tokens},
         "trl_cannot_express": [
