@@ -43,8 +43,8 @@ TRL trains the step's 8 episodes in micro-batches of ``--trl-micro-batch``
 the first step (the runner killed at 21.8 GB resident, 2026-12-03): the
 logits of 8 episodes of up to ~3,000 tokens over a 49,152-token vocabulary.
 
-Writes bench/results/agent_vs_trl.json (or ``--out``) after each seed, trained and scored whole
-(``settings.runs_done`` says how many), so a run stopped early keeps what it finished, and the
+Writes bench/results/agent_vs_trl.json (or ``--out``) once the base model is scored, then after each
+seed, trained and scored whole (``settings.runs_done`` says how many), so a run stopped early keeps what it finished, and the
 step rows of the run in progress to ``agent_vs_trl.partial.json`` after each step.
 """
 
@@ -59,7 +59,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from _machine import machine_info
 import trl_vs_mtrl
@@ -125,15 +125,16 @@ def trl_setup(args: argparse.Namespace, config: Any, model: Path, seed: int) -> 
 class Interleave:
     """mtrl's ``on_step`` hook: records mtrl's step, keeps adapters at validation steps, then runs TRL's step."""
 
-    def __init__(self, trl: TrlSide | None, total: int, val_every: int, folder: Path) -> None:
+    def __init__(self, trl: TrlSide | None, total: int, val_every: int, folder: Path,
+                 progress: Callable[["Interleave"], None]) -> None:
         self.trl, self.total, self.val_every, self.folder = trl, total, val_every, folder
+        self.progress = progress  # called after each step with this hook (the step rows so far)
+        self.load_started = os.getloadavg()
         self.mtrl: list[dict[str, Any]] = []
         self.trl_rows: list[dict[str, Any]] = []
         self.trl_adapters: dict[int, str] = {}
         self.resumed: float | None = None
         self.started = time.perf_counter()
-        self.on_progress: Any = None  # called after each step with this hook (the step rows so far)
-        self.precision = "unknown"
 
     def __call__(self, report: Any) -> bool:
         now = time.perf_counter()
@@ -158,8 +159,7 @@ class Interleave:
                 self.trl.save(path)
                 self.trl_adapters[steps_done] = str(path)
         print(line, flush=True)
-        if self.on_progress is not None:
-            self.on_progress(self)
+        self.progress(self)
         self.resumed = time.perf_counter()
         return done
 
@@ -178,9 +178,8 @@ def train_mtrl(args: argparse.Namespace, folder: Path, seed: int, asynchronous: 
     trl = None
     if trl_python_path is not None:
         trl = TrlSide(trl_python_path, trl_setup(args, config, model, seed), folder / f"trl-seed{seed}")
-    hook = Interleave(trl, args.steps, args.val_every, folder / f"trl-seed{seed}")
-    hook.precision = config.advanced.precision
-    hook.on_progress = lambda h: write_progress(args, label, seed, h)
+    hook = Interleave(trl, args.steps, args.val_every, folder / f"trl-seed{seed}",
+                      lambda h: write_progress(args, label, seed, config.advanced.precision, h))
     try:
         MultiTurnRLTrainer(agent_env=run, training_dataset=tasks("train"), config=config,
                            tracking=False).train(progress=False, on_step=hook)
@@ -198,15 +197,14 @@ def train_mtrl(args: argparse.Namespace, folder: Path, seed: int, asynchronous: 
                                              "runner": trl.info}}
 
 
-def write_progress(args: argparse.Namespace, label: str, seed: int, hook: Interleave) -> None:
+def write_progress(args: argparse.Namespace, label: str, seed: int, precision: str, hook: Interleave) -> None:
     """The step rows of the run in progress, both sides, to ``<out>.partial.json`` after each step: a run stopped
     before its seed is trained and scored keeps its time figures."""
     path = args.out.with_suffix(".partial.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
         "benchmark": "agent_vs_trl (in progress)", "label": label, "seed": seed, "steps_done": len(hook.mtrl),
-        "machine": machine_info(tuple(os.getloadavg()), tuple(os.getloadavg()), args.threads,
-                                dtype=hook.precision),
+        "machine": machine_info(hook.load_started, tuple(os.getloadavg()), args.threads, dtype=precision),
         "mtrl": hook.mtrl, "trl": hook.trl_rows, "command": " ".join(["python", *sys.argv]),
     }, indent=2) + "\n")
 
@@ -280,6 +278,7 @@ def main() -> None:
         folder = Path(tmp)
         print("evaluating the base model on the test tasks", flush=True)
         base = evaluate(args, None, 0)
+        report = save(args.out, build_report(args, runs, base, load_before, time.perf_counter() - started))
         for seed in range(args.runs):  # each seed trained and scored whole, the report written after it
             (folder / f"trl-seed{seed}").mkdir()
             these = [train_mtrl(args, folder, seed, False, python)]
@@ -292,11 +291,15 @@ def main() -> None:
                     r["trl"]["eval"] = {step: evaluate(args, path, r["seed"])
                                         for step, path in sorted(r["trl"]["adapters"].items())}
             runs.extend(these)
-            report = build_report(args, runs, base, load_before, time.perf_counter() - started)
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(report, indent=2) + "\n")
+            report = save(args.out, build_report(args, runs, base, load_before, time.perf_counter() - started))
             print(f"wrote {args.out} ({seed + 1} of {args.runs} runs a side)", flush=True)
     print(json.dumps(report["summary"], indent=2))
+
+
+def save(path: Path, report: dict[str, Any]) -> dict[str, Any]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
 
 def build_report(args: argparse.Namespace, runs: list[dict[str, Any]], base: dict[str, float],

@@ -114,15 +114,20 @@ def main() -> int:
             teacher, teacher_info = train_teacher(args, work, model)
             print(f"teacher: {teacher_info['selection']}, trained in {teacher_info['seconds']:.0f} s", flush=True)
         runs: dict[str, list[dict[str, Any]]] = {"rl_only": [], "distill": []}
+        result = save(args.out, report(args, runs, teacher_info, load_before))  # the teacher, before any arm
         for seed in range(args.runs):  # interleaved, so a change of the machine's load falls on both arms alike
             for name, arm_teacher in (("rl_only", None), ("distill", teacher)):
                 runs[name].append(arm(args, work, model, name, seed, arm_teacher))
-                result = report(args, runs, teacher_info, load_before)  # after each arm: a stopped run keeps it
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps(result, indent=2) + "\n")
+                result = save(args.out, report(args, runs, teacher_info, load_before))  # a stopped run keeps it
     print(json.dumps(result["summary"], indent=2))
     print(f"wrote {args.out}")
     return 0
+
+
+def save(path: Path, result: dict[str, Any]) -> dict[str, Any]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return result
 
 
 def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], teacher_info: dict[str, Any],
