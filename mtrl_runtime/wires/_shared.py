@@ -91,6 +91,36 @@ class CallingWire(Protocol):
         ...
 
 
+class DeclaredEndpoint:
+    """A ``CallingWire``'s URLs and credential header, declared as fields (Bedrock's SigV4 signing is the one
+    protocol that needs code here).
+
+    ``chat_path`` and ``models_path`` (None: no model list to read) follow the
+    endpoint's URL, ``{model}`` in a path standing for the model's name; the
+    key goes as ``key_header``, written after ``key_scheme`` (``Bearer ``),
+    only when there is one (a local server takes none), after
+    ``fixed_headers`` (an API version).
+    """
+
+    chat_path: str
+    models_path: str | None = None
+    key_header: str
+    key_scheme: str = ""
+    fixed_headers: tuple[tuple[str, str], ...] = ()
+
+    def chat_url(self, base: str, model: str) -> str:
+        return base + self.chat_path.format(model=model)
+
+    def models_url(self, base: str) -> str | None:
+        return None if self.models_path is None else base + self.models_path
+
+    def headers(self, api_key: str | None, method: str, url: str, content: bytes) -> dict[str, str]:
+        headers = dict(self.fixed_headers)
+        if api_key:
+            headers[self.key_header] = self.key_scheme + api_key
+        return headers
+
+
 @dataclass(frozen=True)
 class Wire:
     """One wire protocol, as ``WIRES`` lists it.
@@ -147,6 +177,44 @@ def sampling_fields(sampling: SamplingParams, *, max_tokens: str, temperature: s
     if seed is not None and sampling.seed is not None:
         fields[seed] = sampling.seed
     return fields
+
+
+def system_field(key: str, messages: list[dict[str, Any]], *, leading: bool = False
+                 ) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The system prompt of a protocol that takes it apart from the turns, as its field ``key``, and the other messages.
+
+    The system messages' texts joined by blank lines, empty ones left out; no
+    field when none has text. ``leading``: only the system messages before the
+    first other message (OpenAI Responses' ``instructions``); a later one stays
+    in the conversation.
+    """
+    texts: list[str] = []
+    conversation: list[dict[str, Any]] = []
+    for message in messages:
+        if message["role"] == "system" and not (leading and conversation):
+            texts.append(message.get("content") or "")
+        else:
+            conversation.append(message)
+    text = "\n\n".join(t for t in texts if t)
+    return ({key: text} if text else {}), conversation
+
+
+def tool_fields(tools: list[dict[str, Any]], choice: "ToolChoices", options: ChatOptions) -> dict[str, Any]:
+    """``tools`` (in the protocol's own shape) and the native tool choice ``options`` ask for, as the ``tools`` and
+    ``tool_choice`` fields OpenAI's protocols and Anthropic's share; neither without tools (no choice to make)."""
+    if not tools:
+        return {}
+    return {"tools": tools, "tool_choice": choice.to_native(options.tool_choice, options.tool_name)}
+
+
+def reply_list(payload: Any, *keys: str) -> list[Any]:
+    """The list a reply holds at ``keys`` (one key an object deeper each); ValueError ``no <keys> list`` without it."""
+    value = payload
+    for key in keys:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    if not isinstance(value, list):
+        raise ValueError(f"no {'.'.join(keys)} list")
+    return value
 
 
 def call_name(block: Mapping[str, Any], where: str) -> str:
@@ -321,6 +389,6 @@ def sse(event: str, payload: bytes) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n"
 
 
-__all__ = ["EVENTS", "CallingWire", "FinishReasons", "ToolChoices", "ReferenceReply", "AssistantBlocks", "Wire", "append_blocks",
-           "arguments_object", "arguments_text", "call_name", "object_arguments", "prefill_refused", "sampling_fields", "sse",
-           "string_field", "tool_call", "tool_message"]
+__all__ = ["EVENTS", "CallingWire", "DeclaredEndpoint", "FinishReasons", "ToolChoices", "ReferenceReply", "AssistantBlocks",
+           "Wire", "append_blocks", "arguments_object", "arguments_text", "call_name", "object_arguments", "prefill_refused",
+           "reply_list", "sampling_fields", "sse", "string_field", "system_field", "tool_call", "tool_fields", "tool_message"]

@@ -20,35 +20,27 @@ from typing import Any, Mapping
 
 from ...types import ChatOptions, SamplingParams
 from .._shared import (
-    ReferenceReply, AssistantBlocks, append_blocks, arguments_object, call_name, sampling_fields, tool_call,
+    DeclaredEndpoint, ReferenceReply, AssistantBlocks, append_blocks, arguments_object, call_name, reply_list,
+    sampling_fields, system_field, tool_call, tool_fields,
 )
 from ._maps import API_VERSION, FINISH, TOOL_CHOICE
 
 
-class AnthropicMessagesWire:
+class AnthropicMessagesWire(DeclaredEndpoint):
     """``POST <url>/v1/messages``; the model list at ``<url>/v1/models``."""
 
-    def chat_url(self, base: str, model: str) -> str:
-        return base + "/v1/messages"
-
-    def models_url(self, base: str) -> str | None:
-        return base + "/v1/models"
-
-    def headers(self, api_key: str | None, method: str, url: str, content: bytes) -> dict[str, str]:
-        headers = {"anthropic-version": API_VERSION}
-        if api_key:
-            headers["x-api-key"] = api_key
-        return headers
+    chat_path = "/v1/messages"
+    models_path = "/v1/models"
+    key_header = "x-api-key"
+    fixed_headers = (("anthropic-version", API_VERSION),)
 
     def request_body(self, model: str, messages: list[dict[str, Any]], tools: list[Mapping[str, Any]],
                      sampling: SamplingParams, options: ChatOptions) -> dict[str, Any]:
-        system: list[str] = []
+        system, conversation = system_field("system", messages)
         turns: list[dict[str, Any]] = []
-        for message in messages:
+        for message in conversation:
             role = message["role"]
-            if role == "system":
-                system.append(message.get("content") or "")
-            elif role == "assistant":
+            if role == "assistant":
                 blocks = _text_blocks(message.get("content"))
                 blocks += [{"type": "tool_use", "id": call.get("id"), "name": call["function"]["name"],
                             "input": arguments_object(call["function"]["arguments"])}
@@ -62,22 +54,15 @@ class AnthropicMessagesWire:
                 append_blocks(turns, "user", [block])
             else:
                 append_blocks(turns, "user", _text_blocks(message.get("content")))
-        body: dict[str, Any] = {"model": model, "messages": turns, **sampling_fields(
-            sampling, max_tokens="max_tokens", temperature="temperature", top_p="top_p", stop="stop_sequences")}
-        if any(system):
-            body["system"] = "\n\n".join(s for s in system if s)
-        if tools:
-            body["tools"] = [_tool(t) for t in tools]
-            body["tool_choice"] = TOOL_CHOICE.to_native(options.tool_choice, options.tool_name)
-        return body
+        sampled = sampling_fields(sampling, max_tokens="max_tokens", temperature="temperature", top_p="top_p",
+                                  stop="stop_sequences")
+        return {"model": model, "messages": turns, **sampled, **system,
+                **tool_fields([_tool(t) for t in tools], TOOL_CHOICE, options)}
 
     def parse_reply(self, payload: Any) -> ReferenceReply:
         """A Messages ``message`` object: its text, thinking and tool_use blocks."""
-        blocks = payload.get("content") if isinstance(payload, Mapping) else None
-        if not isinstance(blocks, list):
-            raise ValueError("no content list")
         read = AssistantBlocks()
-        for i, block in enumerate(blocks):
+        for i, block in enumerate(reply_list(payload, "content")):
             kind = block.get("type") if isinstance(block, Mapping) else None
             if kind == "text":
                 read.texts.append(str(block.get("text", "")))

@@ -28,26 +28,31 @@ from urllib.parse import quote, urlsplit
 
 from ...types import ChatOptions, SamplingParams
 from .._shared import (
-    ReferenceReply, AssistantBlocks, append_blocks, arguments_object, call_name, sampling_fields, tool_call,
+    DeclaredEndpoint, ReferenceReply, AssistantBlocks, append_blocks, arguments_object, call_name, reply_list,
+    sampling_fields, tool_call,
 )
 from ._maps import FINISH, TOOL_CHOICE
 
 _REGION = re.compile(r"^bedrock-runtime(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com")
 
 
-class BedrockConverseWire:
-    """``POST <url>/model/<modelId>/converse`` (the model id URL-encoded: ARNs hold ``:`` and ``/``)."""
+class BedrockConverseWire(DeclaredEndpoint):
+    """``POST <url>/model/<modelId>/converse`` (the model id URL-encoded: ARNs hold ``:`` and ``/``).
+
+    No model list (``models_path`` None: that is the control plane's, the check
+    only connects); the key, a Bedrock API key, as ``Authorization: Bearer``,
+    and without one the call is SigV4-signed.
+    """
+
+    chat_path = "/model/{model}/converse"
+    key_header = "Authorization"
+    key_scheme = "Bearer "
 
     def chat_url(self, base: str, model: str) -> str:
-        return f"{base}/model/{quote(model, safe='')}/converse"
-
-    def models_url(self, base: str) -> str | None:
-        return None  # the runtime serves no model list (that is the control plane's): the check only connects
+        return super().chat_url(base, quote(model, safe=""))
 
     def headers(self, api_key: str | None, method: str, url: str, content: bytes) -> dict[str, str]:
-        if api_key:
-            return {"Authorization": f"Bearer {api_key}"}
-        return _sigv4(method, url, content)
+        return super().headers(api_key, method, url, content) if api_key else _sigv4(method, url, content)
 
     def request_body(self, model: str, messages: list[dict[str, Any]], tools: list[Mapping[str, Any]],
                      sampling: SamplingParams, options: ChatOptions) -> dict[str, Any]:
@@ -89,13 +94,8 @@ class BedrockConverseWire:
 
     def parse_reply(self, payload: Any) -> ReferenceReply:
         """A Converse response: ``output.message``'s text, reasoning and toolUse blocks, and its stop reason."""
-        output = payload.get("output") if isinstance(payload, Mapping) else None
-        message = output.get("message") if isinstance(output, Mapping) else None
-        blocks = message.get("content") if isinstance(message, Mapping) else None
-        if not isinstance(blocks, list):
-            raise ValueError("no output.message.content list")
         read = AssistantBlocks()
-        for i, block in enumerate(blocks):
+        for i, block in enumerate(reply_list(payload, "output", "message", "content")):
             if not isinstance(block, Mapping):
                 raise ValueError(f"output.message.content[{i}] is not an object")
             if isinstance(block.get("text"), str):

@@ -27,35 +27,29 @@ from typing import Any, Mapping
 
 from ...types import ChatOptions, SamplingParams
 from .._shared import (
-    ReferenceReply, AssistantBlocks, append_blocks, arguments_object, call_name, sampling_fields, tool_call,
+    DeclaredEndpoint, ReferenceReply, AssistantBlocks, append_blocks, arguments_object, call_name, sampling_fields,
+    system_field, tool_call,
 )
 from ._maps import API_VERSION, FINISH, TOOL_CHOICE
 
 SKIP_SIGNATURE = "skip_thought_signature_validator"  # Google's documented signature for calls it did not write
 
 
-class GeminiWire:
+class GeminiWire(DeclaredEndpoint):
     """``POST <url>/v1beta/models/<model>:generateContent``; the model list at ``<url>/v1beta/models``."""
 
-    def chat_url(self, base: str, model: str) -> str:
-        return f"{base}/{API_VERSION}/models/{model}:generateContent"
-
-    def models_url(self, base: str) -> str | None:
-        return f"{base}/{API_VERSION}/models"
-
-    def headers(self, api_key: str | None, method: str, url: str, content: bytes) -> dict[str, str]:
-        return {"x-goog-api-key": api_key} if api_key else {}
+    chat_path = f"/{API_VERSION}/models/{{model}}:generateContent"
+    models_path = f"/{API_VERSION}/models"
+    key_header = "x-goog-api-key"
 
     def request_body(self, model: str, messages: list[dict[str, Any]], tools: list[Mapping[str, Any]],
                      sampling: SamplingParams, options: ChatOptions) -> dict[str, Any]:
-        system: list[str] = []
+        system, conversation = system_field("text", messages)  # the system instruction: one content, one text part
         contents: list[dict[str, Any]] = []
         names: dict[str, str] = {}  # call id -> function name (a functionResponse names its function)
-        for message in messages:
+        for message in conversation:
             role = message["role"]
-            if role == "system":
-                system.append(message.get("content") or "")
-            elif role == "assistant":
+            if role == "assistant":
                 parts: list[dict[str, Any]] = []
                 if isinstance(message.get("content"), str) and message["content"]:
                     parts.append({"text": message["content"]})
@@ -81,8 +75,8 @@ class GeminiWire:
         config = sampling_fields(sampling, max_tokens="maxOutputTokens", temperature="temperature", top_p="topP",
                                  stop="stopSequences", seed="seed")
         body: dict[str, Any] = {"contents": contents, "generationConfig": config}
-        if any(system):
-            body["systemInstruction"] = {"parts": [{"text": "\n\n".join(s for s in system if s)}]}
+        if system:
+            body["systemInstruction"] = {"parts": [system]}
         if tools:
             body["tools"] = [{"functionDeclarations": [_declaration(t) for t in tools]}]
             if options.tool_choice != "auto":  # auto: no toolConfig, Gemini's default

@@ -10,21 +10,17 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ...types import ChatOptions, SamplingParams
-from .._shared import ReferenceReply, arguments_text
+from .._shared import DeclaredEndpoint, ReferenceReply, arguments_text, tool_fields
 from ._maps import TOOL_CHOICE
 
 
-class OpenAIChatWire:
+class OpenAIChatWire(DeclaredEndpoint):
     """``POST <url>/chat/completions`` (the URL is a ``.../v1`` base, as OpenAI clients take it)."""
 
-    def chat_url(self, base: str, model: str) -> str:
-        return base + "/chat/completions"
-
-    def models_url(self, base: str) -> str | None:
-        return base + "/models"
-
-    def headers(self, api_key: str | None, method: str, url: str, content: bytes) -> dict[str, str]:
-        return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    chat_path = "/chat/completions"
+    models_path = "/models"
+    key_header = "Authorization"
+    key_scheme = "Bearer "
 
     def request_body(self, model: str, messages: list[dict[str, Any]], tools: list[Mapping[str, Any]],
                      sampling: SamplingParams, options: ChatOptions) -> dict[str, Any]:
@@ -39,9 +35,7 @@ class OpenAIChatWire:
             body["seed"] = sampling.seed
         if sampling.stop:
             body["stop"] = list(sampling.stop)
-        if tools:
-            body["tools"] = [dict(t) for t in tools]
-            body["tool_choice"] = TOOL_CHOICE.to_native(options.tool_choice, options.tool_name)
+        body.update(tool_fields([dict(t) for t in tools], TOOL_CHOICE, options))
         return body
 
     def parse_reply(self, payload: Any) -> ReferenceReply:

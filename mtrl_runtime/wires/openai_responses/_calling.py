@@ -23,7 +23,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ...types import ChatOptions, SamplingParams
-from .._shared import ReferenceReply, AssistantBlocks, arguments_object, arguments_text, call_name, tool_call
+from .._shared import (
+    ReferenceReply, AssistantBlocks, arguments_object, arguments_text, call_name, reply_list, system_field, tool_call,
+    tool_fields,
+)
 from ..openai_chat import OpenAIChatWire
 from ._maps import INCOMPLETE, TOOL_CHOICE
 from ._request import NAMESPACE_SEPARATOR
@@ -32,18 +35,15 @@ from ._request import NAMESPACE_SEPARATOR
 class OpenAIResponsesWire(OpenAIChatWire):
     """``POST <url>/responses``; the model list and the key as chat completions has them (the same ``.../v1``)."""
 
-    def chat_url(self, base: str, model: str) -> str:
-        return base + "/responses"
+    chat_path = "/responses"
 
     def request_body(self, model: str, messages: list[dict[str, Any]], tools: list[Mapping[str, Any]],
                      sampling: SamplingParams, options: ChatOptions) -> dict[str, Any]:
-        instructions: list[str] = []
+        instructions, conversation = system_field("instructions", messages, leading=True)
         items: list[dict[str, Any]] = []
-        for message in messages:
+        for message in conversation:
             role = message["role"]
-            if role == "system" and not items:
-                instructions.append(message.get("content") or "")
-            elif role == "assistant":
+            if role == "assistant":
                 if message.get("content"):
                     items.append({"type": "message", "role": "assistant", "content": message["content"]})
                 items += [{"type": "function_call", "call_id": call.get("id"), **_named(call["function"]["name"]),
@@ -54,22 +54,14 @@ class OpenAIResponsesWire(OpenAIChatWire):
                               "output": message.get("content") or ""})
             else:
                 items.append({"type": "message", "role": role, "content": message.get("content") or ""})
-        body: dict[str, Any] = {"model": model, "input": items, "max_output_tokens": sampling.max_tokens,
-                                "temperature": sampling.temperature, "top_p": sampling.top_p, "store": False}
-        if any(instructions):
-            body["instructions"] = "\n\n".join(s for s in instructions if s)
-        if tools:
-            body["tools"] = _tools(tools)
-            body["tool_choice"] = TOOL_CHOICE.to_native(options.tool_choice, options.tool_name)
-        return body
+        return {"model": model, "input": items, "max_output_tokens": sampling.max_tokens,
+                "temperature": sampling.temperature, "top_p": sampling.top_p, "store": False, **instructions,
+                **tool_fields(_tools(tools), TOOL_CHOICE, options)}
 
     def parse_reply(self, payload: Any) -> ReferenceReply:
         """A ``response`` object: its message, reasoning and function_call items, and how it ended."""
-        output = payload.get("output") if isinstance(payload, Mapping) else None
-        if not isinstance(output, list):
-            raise ValueError("no output list")
         read = AssistantBlocks()
-        for i, item in enumerate(output):
+        for i, item in enumerate(reply_list(payload, "output")):
             kind = item.get("type") if isinstance(item, Mapping) else None
             if kind == "message":
                 read.texts += [str(p.get("text", "")) for p in item.get("content") or ()
