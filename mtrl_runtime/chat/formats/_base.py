@@ -94,10 +94,15 @@ class FormatDefaults:
     A call starts with ``tool_call_opener`` only, nothing in a streamed reply
     is held back but its calls, the tokenizer's eos is the only stop token, a
     reply is closed in history as the template closes it, and no generation
-    prompt opens a reasoning block.
+    prompt opens a reasoning block. A forced call (``forced_prefix``) is the
+    opener alone when no tool is named (the model picks the tool), else
+    ``named_call``: the opener, the tool's name and ``name_end`` (what the
+    family writes between a called tool's name and its arguments); the
+    families that write the name as a JSON string define their own.
     """
 
     tool_call_opener: str
+    name_end: str
     held_headers: tuple[tuple[str, str], ...] = ()
     stop_tokens: tuple[str, ...] = ()
     history_terminators: tuple[tuple[str, str], ...] = ()
@@ -107,6 +112,13 @@ class FormatDefaults:
     def call_openers(self) -> tuple[str, ...]:
         """``tool_call_opener`` alone: the family starts every call the same way."""
         return (self.tool_call_opener,)
+
+    def forced_prefix(self, tool_name: str | None) -> str:
+        return self.tool_call_opener if tool_name is None else self.named_call(tool_name)
+
+    def named_call(self, tool_name: str) -> str:
+        """A call of ``tool_name`` written up to where its arguments begin."""
+        return self.tool_call_opener + tool_name + self.name_end
 
 
 def tool_call(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:

@@ -164,6 +164,7 @@ class Gemma4Format(FormatDefaults):
     # a tool-calling turn's thought is kept after the last user message, an answer's is dropped
     reasoning_history = ReasoningHistory.DROPPED
     tool_call_opener = "<|tool_call>call:"
+    name_end = "{"  # <|tool_call>call:<name>{<arguments>}<tool_call|>
     # "<|channel>" then the channel's name: held back until the name is written ("though" is not content)
     held_headers = (("<|channel>", "thought"),)
     stop_tokens = ("<turn|>", "<|tool_response>")
@@ -173,9 +174,6 @@ class Gemma4Format(FormatDefaults):
 
     def detect(self, tokenizer: Any) -> bool:
         return vocab_has(tokenizer, "<|turn>") or "<|tool_call>" in template_text(tokenizer)
-
-    def forced_prefix(self, tool_name: str | None) -> str:
-        return self.tool_call_opener if tool_name is None else f"{self.tool_call_opener}{tool_name}{{"
 
     def parse(self, text: str, tool_names: Collection[str] | None = None, *, calls: bool = True) -> ParsedReply:
         for stop in _TRAILING_STOPS:  # a stop token the caller left on the text is not content

@@ -193,6 +193,7 @@ class HarmonyFormat(FormatDefaults):
     template = TEMPLATE
     reasoning_history = ReasoningHistory.DROPPED
     tool_call_opener = "<|channel|>commentary to=functions."
+    name_end = " <|constrain|>json<|message|>"
     # a call whose recipient comes before its channel (openai-harmony's order, as the history shows calls) opens
     # with " to=functions." (the first message) or "<|start|>assistant to=functions."
     call_openers = (tool_call_opener, " to=functions.")
@@ -206,11 +207,6 @@ class HarmonyFormat(FormatDefaults):
 
     def detect(self, tokenizer: Any) -> bool:
         return vocab_has(tokenizer, "<|channel|>") or "<|channel|>" in template_text(tokenizer)
-
-    def forced_prefix(self, tool_name: str | None) -> str:
-        if tool_name is None:
-            return self.tool_call_opener
-        return f"{self.tool_call_opener}{tool_name} <|constrain|>json<|message|>"
 
     def parse(self, text: str, tool_names: Collection[str] | None = None, *, calls: bool = True) -> ParsedReply:
         reasoning: list[str] = []

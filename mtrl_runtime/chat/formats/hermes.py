@@ -69,9 +69,7 @@ class HermesFormat(FormatDefaults):
     def detect(self, tokenizer: Any) -> bool:
         return vocab_has(tokenizer, "<|im_start|>") or "<tool_call>" in template_text(tokenizer)
 
-    def forced_prefix(self, tool_name: str | None) -> str:
-        if tool_name is None:
-            return self.tool_call_opener
+    def named_call(self, tool_name: str) -> str:
         return '<tool_call>\n{"name": ' + json.dumps(tool_name, ensure_ascii=False) + ', "arguments": '
 
     def parse(self, text: str, tool_names: Collection[str] | None = None, *, calls: bool = True) -> ParsedReply:

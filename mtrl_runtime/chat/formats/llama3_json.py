@@ -64,9 +64,7 @@ class Llama3JsonFormat(FormatDefaults):
     def detect(self, tokenizer: Any) -> bool:
         return vocab_has(tokenizer, PYTHON_TAG, "<|eom_id|>") or "<|start_header_id|>" in template_text(tokenizer)
 
-    def forced_prefix(self, tool_name: str | None) -> str:
-        if tool_name is None:
-            return self.tool_call_opener
+    def named_call(self, tool_name: str) -> str:
         return '{"name": ' + json.dumps(tool_name, ensure_ascii=False) + ', "parameters": '
 
     def parse(self, text: str, tool_names: Collection[str] | None = None, *, calls: bool = True) -> ParsedReply:

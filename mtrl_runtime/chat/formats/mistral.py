@@ -79,9 +79,7 @@ class MistralFormat(FormatDefaults):
     def detect(self, tokenizer: Any) -> bool:
         return vocab_has(tokenizer, TOOL_CALLS) or "[TOOL_CALLS]" in template_text(tokenizer)
 
-    def forced_prefix(self, tool_name: str | None) -> str:
-        if tool_name is None:
-            return self.tool_call_opener
+    def named_call(self, tool_name: str) -> str:
         return TOOL_CALLS + '[{"name": ' + json.dumps(tool_name, ensure_ascii=False) + ', "arguments": '
 
     def parse(self, text: str, tool_names: Collection[str] | None = None, *, calls: bool = True) -> ParsedReply:

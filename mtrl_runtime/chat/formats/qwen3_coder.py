@@ -47,13 +47,11 @@ class Qwen3CoderFormat(FormatDefaults):
     template = TEMPLATE
     reasoning_history = ReasoningHistory.DROPPED
     tool_call_opener = "<tool_call>\n<function="
+    name_end = ">\n"
     vllm_tool_parser = "qwen3_coder"  # vLLM's --tool-call-parser for this family
 
     def detect(self, tokenizer: Any) -> bool:
         return "<function=" in template_text(tokenizer)
-
-    def forced_prefix(self, tool_name: str | None) -> str:
-        return self.tool_call_opener if tool_name is None else f"{self.tool_call_opener}{tool_name}>\n"
 
     def parse(self, text: str, tool_names: Collection[str] | None = None, *, calls: bool = True) -> ParsedReply:
         reasoning, rest = split_reasoning(text)
