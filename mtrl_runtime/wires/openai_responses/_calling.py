@@ -39,7 +39,9 @@ class OpenAIResponsesWire(OpenAIChatWire):
 
     def request_body(self, model: str, messages: list[dict[str, Any]], tools: list[Mapping[str, Any]],
                      sampling: SamplingParams, options: ChatOptions) -> dict[str, Any]:
-        instructions, conversation = system_field("instructions", messages, leading=True)
+        # an assistant turn with neither text nor calls is no item, so it does not end the leading system messages
+        written = [m for m in messages if m["role"] != "assistant" or m.get("content") or m.get("tool_calls")]
+        instructions, conversation = system_field("instructions", written, leading=True)
         items: list[dict[str, Any]] = []
         for message in conversation:
             role = message["role"]
