@@ -662,6 +662,22 @@ def test_openai_responses_request_reasoning_is_not_sent_back():
     assert _responses_request_round_trip(original) == expected
 
 
+def test_openai_responses_instructions_are_the_system_messages_before_the_first_item():
+    """The calling side's ``instructions``: the system messages before the first input item, joined by a blank
+    line, empty ones left out; an assistant turn with neither text nor calls writes no item, so a system message
+    after it is still one of them; one after an item stays an input message."""
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "system", "content": ""},
+                {"role": "assistant", "content": None}, {"role": "system", "content": "Use the tools."},
+                {"role": "user", "content": "Hi."}, {"role": "system", "content": "Be polite."}]
+    body = responses.WIRE.calling.request_body("ref", messages, [], SamplingParams(), responses.TOOL_CHOICE.options(None))
+    assert body["instructions"] == "Answer briefly.\n\nUse the tools."
+    assert body["input"] == [{"type": "message", "role": "user", "content": "Hi."},
+                             {"type": "message", "role": "system", "content": "Be polite."}]
+    empty = responses.WIRE.calling.request_body("ref", [{"role": "system", "content": ""}, *messages[4:5]], [],
+                                                SamplingParams(), responses.TOOL_CHOICE.options(None))
+    assert "instructions" not in empty
+
+
 def _message_item(text: str) -> dict[str, Any]:
     return {"type": "message", "id": "msg_abc", "status": "completed", "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
