@@ -74,6 +74,13 @@ class PolicyCall:
     respond: Respond | None = None
     off_loop: bool = False
 
+    def settled(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
+                options: ChatOptions) -> "PolicyCall":
+        """This call with its checked messages, tools and options, every other field kept: built directly, since
+        ``dataclasses.replace`` cost a served call about 30,000 instructions (bench/endpoint_trees.py)."""
+        return PolicyCall(self.rollout_id, self.token, messages, tools, self.sampling, options, self.stream,
+                          self.respond, self.off_loop)
+
 
 class CallCapture:
     """The coordinator's part that answers chat calls and records each attributed one as a turn."""
@@ -102,6 +109,7 @@ class CallCapture:
         self.renderer = ChatRenderer(engine.tokenizer, fallback=self.format.template, stop_tokens=self.format.stop_tokens,
                                      history_terminators=self.format.history_terminators)
         self.builder = PromptBuilder(self.renderer, history_training)
+        self._openers: dict[tuple[int, ...], tuple[str, str] | None] = {}  # prompt tail ids -> the opener left open
         # what prompts render with, kept with the run: ``mtrl export`` writes this template beside the trained weights
         store.set_meta(CHAT_TEMPLATE_META, {"chat_format": self.format.name, "template": self.renderer.template})
 
@@ -114,7 +122,7 @@ class CallCapture:
         """
         options = call.options or _AUTO
         messages, tools = await _work(call.off_loop, _checked, call.messages, call.tools, options)
-        call = replace(call, messages=messages, tools=tools, options=options)
+        call = call.settled(messages, tools, options)
         rollout_id, token = call.rollout_id, call.token
         if rollout_id is None:
             if call.sampling.seed is None:
@@ -183,13 +191,26 @@ class CallCapture:
         """
         tools, options = call.tools, call.options
         plan = self.builder.build(state, call.messages, tools, options.template_kwargs)
-        opened = opened_reasoning(self.format, self.renderer.decode(plan.prompt_ids[-_OPENER_TAIL_TOKENS:]))
+        opened = self._opened_reasoning(plan.prompt_ids)
         head = opened[0] if opened else ""
         if options.tool_choice == "auto" or not tools:
             return plan, head, False
         forced = (opened[1] if opened else "") + self.format.forced_prefix(
             options.tool_name if options.tool_choice == "function" else None)
         return replace(plan, prompt_ids=plan.prompt_ids + tuple(self.renderer.encode(forced))), head + forced, True
+
+    def _opened_reasoning(self, prompt_ids: Sequence[int]) -> tuple[str, str] | None:
+        """The reasoning block a prompt ending in ``prompt_ids`` leaves open (``chat.formats.opened_reasoning`` of its
+        last ids' text). Remembered by those ids: nearly every prompt ends in the same generation prompt, and
+        decoding its tail cost a call about 20,000 instructions; a format with no openers decodes nothing."""
+        if not self.format.reasoning_openers:
+            return None
+        tail = tuple(prompt_ids[-_OPENER_TAIL_TOKENS:])
+        if tail not in self._openers:
+            if len(self._openers) >= _OPENER_TAILS_KEPT:  # bounded: a pathological run of distinct tails
+                self._openers.clear()
+            self._openers[tail] = opened_reasoning(self.format, self.renderer.decode(tail))
+        return self._openers[tail]
 
     async def _planned(self, state: Any, call: PolicyCall) -> tuple[PromptPlan, str]:
         """``_plan``, on a worker thread for a large request (the renderer's cache is safe to share)."""
@@ -449,6 +470,7 @@ class CallCapture:
 
 _AUTO = ChatOptions()
 _OPENER_TAIL_TOKENS = 8  # prompt ids decoded to find a reasoning opener at its end (Qwen3.5's "<think>\n": 2)
+_OPENER_TAILS_KEPT = 256  # distinct prompt tails whose opener ``_opened_reasoning`` remembers
 T = TypeVar("T")
 
 

@@ -324,9 +324,11 @@ class ToolChoices:
 
     def to_chat(self, value: Any) -> tuple[str, str | None]:
         """The chat kind and tool name (None unless ``function``) of a request's native ``value``."""
+        if value is None:  # most calls name no choice: answered before the (costly) model check
+            return "auto", None
         if isinstance(value, BaseModel):
             value = value.model_dump(exclude_none=True)
-        native, name = self._read(value) if value is not None else (None, None)
+        native, name = self._read(value)
         if native is None:
             return "auto", None
         if name is not None and self._native.get("function") == native:
