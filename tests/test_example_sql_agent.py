@@ -239,6 +239,60 @@ async def test_an_agent_that_never_answers_stops_at_max_turns_with_zero_reward(s
     assert record.reward == 0.0 and record.metrics["completion"] == 0.0
 
 
+# --------------------------------------------------------------------------- warm-start demonstrations
+
+
+def _answer_policy(rows: list[dict]) -> Any:
+    """Answers at once with the question's gold SQL, as a demonstration does (no tool round trip)."""
+    return lambda request, prompt: format_answer(_question(prompt, rows)["ground_truth"]["sql"])
+
+
+def test_demos_are_train_questions_in_turn_by_template_in_the_jsonl_mtrl_sft_reads(tmp_path):
+    from examples.sql_agent import demos
+    from examples.sql_agent.prompts import build_messages
+    from mtrl_runtime.warmstart import importer
+
+    path = tmp_path / "demos.jsonl"
+    assert demos.main(["--out", str(path), "--count", "16"]) == 0
+    conversations = importer("openai")(path)
+    rows = demos.demo_rows(16)
+    train = [r for r in ALL if r["split"] == "train"]
+    templates = list(dict.fromkeys(r["data"]["template"] for r in train))
+    assert len(conversations) == 16 and all(r["split"] == "train" for r in rows)
+    assert [r["data"]["template"] for r in rows[:len(templates)]] == templates  # one of each before any twice
+    for conv, row in zip(conversations, rows):
+        messages = list(conv.messages)
+        assert messages[:-1] == [{**m, "weight": 0} if m["role"] == "assistant" else m for m in build_messages(row)]
+        assert messages[-1] == {"role": "assistant", "content": format_answer(row["ground_truth"]["sql"])}
+        assert strict_score(messages[-1]["content"], row["ground_truth"]) == 1.0
+        assert [t["function"]["name"] for t in conv.tools] == [TOOL_NAME]
+    for bad in (0, 81):
+        with pytest.raises(ValueError, match=rf"count must be between 1 and 80 .*got {bad}"):
+            demos.demo_rows(bad)
+
+
+async def test_a_demo_renders_to_the_ids_the_agents_live_rollout_of_its_question_records(served, tiny_tok, tmp_path):
+    """The demo is what the agent sees: rendered for the student, it is token for token the sequence the policy
+    endpoint records when the model answers with the gold query, and the loss covers that answer only."""
+    from examples._demos import write_demos
+    from examples.sql_agent.demos import conversation, demo_rows
+    from mtrl_runtime.warmstart import importer, render_conversation
+
+    rows = demo_rows(3)
+    handle = served(ScriptedEngine(tiny_tok, _answer_policy(rows)))
+    specs = _specs(handle, rows)
+    await _run_all(run, specs)
+    conversations = importer("openai")(write_demos(tmp_path / "demos.jsonl", rows, conversation))
+    for spec, conv in zip(specs, conversations):
+        record = handle.store.get_rollout(spec.rollout_id)
+        assert record.reward == 1.0 and len(record.turns) == 1
+        turn = record.turns[0]
+        assert list(turn.tools) == list(conv.tools)
+        ids, mask = render_conversation(tiny_tok, conv)
+        assert ids == list(turn.prompt_ids) + list(turn.completion_ids)
+        assert [i for i, m in zip(ids, mask) if m] == list(turn.completion_ids)
+
+
 # --------------------------------------------------------------------------- config and training
 
 

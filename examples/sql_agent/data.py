@@ -36,7 +36,16 @@ HIRE_YEARS = range(2014, 2025)
 
 EXAMPLE_QUESTION = "How many employees were hired after 2020?"
 EXAMPLE_SQL = "SELECT COUNT(*) FROM employees WHERE hire_year > 2020"
-"""The worked example (not a template's question, never an instance)."""
+"""The first worked example (not a template's question, never an instance)."""
+EXAMPLES = (  # the worked examples the prompt shows, in order: none is a template's question (see prompts.py)
+    (EXAMPLE_QUESTION, EXAMPLE_SQL),
+    ("Which projects does the Research department run?",
+     "SELECT projects.name FROM projects JOIN departments ON projects.department_id = departments.id "
+     "WHERE departments.name = 'Research'"),
+    ("How many hours were logged on the Apollo project?",
+     "SELECT SUM(hours) FROM projects JOIN assignments ON assignments.project_id = projects.id "
+     "WHERE projects.name = 'Apollo'"),
+)
 
 
 def _spread(rng: random.Random, count: int, groups: int, at_least: int) -> list[int]:
@@ -207,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 __all__ = [
     "EXAMPLE_QUESTION",
+    "EXAMPLES",
     "EXAMPLE_SQL",
     "SEED",
     "SPLIT_SIZES",

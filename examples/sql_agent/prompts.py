@@ -1,11 +1,18 @@
-"""Chat messages for one question: the schema as system prompt, an optional worked example, the question.
+"""Chat messages for one question: the schema as system prompt, optional worked examples, the question.
 
-The worked example answers directly, without a tool round trip, on
+The worked examples answer directly, without a tool round trip, on
 purpose: shown a tool call and its ``<tool_response>``, SmolLM2-135M starts
 its own reply with ``<tool_response>`` (p ~ 0.55, measured at the first
 token) instead of calling the tool (p ~ 0.005) or answering (p ~ 0.008).
 Shown a direct answer, it starts with ``<final_output>`` (p ~ 0.09) or a
 tool call (p ~ 0.1), which RL can build on. The tool stays available.
+
+There are three (``data.EXAMPLES``: a count on one table, names over one
+join, a sum over another join), none a template's question: shown only the
+first, the model copied its ``SELECT COUNT(*) ... hire_year`` into nearly
+every answer and no query matched (0 of 112 on 28 train questions x 4,
+temperature 0.7); with the three, 2 of 112 matched and the mean reward rose
+from 0.079 to 0.120 (base model, CPU).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import copy
 import functools
 from typing import Any, Mapping
 
-from .data import EXAMPLE_QUESTION, EXAMPLE_SQL
+from .data import EXAMPLES
 from .database import company_env
 from .reward import format_answer
 from .tools import TOOL_NAME, call_tool
@@ -47,14 +54,14 @@ def system_prompt() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _example() -> tuple[dict[str, Any], ...]:
+    out = []
     with company_env().open() as db:
-        result = call_tool(db, TOOL_NAME, {"sql": EXAMPLE_SQL})
-    if "error" in result:
-        raise RuntimeError(f"the worked example's query fails: {result['error']}")
-    return (
-        {"role": "user", "content": EXAMPLE_QUESTION},
-        {"role": "assistant", "content": format_answer(EXAMPLE_SQL)},
-    )
+        for question, sql in EXAMPLES:
+            result = call_tool(db, TOOL_NAME, {"sql": sql})
+            if "error" in result:
+                raise RuntimeError(f"the worked example's query fails: {result['error']}")
+            out += [{"role": "user", "content": question}, {"role": "assistant", "content": format_answer(sql)}]
+    return tuple(out)
 
 
 def example_messages() -> list[dict[str, Any]]:
