@@ -36,7 +36,10 @@ from examples.customer_service import (
     stale_files,
     strict_score,
 )
+from examples.customer_service import demos
 from examples.customer_service.data import PACKAGE_DIR, SEED
+from examples.customer_service.demos import demo_rows, tool_definitions, write_demos
+from examples.customer_service.prompts import build_messages
 from mtrl_adapters import rollout_scope
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
@@ -285,6 +288,50 @@ async def test_an_agent_that_never_answers_stops_at_max_turns_with_zero_reward(s
     # three model calls, no fourth (the coordinator would refuse it); the last one's tool call is not run
     assert len(record.turns) == 3 and record.turns[-1].tool_calls and len(record.tool_calls) == 2
     assert record.reward == 0.0 and record.metrics["completion"] == 0.0
+
+
+# --------------------------------------------------------------------------- warm-start demonstrations
+
+
+def test_demos_are_train_tickets_interleaved_by_resolution_in_the_jsonl_mtrl_sft_reads(tmp_path):
+    from mtrl_runtime.warmstart import importer
+
+    path = tmp_path / "demos.jsonl"
+    assert demos.main(["--out", str(path), "--count", "6"]) == 0
+    conversations = importer("openai")(path)
+    rows = demo_rows(6)
+    assert len(conversations) == 6 and all(r["split"] == "train" for r in rows)
+    assert [r["ground_truth"]["resolution"] for r in rows] == ["refund", "replace", "escalate", "deny",
+                                                               "refund", "replace"]
+    for conv, row in zip(conversations, rows):
+        messages = list(conv.messages)
+        assert messages[:-len(solve(row).messages)] == [  # the agent's prompt, the example's replies not trained
+            {**m, "weight": 0} if m["role"] == "assistant" else m for m in build_messages(row)]
+        assert messages[-len(solve(row).messages):] == list(solve(row).messages)
+        assert strict_score(messages[-1]["content"], row["ground_truth"]) == 1.0
+        assert list(conv.tools) == tool_definitions()
+    for bad in (0, 81):
+        with pytest.raises(ValueError, match=rf"count must be between 1 and 80 .*got {bad}"):
+            demo_rows(bad)
+
+
+async def test_a_demo_renders_to_the_ids_the_agents_live_rollout_of_its_ticket_records(served, tiny_tok, tmp_path):
+    """The demo is what the agent sees: rendered for the student, it is token for token the sequence the policy
+    endpoint records when the model writes the solver's replies, and the loss covers those replies only."""
+    from mtrl_runtime.warmstart import importer, render_conversation
+
+    rows = demo_rows(4)  # one of each resolution: 5, 4, 4 and 4 tool calls
+    handle = served(ScriptedEngine(tiny_tok, solver_policy(rows)))
+    specs = _specs(handle, rows)
+    await _run_all(run, specs)
+    conversations = importer("openai")(write_demos(tmp_path / "demos.jsonl", 4))
+    for spec, row, conv in zip(specs, rows, conversations):
+        turns = sorted(handle.store.get_rollout(spec.rollout_id).turns, key=lambda t: t.index)
+        assert len(turns) == len(solve(row).replies) and all(t.segment == 0 for t in turns)
+        assert list(turns[0].tools) == list(conv.tools)
+        ids, mask = render_conversation(tiny_tok, conv)
+        assert ids == list(turns[-1].prompt_ids) + list(turns[-1].completion_ids)
+        assert [i for i, m in zip(ids, mask) if m] == [i for t in turns for i in t.completion_ids]
 
 
 # --------------------------------------------------------------------------- config and training
