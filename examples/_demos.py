@@ -17,12 +17,12 @@ Conversation = Callable[[Mapping[str, Any]], dict[str, Any]]  # one row -> {"mes
 
 
 def interleaved(rows: Sequence[Mapping[str, Any]], kind: Callable[[Mapping[str, Any]], Any],
-                count: int) -> list[Mapping[str, Any]]:
-    """The first ``count`` rows taken in turn from each kind (in the order kinds first appear), so that any count
-    covers the kinds as evenly as it can."""
+                count: int, order: Sequence[Any] = ()) -> list[Mapping[str, Any]]:
+    """The first ``count`` rows taken in turn from each kind (``order`` first, then the others in the order they
+    first appear), so that any count covers the kinds as evenly as it can."""
     if not 1 <= count <= len(rows):
         raise ValueError(f"count must be between 1 and {len(rows)} (the rows there are), got {count!r}")
-    queues: dict[Any, list[Mapping[str, Any]]] = {}
+    queues: dict[Any, list[Mapping[str, Any]]] = {name: [] for name in order}
     for row in rows:
         queues.setdefault(kind(row), []).append(row)
     picked: list[Mapping[str, Any]] = []

@@ -16,11 +16,11 @@ resolutions as evenly as it can.
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from .._demos import demos_main, interleaved, prompt_context
+from .._demos import write_demos as write_conversations
 from .data import RESOLUTIONS, load_instances
 from .prompts import build_messages
 from .solver import solve
@@ -37,47 +37,23 @@ def tool_definitions() -> list[dict[str, Any]]:
 def demo_rows(count: int, rows: Sequence[Mapping[str, Any]] | None = None) -> list[Mapping[str, Any]]:
     """The first ``count`` train rows taken in turn from each resolution (refund, replace, escalate, deny, ...)."""
     rows = list(load_instances(DEMO_SPLIT) if rows is None else rows)
-    if not 1 <= count <= len(rows):
-        raise ValueError(f"count must be between 1 and {len(rows)} (the {DEMO_SPLIT} tickets), got {count!r}")
-    queues = [[r for r in rows if r["ground_truth"]["resolution"] == name] for name in RESOLUTIONS]
-    picked: list[Mapping[str, Any]] = []
-    while len(picked) < count:
-        picked += [queue.pop(0) for queue in queues if queue][: count - len(picked)]
-    return picked
+    return interleaved(rows, lambda row: row["ground_truth"]["resolution"], count, RESOLUTIONS)
 
 
 def conversation(row: Mapping[str, Any]) -> dict[str, Any]:
     """One ticket as an OpenAI fine-tuning line: the agent's prompt (example replies at weight 0), the solver's turns."""
-    prompt = build_messages(row)
-    for message in prompt:
-        if message["role"] == "assistant":
-            message["weight"] = 0
-    return {"messages": [*prompt, *solve(row).messages], "tools": tool_definitions()}
+    return {"messages": [*prompt_context(build_messages(row)), *solve(row).messages], "tools": tool_definitions()}
 
 
 def write_demos(path: str | Path, count: int) -> Path:
     """``count`` demonstrations (see ``demo_rows``) as JSONL at ``path``; returns the path."""
-    path = Path(path)
-    lines = [json.dumps(conversation(row), ensure_ascii=False) + "\n" for row in demo_rows(count)]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(lines), encoding="utf-8")
-    return path
+    return write_conversations(path, demo_rows(count), conversation)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``demos --out PATH --count N``: write N train tickets' reference episodes for ``mtrl sft --conversations``."""
-    parser = argparse.ArgumentParser(prog="python -m examples.customer_service demos",
-                                     description="Write the reference solver's episodes on train tickets as "
-                                                 "OpenAI-format conversations (mtrl sft --conversations FILE).")
-    parser.add_argument("--out", required=True, help="the JSONL file to write")
-    parser.add_argument("--count", type=int, required=True, help="how many train tickets (1-80)")
-    args = parser.parse_args(argv)
-    try:
-        path = write_demos(args.out, args.count)
-    except ValueError as exc:
-        parser.error(f"--count: {exc}")
-    print(f"{path}: {args.count} demonstrations from the {DEMO_SPLIT} split")
-    return 0
+    return demos_main(argv, prog="python -m examples.customer_service demos", split=DEMO_SPLIT, pick=demo_rows,
+                      conversation=conversation)
 
 
 __all__ = ["DEMO_SPLIT", "conversation", "demo_rows", "main", "tool_definitions", "write_demos"]
