@@ -34,6 +34,7 @@ import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "endpoint_instructions.json"
 
 
 def worker(calls: int) -> None:
@@ -128,6 +129,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--before", type=Path, help="the source tree of the earlier server")
     parser.add_argument("--calls", type=int, default=100, help="counted calls per tree and setting")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON results")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -135,7 +137,14 @@ if __name__ == "__main__":
         sys.exit()
     if args.before is None:
         parser.error("--before is required")
+    load_before = os.getloadavg()
     result = main(args.before.resolve(), args.calls)
+    sys.path.insert(0, str(ROOT / "bench"))
+    from _machine import machine_info
+
+    out = {"command": " ".join(sys.argv), "calls": args.calls, "instructions_per_call": result,
+           "machine": machine_info(load_before, os.getloadavg(), 0, dtype="none (scripted engine: no model runs)")}
+    args.out.write_text(json.dumps(out, indent=2))
     for setting in ("plain", "streamed"):
         b, a = result["before"][setting], result["after"][setting]
         print(f"{setting:9s} before {b:12,.0f}  after {a:12,.0f} instructions per call  ({a / b:.3f}x)")
