@@ -18,11 +18,10 @@ refusal (``MtrlError``) is written in the protocol's own error shape
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Any, Callable, Iterable, TypeVar
 
 from fastapi import APIRouter
-from starlette.routing import Match, Route
+from starlette.routing import Route
 
 from ...coordinator import Coordinator
 from ...errors import BadRequest, MtrlError
@@ -108,52 +107,12 @@ class ProtocolEndpoint:
         return await self.answer(Call(rollout_id, token, data, headers, off_loop))
 
 
-class PostRoute(Route):
-    """A protocol's plain ASGI ``POST`` route, matched as Starlette's ``Route`` matches it, without its regular
-    expression where the path allows: a literal path, or one ``{name}`` segment (no convertor) between literal
-    text. Every model call is matched against these routes first; the regular expression, its groups and
-    convertors cost the rollout path about 10,000 instructions a call. Other paths (``{model_id:path}``) match
-    as ``Route`` does."""
-
-    def __init__(self, path: str, app: Any) -> None:
-        super().__init__(path, app, methods=["POST"], include_in_schema=False)
-        one = _ONE_SEGMENT.fullmatch(path)
-        self._literal = path if "{" not in path else None
-        self._segment = (one["prefix"], one["name"], one["suffix"]) if one else None
-
-    def matches(self, scope: dict[str, Any]) -> tuple[Match, dict[str, Any]]:
-        path = scope["path"]
-        if (scope["type"] != "http" or scope.get("root_path") or path.endswith("\n")
-                or (self._literal is None and self._segment is None)):
-            # a mounted app's root path, and the regular expression's ``$`` before a final newline: Starlette's rule
-            return super().matches(scope)
-        if self._literal is not None:
-            if path != self._literal:
-                return Match.NONE, {}
-            params = dict(scope.get("path_params", {}))
-        else:
-            prefix, name, suffix = self._segment
-            end = len(path) - len(suffix)
-            if not (end > len(prefix) and path.startswith(prefix) and path.endswith(suffix)):
-                return Match.NONE, {}
-            value = path[len(prefix):end]
-            if "/" in value:  # Starlette's ``{name}`` is ``[^/]+``
-                return Match.NONE, {}
-            params = dict(scope.get("path_params", {}))
-            params[name] = value
-        child = {"endpoint": self.endpoint, "path_params": params}
-        return (Match.FULL if scope["method"] in self.methods else Match.PARTIAL), child
-
-
-_ONE_SEGMENT = re.compile(r"(?P<prefix>[^{}]*)\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)\}(?P<suffix>[^{}]*)")
-
-
 def post_router(routes: Iterable[tuple[str, Any]]) -> APIRouter:
-    """A protocol's router: a ``PostRoute`` for each ``(path, app)``, none in FastAPI's own schema
+    """A protocol's router: a plain ASGI ``POST`` route for each ``(path, app)``, none in FastAPI's own schema
     (``_openapi`` publishes the protocols' paths with their request models)."""
     router = APIRouter()
     for path, app in routes:
-        router.routes.append(PostRoute(path, app))
+        router.routes.append(Route(path, app, methods=["POST"], include_in_schema=False))
     return router
 
 
@@ -232,5 +191,5 @@ def sampling(
     )
 
 
-__all__ = ["Call", "JSON", "PostRoute", "ProtocolEndpoint", "Streamed", "check_counts", "check_tool_calls", "off_loop", "post_router",
+__all__ = ["Call", "JSON", "ProtocolEndpoint", "Streamed", "check_counts", "check_tool_calls", "off_loop", "post_router",
            "sampling"]
