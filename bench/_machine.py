@@ -12,8 +12,10 @@ the GPU's name, memory, compute capability and CUDA version
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+from pathlib import Path
 from typing import Any, Mapping
 
 DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
@@ -76,6 +78,13 @@ def machine_info(
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in load_after],
     }
+
+
+def save_results(path: Path, results: dict[str, Any]) -> dict[str, Any]:
+    """Write a bench's results as indented JSON at ``path`` (its folder made); returns them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    return results
 
 
 def load_note(load_before: tuple[float, ...], load_after: tuple[float, ...], busy_means: str) -> str:

@@ -61,7 +61,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from _machine import machine_info
+from _machine import machine_info, save_results
 import trl_vs_mtrl
 from trl_vs_mtrl import TRL_VENV, create_trl_env, trl_python
 
@@ -200,13 +200,11 @@ def train_mtrl(args: argparse.Namespace, folder: Path, seed: int, asynchronous: 
 def write_progress(args: argparse.Namespace, label: str, seed: int, precision: str, hook: Interleave) -> None:
     """The step rows of the run in progress, both sides, to ``<out>.partial.json`` after each step: a run stopped
     before its seed is trained and scored keeps its time figures."""
-    path = args.out.with_suffix(".partial.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
+    save_results(args.out.with_suffix(".partial.json"), {
         "benchmark": "agent_vs_trl (in progress)", "label": label, "seed": seed, "steps_done": len(hook.mtrl),
         "machine": machine_info(hook.load_started, tuple(os.getloadavg()), args.threads, dtype=precision),
         "mtrl": hook.mtrl, "trl": hook.trl_rows, "command": " ".join(["python", *sys.argv]),
-    }, indent=2) + "\n")
+    })
 
 
 def evaluate(args: argparse.Namespace, adapter: str | None, seed: int) -> dict[str, float]:
@@ -278,7 +276,7 @@ def main() -> None:
         folder = Path(tmp)
         print("evaluating the base model on the test tasks", flush=True)
         base = evaluate(args, None, 0)
-        report = save(args.out, build_report(args, runs, base, load_before, time.perf_counter() - started))
+        report = save_results(args.out, build_report(args, runs, base, load_before, time.perf_counter() - started))
         for seed in range(args.runs):  # each seed trained and scored whole, the report written after it
             (folder / f"trl-seed{seed}").mkdir()
             these = [train_mtrl(args, folder, seed, False, python)]
@@ -291,15 +289,9 @@ def main() -> None:
                     r["trl"]["eval"] = {step: evaluate(args, path, r["seed"])
                                         for step, path in sorted(r["trl"]["adapters"].items())}
             runs.extend(these)
-            report = save(args.out, build_report(args, runs, base, load_before, time.perf_counter() - started))
+            report = save_results(args.out, build_report(args, runs, base, load_before, time.perf_counter() - started))
             print(f"wrote {args.out} ({seed + 1} of {args.runs} runs a side)", flush=True)
     print(json.dumps(report["summary"], indent=2))
-
-
-def save(path: Path, report: dict[str, Any]) -> dict[str, Any]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    return report
 
 
 def build_report(args: argparse.Namespace, runs: list[dict[str, Any]], base: dict[str, float],

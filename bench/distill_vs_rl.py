@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
-from _machine import load_note, machine_info  # noqa: E402
+from _machine import load_note, machine_info, save_results  # noqa: E402
 from warm_start import bench_model, demonstrations, recipe, rl  # noqa: E402  (the aircraft recipe, RL arm and demonstrations)
 
 from mtrl_runtime.cli.demo import DEMO_RECIPE  # noqa: E402
@@ -114,20 +114,14 @@ def main() -> int:
             teacher, teacher_info = train_teacher(args, work, model)
             print(f"teacher: {teacher_info['selection']}, trained in {teacher_info['seconds']:.0f} s", flush=True)
         runs: dict[str, list[dict[str, Any]]] = {"rl_only": [], "distill": []}
-        result = save(args.out, report(args, runs, teacher_info, load_before))  # the teacher, before any arm
+        result = save_results(args.out, report(args, runs, teacher_info, load_before))  # the teacher, before any arm
         for seed in range(args.runs):  # interleaved, so a change of the machine's load falls on both arms alike
             for name, arm_teacher in (("rl_only", None), ("distill", teacher)):
                 runs[name].append(arm(args, work, model, name, seed, arm_teacher))
-                result = save(args.out, report(args, runs, teacher_info, load_before))  # a stopped run keeps it
+                result = save_results(args.out, report(args, runs, teacher_info, load_before))  # a stopped run keeps it
     print(json.dumps(result["summary"], indent=2))
     print(f"wrote {args.out}")
     return 0
-
-
-def save(path: Path, result: dict[str, Any]) -> dict[str, Any]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    return result
 
 
 def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], teacher_info: dict[str, Any],

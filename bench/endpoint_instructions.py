@@ -33,6 +33,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from _machine import machine_info, save_results
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "endpoint_instructions.json"
 
@@ -139,12 +141,9 @@ if __name__ == "__main__":
         parser.error("--before is required")
     load_before = os.getloadavg()
     result = main(args.before.resolve(), args.calls)
-    sys.path.insert(0, str(ROOT / "bench"))
-    from _machine import machine_info
-
     out = {"command": " ".join(sys.argv), "calls": args.calls, "instructions_per_call": result,
            "machine": machine_info(load_before, os.getloadavg(), 0, dtype="none (scripted engine: no model runs)")}
-    args.out.write_text(json.dumps(out, indent=2))
+    save_results(args.out, out)
     for setting in ("plain", "streamed"):
         b, a = result["before"][setting], result["after"][setting]
         print(f"{setting:9s} before {b:12,.0f}  after {a:12,.0f} instructions per call  ({a / b:.3f}x)")
