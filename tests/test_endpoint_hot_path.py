@@ -14,9 +14,10 @@ import pytest
 from mtrl_runtime.coordinator import Coordinator
 from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
 from mtrl_runtime.server import create_app, start_server
-from mtrl_runtime.server.protocols.openai_chat import chat_path_rollout
+from mtrl_runtime.server.protocols.openai_chat import ChatProtocol, chat_path_rollout
 from mtrl_runtime.store import SQLiteStore, hash_token
 from mtrl_runtime.types import Rollout, Task, Turn
+from mtrl_runtime.wires.openai_chat import ChatCompletionRequest
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
 
@@ -79,6 +80,33 @@ def test_chat_paths_are_recognized_exactly() -> None:
     assert chat_path_rollout("/rollouts//v1/chat/completions") is None
     assert chat_path_rollout("/rollouts/a/b/v1/chat/completions") is None
     assert chat_path_rollout("/rollouts/r-1a/v1/models") is None
+
+
+def test_the_routes_remembered_options_equal_each_requests_own(tmp_path: Path, tiny_tok: Any) -> None:
+    """The chat route keeps one ChatOptions per (model, token ids) for calls without a tool choice or template
+    variables; every request still gets exactly the options its own body gives, asked twice (the second remembered)."""
+    coordinator = Coordinator(ScriptedEngine(tiny_tok, ["ok"]), SQLiteStore(tmp_path / "trajectories.db"))
+    protocol = ChatProtocol(coordinator)
+    user = [{"role": "user", "content": "hi"}]
+    variants: list[dict[str, Any]] = [
+        {}, {"model": "policy"}, {"model": "judge"}, {"tool_choice": "auto"}, {"tool_choice": "none"},
+        {"tool_choice": "required"}, {"tool_choice": {"type": "function", "function": {"name": "lookup"}}},
+        {"logprobs": True}, {"return_token_ids": True}, {"model": "judge", "logprobs": True},
+        {"chat_template_kwargs": {"enable_thinking": False}}, {"model": "policy", "tool_choice": "required"},
+    ]
+    seen = set()
+    for _ in range(2):
+        for extra in variants:
+            body = ChatCompletionRequest.model_validate({"messages": user, "tools": TOOLS, **extra})
+            options = protocol.options(body)
+            assert options == body.options(), extra
+            seen.add((options.model, options.token_ids, options.tool_choice, options.tool_name))
+    assert ("judge", True, "auto", None) in seen and ("policy", False, "required", None) in seen
+    assert (None, False, "function", "lookup") in seen and ("policy", False, "auto", None) in seen
+    for i in range(100):  # many model names: the remembered ones stay bounded, the answers right
+        body = ChatCompletionRequest.model_validate({"messages": user, "model": f"m{i}"})
+        assert protocol.options(body).model == f"m{i}"
+    assert len(protocol._plain_options) <= 64
 
 
 def test_every_concurrent_answer_is_durable_when_it_arrives(served: Any, tiny_tok: Any) -> None:

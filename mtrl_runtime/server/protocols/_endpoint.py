@@ -121,41 +121,36 @@ async def off_loop(call: Call, prepare: Callable[..., T], *args: Any) -> T:
     return await asyncio.to_thread(prepare, *args) if call.off_loop else prepare(*args)
 
 
-def check_counts(coordinator: Coordinator, messages: list, tools: list | None, messages_field: str, tools_field: str,
-                 translated: bool = True) -> None:
-    """The server's limits on messages, tools and tool calls per request, named by the protocol's own fields.
-
-    ``translated``: ``messages`` are the chat messages a protocol's request became (the errors say so); False
-    for chat completions, whose messages are the request's own (the errors name ``messages[i]``).
-    """
+def check_counts(coordinator: Coordinator, messages: list, tools: list | None, messages_field: str,
+                 tools_field: str) -> None:
+    """The server's limits on a translated request (the chat ``messages`` a protocol's request became; the errors
+    say so): messages and tools per request, tool calls per message, named by the protocol's own fields."""
     cfg = coordinator.server_config
-    if len(messages) > cfg.max_messages:
-        after = " after translation" if translated else ""
-        raise BadRequest(
-            f"{messages_field}: {len(messages)} messages{after}; the limit is {cfg.max_messages}",
-            param=messages_field,
-        )
-    if tools and len(tools) > cfg.max_tools:
-        raise BadRequest(f"{tools_field}: {len(tools)} tools; the limit is {cfg.max_tools}", param=tools_field)
-    check_tool_calls(coordinator, messages, messages_field, translated)
-
-
-def check_tool_calls(coordinator: Coordinator, messages: list, messages_field: str, translated: bool = True) -> None:
-    """At most ``max_tool_calls`` tool calls in one assistant message: a 400 naming the message (after translation)
-    and the limit. Thousands of calls in one message held the event loop for seconds."""
-    limit = coordinator.server_config.max_tool_calls
+    check_totals(cfg, len(messages), tools, messages_field, tools_field, translated=True)
+    limit = cfg.max_tool_calls
     for i, message in enumerate(messages):
         calls = message.get("tool_calls")
         if calls and len(calls) > limit:
-            if not translated:
-                raise BadRequest(
-                    f"{messages_field}[{i}].tool_calls: {len(calls)} tool calls in one message; the limit is {limit} "
-                    "(advanced.server.max_tool_calls)", param=f"{messages_field}.{i}.tool_calls",
-                )
             raise BadRequest(
                 f"{messages_field}: message {i} after translation holds {len(calls)} tool calls; the limit is {limit} "
                 "per message (advanced.server.max_tool_calls)", param=messages_field,
             )
+
+
+def check_totals(cfg: Any, n_messages: int, tools: list | None, messages_field: str, tools_field: str,
+                 translated: bool) -> None:
+    """At most ``max_messages`` messages and ``max_tools`` tools in one request (``cfg``: the server's settings):
+    a 400 naming the field, the count and the limit. ``translated``: the messages are what a protocol's request
+    became (the error says so); chat completions checks its own messages (and each message's tool calls and size,
+    in one pass: ``protocols.openai_chat``). Thousands of tool calls in one message held the event loop for seconds."""
+    if n_messages > cfg.max_messages:
+        after = " after translation" if translated else ""
+        raise BadRequest(
+            f"{messages_field}: {n_messages} messages{after}; the limit is {cfg.max_messages}",
+            param=messages_field,
+        )
+    if tools and len(tools) > cfg.max_tools:
+        raise BadRequest(f"{tools_field}: {len(tools)} tools; the limit is {cfg.max_tools}", param=tools_field)
 
 
 def sampling(
@@ -191,5 +186,5 @@ def sampling(
     )
 
 
-__all__ = ["Call", "JSON", "ProtocolEndpoint", "Streamed", "check_counts", "check_tool_calls", "off_loop", "post_router",
+__all__ = ["Call", "JSON", "ProtocolEndpoint", "Streamed", "check_counts", "check_totals", "off_loop", "post_router",
            "sampling"]

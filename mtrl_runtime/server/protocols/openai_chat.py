@@ -21,15 +21,16 @@ from fastapi import APIRouter
 
 from ...coordinator import Coordinator
 from ...errors import BadRequest
-from ...types import ChatResult, SamplingParams
+from ...types import ChatOptions, ChatResult, SamplingParams
 from ...wires.openai_chat import ChatCompletionRequest, ChunkEvents, completion_json, error_body
 from .._http import validate
-from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_counts, off_loop, post_router
+from ._endpoint import JSON, Call, ProtocolEndpoint, Streamed, check_totals, off_loop, post_router
 
 PATH = "/v1/chat/completions"
 ROLLOUT_PATH = "/rollouts/{rollout_id}/v1/chat/completions"
 PATHS = (PATH, ROLLOUT_PATH)
 _ROLLOUT_PREFIX = "/rollouts/"
+_PLAIN_OPTIONS = 64  # distinct (model, token ids) options kept by one endpoint; a client names few models
 
 
 def chat_path_rollout(path: str) -> str | None:
@@ -51,6 +52,21 @@ class ChatProtocol:
         # completion ids: unique, not secret (no system entropy per call)
         self._id_prefix = "chatcmpl-" + secrets.token_hex(6)
         self._ids = itertools.count()
+        self._plain_options: dict[tuple[str | None, bool], ChatOptions] = {}
+
+    def options(self, body: ChatCompletionRequest) -> ChatOptions:
+        """``body.options()``. Most calls name no tool choice (or ``auto``) and no template variables: theirs is one value per
+        (model, token ids asked), made once (at most ``_PLAIN_OPTIONS`` kept; ``ChatOptions`` is frozen) instead of
+        per call, where building it cost as much as the rest of the route's own checks."""
+        if body.tool_choice not in (None, "auto") or body.chat_template_kwargs:
+            return body.options()
+        key = (body.model, body.wants_token_ids or body.wants_logprobs)
+        options = self._plain_options.get(key)
+        if options is None:
+            options = body.options()
+            if len(self._plain_options) < _PLAIN_OPTIONS:
+                self._plain_options[key] = options
+        return options
 
     async def answer(self, call: Call) -> tuple[bytes, bytes] | Streamed:
         coordinator = self.coordinator
@@ -58,7 +74,7 @@ class ChatProtocol:
         cid = f"{self._id_prefix}{next(self._ids):012x}"
         model = body.model or coordinator.model_name
         tokenizer = coordinator.tokenizer
-        options = body.options()
+        options = self.options(body)
         if body.stream:  # written as the tokens are generated (server._streaming)
             return Streamed(lambda stream, respond: coordinator.chat(call.rollout_id, call.token, messages, tools,
                                                                      params, options, stream, respond=respond,
@@ -79,8 +95,7 @@ class ChatProtocol:
         body = validate(call.data, ChatCompletionRequest)
         # the request's own message dicts (validated): the coordinator normalizes them, and stores them so
         messages = call.data["messages"]
-        check_counts(coordinator, messages, body.tools, "messages", "tools", translated=False)
-        _check_content_sizes(body, coordinator.server_config.max_string_chars)
+        _check_limits(coordinator.server_config, body)
         params = body.sampling(coordinator.default_sampling, coordinator.max_tokens_cap,
                                coordinator.server_config.max_tokens_over_cap)
         # tools are stored as given, so as validated (defaults filled, nulls dropped)
@@ -88,13 +103,23 @@ class ChatProtocol:
         return body, messages, tools, params
 
 
-def _check_content_sizes(body: ChatCompletionRequest, limit: int) -> None:
-    """A message's content, its text parts together, within ``max_string_chars`` (a 400 naming the message)."""
+def _check_limits(cfg: Any, body: ChatCompletionRequest) -> None:
+    """The server's limits on the request's own messages (``cfg``: its settings), in one pass: their count and the
+    tools' (``check_totals``), each message's tool calls (``max_tool_calls``) and its content, text parts together,
+    within ``max_string_chars``; a 400 naming the message's field, the count and the limit."""
+    check_totals(cfg, len(body.messages), body.tools, "messages", "tools", translated=False)
+    calls_limit, chars_limit = cfg.max_tool_calls, cfg.max_string_chars
     for i, message in enumerate(body.messages):
+        calls = message.tool_calls
+        if calls and len(calls) > calls_limit:
+            raise BadRequest(
+                f"messages[{i}].tool_calls: {len(calls)} tool calls in one message; the limit is {calls_limit} "
+                "(advanced.server.max_tool_calls)", param=f"messages.{i}.tool_calls",
+            )
         content = message.content
         size = len(content) if isinstance(content, str) else sum(len(str(p.get("text", ""))) for p in content or [])
-        if size > limit:
-            raise BadRequest(f"messages[{i}].content: {size} characters; the limit is {limit}",
+        if size > chars_limit:
+            raise BadRequest(f"messages[{i}].content: {size} characters; the limit is {chars_limit}",
                              param=f"messages.{i}.content")
 
 
