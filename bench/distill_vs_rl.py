@@ -17,13 +17,13 @@ same test aircraft (``--val-tasks``, fixed seeds, the strict scorer) every
   (``advanced.distill_teacher``; ``--distill-coef``, ``--distill-rl-coef``:
   0 is distillation alone, 1 adds the group advantage), same budget.
 
-Each arm runs ``--runs`` times (seeds 0, 1, ...). The summary gives each
+Each arm runs ``--runs`` times (seeds 0, 1, ...; ``--first-seed N`` starts at N, to add a seed later). The summary gives each
 run's final strict success and the distill runs' seconds to reach RL alone's
 final strict success (of the run with the same seed), as a ratio of the
 budget. ``--tiny`` runs the pipeline on a tiny random model (seconds a step;
 its figures mean nothing); the other flags size a real run to the machine.
 
-    python bench/distill_vs_rl.py [--budget-s 2000] [--runs 2] [--teacher PATH] [--teacher-tasks 12]
+    python bench/distill_vs_rl.py [--budget-s 2000] [--runs 2] [--first-seed 0] [--teacher PATH] [--teacher-tasks 12]
                                   [--distill-rl-coef 0] [--val-every 2] [--val-tasks 10] [--tiny] [--out PATH]
 
 The machine is shared: read ``machine.loadavg_*`` in the results before
@@ -89,7 +89,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=2000.0, help="wall-time budget of each run (default 2000)")
     parser.add_argument("--max-steps", type=int, default=1000, help="a bound on the steps of each run")
-    parser.add_argument("--runs", type=int, default=2, help="runs of each arm, seeds 0.. (default 2)")
+    parser.add_argument("--runs", type=int, default=2, help="runs of each arm, seeds from --first-seed (default 2)")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first run's seed (a later seed run on its own)")
     parser.add_argument("--teacher", type=Path, help="a trained adapter on the aircraft task (default: train one)")
     parser.add_argument("--teacher-tasks", type=int, default=12, help="solver episodes the teacher is trained on")
     parser.add_argument("--teacher-epochs", type=int, default=3)
@@ -115,7 +116,7 @@ def main() -> int:
             print(f"teacher: {teacher_info['selection']}, trained in {teacher_info['seconds']:.0f} s", flush=True)
         runs: dict[str, list[dict[str, Any]]] = {"rl_only": [], "distill": []}
         result = save_results(args.out, report(args, runs, teacher_info, load_before))  # the teacher, before any arm
-        for seed in range(args.runs):  # interleaved, so a change of the machine's load falls on both arms alike
+        for seed in range(args.first_seed, args.first_seed + args.runs):  # interleaved, so a change of the machine's load falls on both arms alike
             for name, arm_teacher in (("rl_only", None), ("distill", teacher)):
                 runs[name].append(arm(args, work, model, name, seed, arm_teacher))
                 result = save_results(args.out, report(args, runs, teacher_info, load_before))  # a stopped run keeps it
