@@ -73,6 +73,13 @@ class CoordinatorClient:
             with self._session() as http:
                 self._send(http, "POST", self._path("/tool_calls/batch"), ToolCallBatch(calls=calls))
 
+    def send_tool_calls(self, calls: list[ToolCallReport]) -> None:
+        """Post tool calls of a rollout still running (an adapter sending them as they end); a refusal is logged,
+        as one of the calls sent at the close is."""
+        with self._session() as http:
+            _log_refusal(self._try(lambda: self._send(http, "POST", self._path("/tool_calls/batch"),
+                                                      ToolCallBatch(calls=calls))))
+
     def close(self, calls: list[ToolCallReport], completion: CompletionReport,
               model_calls: list[ModelCallReport] | None = None) -> RolloutState:
         """Send the buffered tool calls and non-policy model calls, then the completion, over one connection."""

@@ -108,6 +108,8 @@ class RolloutContext:
     policy_models: frozenset[str] | None = None
     # per-rollout state; guarded by _lock because tools may run on threads
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    # one send of tool calls at a time, taken and posted under it: they reach the coordinator in the order they ended
+    _send_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _claimed: bool = field(default=False, init=False, repr=False)
     _tool_calls: list[ToolCallReport] = field(default_factory=list, init=False, repr=False)
     _model_calls: list[ModelCallReport] = field(default_factory=list, init=False, repr=False)  # non-policy calls
@@ -223,7 +225,7 @@ class RolloutContext:
         started_at: float | None = None,
         source: str | None = None,
     ) -> None:
-        """Buffer one tool call; the buffer is sent when the rollout closes.
+        """Buffer one tool call; the buffer is sent when the rollout closes, or before by :meth:`send_tool_calls`.
 
         The coordinator places the call on the turn whose reply carried
         ``call_id`` (so buffering does not blur which turn it belongs to).
@@ -325,6 +327,45 @@ class RolloutContext:
         )
         return True
 
+    def send_tool_calls(self, *, waiting_too: bool = False) -> None:
+        """Send the buffered tool calls now, not at the rollout's end: a rollout stopped mid-way (its task
+        cancelled, Ctrl-C, the run stopping) keeps every call that ended, and the run's progress counts them.
+
+        Sent: the calls up to the first failed one still waiting for the text the model read in its place
+        (:meth:`fill_tool_result`), so the coordinator stores them in the order they ended and each with its
+        result; ``waiting_too`` sends those as well (the framework has moved on to a model call: no text will
+        come). From the async owner's loop the post runs on a worker thread, after the reports deferred before
+        it (:meth:`defer`; :meth:`drain` awaits it), never blocking the loop; elsewhere it blocks the caller.
+        A refusal is logged, as one at the rollout's end is.
+        """
+        with self._lock:
+            if not self._ready(waiting_too):
+                return
+        if self.owner_loop_running_here():
+            self.defer(asyncio.to_thread(self._send_ready, waiting_too))
+        else:
+            self._send_ready(waiting_too)
+
+    def _ready(self, waiting_too: bool) -> int:
+        """How many buffered calls, from the front, :meth:`send_tool_calls` may send now (the caller holds
+        ``_lock``)."""
+        if waiting_too:
+            return len(self._tool_calls)
+        for i, report in enumerate(self._tool_calls):
+            if report.call_id in self._textless and report.status == "error" and report.result is None:
+                return i
+        return len(self._tool_calls)
+
+    def _send_ready(self, waiting_too: bool) -> None:
+        with self._send_lock:  # taken and posted as one step: a send racing this one cannot overtake it
+            with self._lock:
+                count = self._ready(waiting_too)
+                calls, self._tool_calls = self._tool_calls[:count], self._tool_calls[count:]
+                if waiting_too:
+                    self._textless.clear()
+            if calls:
+                self.client().send_tool_calls(calls)
+
     def take_tool_calls(self) -> list[ToolCallReport]:
         """The buffered tool calls, removed from the buffer."""
         with self._lock:
@@ -370,8 +411,9 @@ class RolloutContext:
 
     def complete(self, status: str = "completed", error: str | None = None) -> RolloutState:
         """Send the buffered tool calls, then end the rollout; returns the coordinator's record."""
-        self.outcome = self.client().close(self.take_tool_calls(), self._completion(status, error),
-                                           self.take_model_calls())
+        with self._send_lock:  # after a send of tool calls in flight on another thread
+            self.outcome = self.client().close(self.take_tool_calls(), self._completion(status, error),
+                                               self.take_model_calls())
         return self.outcome
 
     async def acomplete(self, status: str = "completed", error: str | None = None) -> RolloutState:

@@ -10,6 +10,14 @@ outside one. It can also be passed explicitly:
 ``graph.invoke(inputs, config={"callbacks": [MtrlCallbackHandler()]})`` (a call
 seen by both is recorded once).
 
+Each call is sent to the coordinator as it ends (``RolloutContext.send_tool_calls``),
+not held to the rollout's end: a rollout cancelled, timed out or interrupted
+mid-way keeps every call it completed, and the run's progress line counts
+them as they happen. A call whose tool raised waits for the ``ToolMessage``
+text the model read in its place (tool errors, below), so it is sent with
+it and in the order the calls ended; at the latest it goes when the next
+model call starts.
+
 Model calls need no handler: ``ChatOpenAI`` talks through an ``openai``
 client, which the ``rollout`` decorator redirects to the coordinator with
 the rollout's id and token, so one compiled graph and one model object
@@ -84,7 +92,8 @@ class MtrlCallbackHandler(BaseCallbackHandler):
         if ctx is None:
             return
         result, error = _output(output)
-        ctx.tool_finished(("langchain", run_id), result=result, error=error)
+        if ctx.tool_finished(("langchain", run_id), result=result, error=error):
+            ctx.send_tool_calls()
 
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         ctx = current_rollout()
@@ -100,9 +109,22 @@ class MtrlCallbackHandler(BaseCallbackHandler):
         waiting = ctx.failed_calls_without_result
         if not waiting:
             return
+        filled = False
         for message in _tool_messages(outputs):
             if message.tool_call_id in waiting:
-                ctx.fill_tool_result(message.tool_call_id, _text(message.content))
+                filled = ctx.fill_tool_result(message.tool_call_id, _text(message.content)) or filled
+        if filled:
+            ctx.send_tool_calls()
+
+    def on_chat_model_start(self, serialized: dict[str, Any], messages: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        """A model call: send any failed call still waiting for its result without one (none will come now)."""
+        ctx = current_rollout()
+        if ctx is not None:
+            ctx.send_tool_calls(waiting_too=True)
+
+    def on_llm_start(self, serialized: dict[str, Any], prompts: list[str], *, run_id: UUID, **kwargs: Any) -> None:
+        """A completion model's call: as :meth:`on_chat_model_start`."""
+        self.on_chat_model_start(serialized, prompts, run_id=run_id, **kwargs)
 
 
 _HANDLER: ContextVar[MtrlCallbackHandler | None] = ContextVar(

@@ -1,0 +1,211 @@
+"""LangGraph tool calls reach the coordinator as each one ends, so a rollout stopped mid-way keeps them.
+
+A real ReAct agent (``create_react_agent`` over a ``ToolNode``, as LangGraph's
+docs build one) against the served scripted policy: the model calls
+``lookup``, then ``add``, then ``wait``, a tool that blocks until the test
+lets it go (then returns, raises, or raises ``KeyboardInterrupt``, what
+Ctrl-C delivers). While the agent is blocked in ``wait`` the two calls it
+completed are already in the store and in the coordinator's ``tool_calls``
+counter (the run's progress line); however the rollout then ends (the agent
+raises, its task is cancelled as a run's stop or deadline cancels it, Ctrl-C),
+both stay, each on the turn that asked for it, and nothing is flagged
+unrecorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import warnings
+from typing import Any
+
+import pytest
+
+from _adapter_support import OFFSET, add, key_of, lookup, specs, tasks, value_of
+from mtrl_adapters import rollout, rollout_scope
+from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
+from mtrl_runtime.types import RolloutStatus, RunStopped
+
+pytest.importorskip("langgraph")
+from langchain_core.tools import tool  # noqa: E402
+from langchain_openai import ChatOpenAI  # noqa: E402
+from langgraph.prebuilt import ToolNode  # noqa: E402
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # create_react_agent moved to langchain.agents in LangGraph 1.0
+    from langgraph.prebuilt import create_react_agent  # noqa: E402
+
+_WAIT_S = 20.0  # the longest the test waits for a state it expects
+
+
+def _policy(request: Any, prompt: str) -> ScriptedReply | str:
+    """lookup(key), then add(value, OFFSET), then wait(key), then an answer: four turns."""
+    key = key_of(prompt)
+    if request.turn_index == 0:
+        return ScriptedReply.tool_call("lookup", {"key": key})
+    if request.turn_index == 1:
+        return ScriptedReply.tool_call("add", {"a": value_of(key), "b": OFFSET})
+    if request.turn_index == 2:
+        return ScriptedReply.tool_call("wait", {"key": key})
+    return f"Done with {key}."
+
+
+class _Gate:
+    """The ``wait`` tool: says it was entered, blocks until released, then ends as the test said."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self._released = threading.Event()
+        self._ending: BaseException | None = None
+
+    def release(self, ending: BaseException | None = None) -> None:
+        self._ending = ending
+        self._released.set()
+
+    def wait(self, key: str) -> str:
+        """Wait for the key's turn."""
+        self.entered.set()
+        if not self._released.wait(_WAIT_S):
+            raise TimeoutError("the test never released the wait tool")
+        if self._ending is not None:
+            raise self._ending
+        return f"{key} waited"
+
+
+def _graph(gate: _Gate) -> Any:
+    llm = ChatOpenAI(model="gpt-4o-mini", api_key="sk-user-real-key", base_url="https://api.openai.com/v1",
+                     max_retries=0)
+    tools = ToolNode([tool(lookup), tool(add), tool(gate.wait)], handle_tool_errors=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return create_react_agent(llm, tools)
+
+
+def _stored_calls(handle: Any, rollout_id: str) -> list[Any]:
+    return list(handle.store.get_rollout(rollout_id).tool_calls)
+
+
+def _poll(read: Any, want: Any) -> Any:
+    """``read()`` once it equals ``want``, or its last value after ``_WAIT_S`` seconds."""
+    deadline = time.monotonic() + _WAIT_S
+    value = read()
+    while value != want and time.monotonic() < deadline:
+        time.sleep(0.02)
+        value = read()
+    return value
+
+
+def _check_completed_two(rollout: Any, key: str) -> None:
+    """lookup on turn 0 and add on turn 1, in that order, their results and the turns' call ids kept."""
+    lookup_call, add_call = rollout.tool_calls[:2]
+    assert (lookup_call.name, lookup_call.arguments, str(lookup_call.result)) == ("lookup", {"key": key},
+                                                                                   str(value_of(key)))
+    assert (add_call.name, add_call.arguments, str(add_call.result)) == (
+        "add", {"a": value_of(key), "b": OFFSET}, str(value_of(key) + OFFSET))
+    assert [c.turn_index for c in rollout.tool_calls[:2]] == [0, 1]
+    assert [c.call_id for c in rollout.tool_calls[:2]] == [rollout.turns[i].tool_calls[0]["id"] for i in (0, 1)]
+    assert all(c.status == "success" for c in rollout.tool_calls[:2])
+    assert "tool_calls_unrecorded" not in rollout.metrics, rollout.metrics
+
+
+def _end_on_server(handle: Any, rollout_id: str, event: Any) -> bool:
+    """Feed an end event to the served coordinator, on its own loop (what a stopping run's dispatcher does)."""
+    return asyncio.run_coroutine_threadsafe(handle.coordinator.end(rollout_id, event), handle.loop).result(_WAIT_S)
+
+
+async def test_tool_calls_are_stored_as_they_end_and_kept_when_the_agent_raises(served, tiny_tok):
+    """(b) both completed calls are counted and stored while the agent is blocked in its third tool; (a) the
+    third tool's exception fails the rollout, and both are kept, with the third recorded failed."""
+    handle = served(ScriptedEngine(tiny_tok, _policy))
+    gate = _Gate()
+    graph = _graph(gate)
+    [spec] = specs(handle, tasks(1))
+    key = key_of(spec.task.prompt)
+    counted_before = handle.coordinator.counters["tool_calls"]
+
+    @rollout
+    async def run(task):
+        await graph.ainvoke({"messages": [("user", task.prompt)]})
+
+    async def one() -> None:
+        with rollout_scope(spec):
+            await run(spec.task)
+
+    running = asyncio.create_task(one())
+    try:
+        assert await asyncio.to_thread(gate.entered.wait, _WAIT_S), "the agent never reached its third tool"
+        names = await asyncio.to_thread(_poll, lambda: [c.name for c in _stored_calls(handle, spec.rollout_id)],
+                                        ["lookup", "add"])
+        assert names == ["lookup", "add"]  # stored while the agent is still inside `wait`
+        assert handle.coordinator.counters["tool_calls"] - counted_before == 2  # what the progress line shows
+        assert handle.store.get_rollout(spec.rollout_id, with_turns=False).status is RolloutStatus.RUNNING
+    finally:
+        gate.release(RuntimeError("the wait tool broke"))
+    with pytest.raises(RuntimeError, match="the wait tool broke"):
+        await running
+    stored = handle.store.get_rollout(spec.rollout_id)
+    assert stored.status is RolloutStatus.FAILED and "the wait tool broke" in stored.error
+    _check_completed_two(stored, key)
+    [third] = stored.tool_calls[2:]
+    assert (third.name, third.turn_index, third.status) == ("wait", 2, "error")
+    assert "RuntimeError: the wait tool broke" in third.error
+    assert handle.coordinator.counters["tool_calls"] - counted_before == 3
+
+
+async def test_a_rollout_cancelled_in_its_third_tool_keeps_the_two_before(served, tiny_tok, caplog):
+    """The run stops (its dispatcher cancels the agent's task, then ends the rollout ``interrupted``) while the
+    agent is inside its third tool: the two calls it completed are kept, and nothing is called unrecorded."""
+    handle = served(ScriptedEngine(tiny_tok, _policy))
+    gate = _Gate()
+    graph = _graph(gate)
+    [spec] = specs(handle, tasks(1))
+
+    @rollout
+    async def run(task):
+        await graph.ainvoke({"messages": [("user", task.prompt)]})
+
+    async def one() -> None:
+        with rollout_scope(spec):
+            await run(spec.task)
+
+    running = asyncio.create_task(one())
+    try:
+        assert await asyncio.to_thread(gate.entered.wait, _WAIT_S), "the agent never reached its third tool"
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+    finally:
+        gate.release()  # the tool's thread ends on its own; its result goes nowhere
+    with caplog.at_level(logging.WARNING, logger="mtrl.coordinator"):
+        assert _end_on_server(handle, spec.rollout_id, RunStopped())
+    stored = handle.store.get_rollout(spec.rollout_id)
+    assert stored.status is RolloutStatus.INTERRUPTED
+    assert [c.name for c in stored.tool_calls] == ["lookup", "add"]
+    _check_completed_two(stored, key_of(spec.task.prompt))
+    assert "unrecorded" not in caplog.text
+
+
+def test_ctrl_c_in_a_sync_agents_third_tool_keeps_the_two_before(served, tiny_tok):
+    """Ctrl-C (``KeyboardInterrupt``) inside the third tool of a sync ``invoke``: the decorator reports no end
+    (a ``KeyboardInterrupt`` is not the agent's failure); the run ends the rollout ``interrupted`` and the two
+    calls the agent completed are in the store."""
+    handle = served(ScriptedEngine(tiny_tok, _policy))
+    gate = _Gate()
+    gate.release(KeyboardInterrupt())  # the tool is interrupted as soon as it is entered
+    graph = _graph(gate)
+    [spec] = specs(handle, tasks(1))
+
+    @rollout
+    def run(task):
+        graph.invoke({"messages": [("user", task.prompt)]})
+
+    with rollout_scope(spec), pytest.raises(KeyboardInterrupt):
+        run(spec.task)
+    assert gate.entered.is_set()
+    assert _end_on_server(handle, spec.rollout_id, RunStopped("cancelled: Ctrl-C"))
+    stored = handle.store.get_rollout(spec.rollout_id)
+    assert stored.status is RolloutStatus.INTERRUPTED
+    assert [c.name for c in stored.tool_calls] == ["lookup", "add"]
+    _check_completed_two(stored, key_of(spec.task.prompt))
