@@ -9,12 +9,15 @@ completed are already in the store and in the coordinator's ``tool_calls``
 counter (the run's progress line); however the rollout then ends (the agent
 raises, its task is cancelled as a run's stop or deadline cancels it, Ctrl-C),
 both stay, each on the turn that asked for it, and nothing is flagged
-unrecorded.
+unrecorded. Calls an adapter still holds until the rollout's end (the
+last test) are lost with an end its agent never reported, and the warning
+says so rather than blaming the agent's callbacks or hooks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -23,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from _adapter_support import OFFSET, add, key_of, lookup, specs, tasks, value_of
-from mtrl_adapters import rollout, rollout_scope
+from _adapter_support import OFFSET, TOOLS, add, key_of, lookup, policy, specs, tasks, value_of
+from mtrl_adapters import record_tool_call, rollout, rollout_scope
 from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
 from mtrl_runtime.types import RolloutStatus, RunStopped
 
@@ -209,3 +212,36 @@ def test_ctrl_c_in_a_sync_agents_third_tool_keeps_the_two_before(served, tiny_to
     assert stored.status is RolloutStatus.INTERRUPTED
     assert [c.name for c in stored.tool_calls] == ["lookup", "add"]
     _check_completed_two(stored, key_of(spec.task.prompt))
+
+
+def test_calls_lost_with_an_end_the_agent_never_reported_are_flagged_with_that_cause(served, tiny_tok, caplog):
+    """Adapters that still send a rollout's calls with its end (here ``record_tool_call`` in a plain OpenAI tool
+    loop) lose them when the run stops the rollout first: flagged ``tool_calls_unrecorded`` as before, and the
+    warning names that cause, not missing hooks or callbacks."""
+    import openai
+
+    handle = served(ScriptedEngine(tiny_tok, policy))
+    [spec] = specs(handle, tasks(1))
+
+    @rollout
+    def run(task):
+        client = openai.OpenAI(api_key="sk-user-real-key", base_url="https://api.openai.com/v1", max_retries=0)
+        messages = [{"role": "user", "content": task.prompt}]
+        first = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS).choices[0].message
+        [call] = first.tool_calls
+        args = json.loads(call.function.arguments)
+        record_tool_call("lookup", args, result=lookup(**args), call_id=call.id)  # held until the rollout's end
+        messages += [first.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": str(lookup(**args))}]
+        client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)  # the model read the result
+        raise KeyboardInterrupt  # Ctrl-C before the agent runs `add`
+
+    with rollout_scope(spec), pytest.raises(KeyboardInterrupt):
+        run(spec.task)
+    with caplog.at_level(logging.WARNING, logger="mtrl.coordinator"):
+        assert _end_on_server(handle, spec.rollout_id, RunStopped("cancelled: Ctrl-C"))
+    stored = handle.store.get_rollout(spec.rollout_id)
+    assert stored.tool_calls == () and stored.metrics["tool_calls_unrecorded"] == 1.0
+    [warning] = [r.getMessage() for r in caplog.records if "tool call(s) unrecorded" in r.getMessage()]
+    assert "ended before its agent reported its end" in warning, warning
+    assert "agent_factory" not in warning and "pass mtrl_adapters.langgraph's callbacks" not in warning

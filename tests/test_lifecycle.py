@@ -83,6 +83,18 @@ def test_an_end_that_awaits_the_reward_waits_for_it_or_for_the_executor():
     assert rewarded_first.decide(AgentEnded(COMPLETED, awaits_reward=True)).status is COMPLETED
 
 
+def test_an_ending_says_whether_the_agents_side_reported_it():
+    """Only an ``AgentEnded`` (at once, or waiting for its reward or its executor) is the agent's own end, which
+    its adapter's buffered reports came with; the other ends came without the agent's word."""
+    assert RolloutLife().decide(AgentEnded(COMPLETED)).by_agent
+    for second in (RewardReported(), ExecutorEnded(FAILED, "boom")):
+        waiting = RolloutLife()
+        waiting.decide(AgentEnded(COMPLETED, awaits_reward=True))
+        assert waiting.decide(second).by_agent
+    for event in (ExecutorEnded(FAILED, "boom"), DeadlinePassed(1.0), RunStopped()):
+        assert not RolloutLife().decide(event).by_agent
+
+
 def test_an_unknown_event_is_refused():
     with pytest.raises(TypeError, match="expected a rollout event"):
         RolloutLife().decide("done")  # type: ignore[arg-type]

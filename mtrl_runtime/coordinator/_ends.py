@@ -32,6 +32,13 @@ UNRECORDED_TOOLS_FIX = (
     "your own tool loop: mtrl_adapters.record_tool_call(...); an agent on another host: post them to "
     "/rollouts/{id}/tool_calls"
 )
+UNSENT_TOOLS_CAUSE = (
+    "the rollout ended before its agent reported its end (the run stopped, its deadline passed, the agent was "
+    "cancelled or interrupted, or its process died), so the tool calls its adapter had not sent yet were lost: "
+    "Strands' hooks, the OpenAI Agents SDK's MtrlRunHooks and record_tool_call send a rollout's calls with its end "
+    "(LangGraph's callbacks send each call as it ends); an agent whose rollouts are flagged when they end "
+    "normally captures no tool calls, and the fix for that is logged with the first such rollout"
+)
 
 
 class RolloutEnds:
@@ -46,7 +53,8 @@ class RolloutEnds:
         self.counters = counters
         self.default_reward = default_reward
         self.trips = trips  # advanced.tripwires: a tripped rollout is flagged, its reward zeroed or kept
-        self._warned_unrecorded = False  # the fix is logged once per run; every rollout is flagged
+        self._warned_unrecorded: set[bool] = set()  # each cause (by the agent's end or not) logged once per run;
+        # every rollout is flagged
         self._writing: dict[str, asyncio.Task] = {}  # rollouts decided whose end is still being written
 
     async def observe(self, rollout_id: str, event: RolloutEvent) -> bool:
@@ -104,9 +112,10 @@ class RolloutEnds:
         if unrecorded:  # never silent: flagged on the rollout, counted, and said once where the user looks
             metrics["tool_calls_unrecorded"] = float(unrecorded)
             self.counters.tool_calls_unrecorded += unrecorded
-            if not self._warned_unrecorded:
-                self._warned_unrecorded = True
-                _log.warning("rollout %s: %d tool call(s) unrecorded; %s", rollout_id, unrecorded, UNRECORDED_TOOLS_FIX)
+            if ending.by_agent not in self._warned_unrecorded:  # the agent's end carried its adapter's reports
+                self._warned_unrecorded.add(ending.by_agent)
+                _log.warning("rollout %s: %d tool call(s) unrecorded; %s", rollout_id, unrecorded,
+                             UNRECORDED_TOOLS_FIX if ending.by_agent else UNSENT_TOOLS_CAUSE)
         refused = live.refused_tool_calls
         if refused:  # the model called a tool its request did not declare; the agent refused it (no tool ran)
             metrics["tool_calls_undeclared"] = float(refused)
@@ -159,4 +168,4 @@ class RolloutEnds:
         await self.store.aset_reward(rollout_id, 0.0 if turns is None else None, turns, merged, defaulted=False)
 
 
-__all__ = ["UNRECORDED_TOOLS_FIX", "RolloutEnds"]
+__all__ = ["UNRECORDED_TOOLS_FIX", "UNSENT_TOOLS_CAUSE", "RolloutEnds"]

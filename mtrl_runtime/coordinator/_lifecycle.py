@@ -29,8 +29,9 @@ only :class:`RolloutLife` turns events into the end:
 The first event that ends the rollout wins; later ones change nothing
 (``decide`` returns None). The :class:`Ending` says the status, the error,
 whether the configured default reward must be given (the agent never
-reported one: flagged ``reward_defaulted``) and the flags to add to the
-rollout's metrics. Pure: no I/O, no clock, so every rule is tested alone.
+reported one: flagged ``reward_defaulted``), the flags to add to the
+rollout's metrics, and whether the agent's side reported the end (an
+``AgentEnded`` decided it: what its adapter held was sent with it). Pure: no I/O, no clock, so every rule is tested alone.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class Ending:
     error: str | None
     default_reward: bool
     flags: Mapping[str, float] = field(default_factory=dict)
+    by_agent: bool = False  # the agent's side reported this end (AgentEnded), so its adapter's reports came first
 
 
 def abandoned_error(ttl_s: float) -> str:
@@ -87,7 +89,7 @@ class RolloutLife:
             self.rewarded = True
             if self.pending is None or self._awaits_failure_text:
                 return None
-            return self._end(self.pending.status, self.pending.error)
+            return self._end(self.pending.status, self.pending.error, by_agent=True)
         if isinstance(event, TurnLimitHit):
             self.hit_turn_limit = True
             return None
@@ -95,14 +97,14 @@ class RolloutLife:
             if event.awaits_reward and not self.rewarded:
                 self.pending = event
                 return None
-            return self._end(event.status, event.error)
+            return self._end(event.status, event.error, by_agent=True)
         if isinstance(event, ExecutorEnded):
             if self.pending is not None:  # the agent's own word on its end stands; the executor's error explains a failure
                 status = self.pending.status
                 error = self.pending.error or (event.error if status is not RolloutStatus.COMPLETED else None)
                 if status is RolloutStatus.FAILED and not error:
                     error = "the agent reported a failure without an error text, and its executor's answer held none"
-                return self._end(status, error)
+                return self._end(status, error, by_agent=True)
             status = event.status if event.status.is_final else RolloutStatus.FAILED
             return self._end(status, event.error)
         if isinstance(event, DeadlinePassed):
@@ -127,11 +129,12 @@ class RolloutLife:
         """The status an agent asked to end with while its reward is still to come (SageMaker compat)."""
         return self.pending.status if self.pending is not None and self.ended is None else None
 
-    def _end(self, status: RolloutStatus, error: str | None, flags: Mapping[str, float] | None = None) -> Ending:
+    def _end(self, status: RolloutStatus, error: str | None, flags: Mapping[str, float] | None = None, *,
+             by_agent: bool = False) -> Ending:
         if not status.is_final:
             raise ValueError(f"status: a rollout cannot end as {status.value!r}")
         flags = {**(flags or {}), **({"hit_turn_limit": 1.0} if self.hit_turn_limit else {})}
-        self.ended = Ending(status, error, default_reward=not self.rewarded, flags=flags)
+        self.ended = Ending(status, error, default_reward=not self.rewarded, flags=flags, by_agent=by_agent)
         return self.ended
 
 
