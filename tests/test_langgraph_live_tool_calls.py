@@ -118,15 +118,11 @@ def _end_on_server(handle: Any, rollout_id: str, event: Any) -> bool:
     return asyncio.run_coroutine_threadsafe(handle.coordinator.end(rollout_id, event), handle.loop).result(_WAIT_S)
 
 
-async def test_tool_calls_are_stored_as_they_end_and_kept_when_the_agent_raises(served, tiny_tok):
-    """(b) both completed calls are counted and stored while the agent is blocked in its third tool; (a) the
-    third tool's exception fails the rollout, and both are kept, with the third recorded failed."""
-    handle = served(ScriptedEngine(tiny_tok, _policy))
-    gate = _Gate()
+async def _agent_in_its_third_tool(handle: Any, gate: _Gate) -> tuple[Any, asyncio.Task]:
+    """One rollout of an async agent (``ainvoke``), started on this loop and now blocked inside ``wait``: its spec
+    and its task."""
     graph = _graph(gate)
     [spec] = specs(handle, tasks(1))
-    key = key_of(spec.task.prompt)
-    counted_before = handle.coordinator.counters["tool_calls"]
 
     @rollout
     async def run(task):
@@ -137,8 +133,21 @@ async def test_tool_calls_are_stored_as_they_end_and_kept_when_the_agent_raises(
             await run(spec.task)
 
     running = asyncio.create_task(one())
+    if not await asyncio.to_thread(gate.entered.wait, _WAIT_S):
+        gate.release()
+        raise AssertionError("the agent never reached its third tool")
+    return spec, running
+
+
+async def test_tool_calls_are_stored_as_they_end_and_kept_when_the_agent_raises(served, tiny_tok):
+    """(b) both completed calls are counted and stored while the agent is blocked in its third tool; (a) the
+    third tool's exception fails the rollout, and both are kept, with the third recorded failed."""
+    handle = served(ScriptedEngine(tiny_tok, _policy))
+    gate = _Gate()
+    counted_before = handle.coordinator.counters["tool_calls"]
+    spec, running = await _agent_in_its_third_tool(handle, gate)
+    key = key_of(spec.task.prompt)
     try:
-        assert await asyncio.to_thread(gate.entered.wait, _WAIT_S), "the agent never reached its third tool"
         names = await asyncio.to_thread(_poll, lambda: [c.name for c in _stored_calls(handle, spec.rollout_id)],
                                         ["lookup", "add"])
         assert names == ["lookup", "add"]  # stored while the agent is still inside `wait`
@@ -162,20 +171,10 @@ async def test_a_rollout_cancelled_in_its_third_tool_keeps_the_two_before(served
     agent is inside its third tool: the two calls it completed are kept, and nothing is called unrecorded."""
     handle = served(ScriptedEngine(tiny_tok, _policy))
     gate = _Gate()
-    graph = _graph(gate)
-    [spec] = specs(handle, tasks(1))
-
-    @rollout
-    async def run(task):
-        await graph.ainvoke({"messages": [("user", task.prompt)]})
-
-    async def one() -> None:
-        with rollout_scope(spec):
-            await run(spec.task)
-
-    running = asyncio.create_task(one())
+    spec, running = await _agent_in_its_third_tool(handle, gate)
     try:
-        assert await asyncio.to_thread(gate.entered.wait, _WAIT_S), "the agent never reached its third tool"
+        # sent as they ended (a send still in flight at the stop's instant is refused once the rollout has ended)
+        await asyncio.to_thread(_poll, lambda: len(_stored_calls(handle, spec.rollout_id)), 2)
         running.cancel()
         with pytest.raises(asyncio.CancelledError):
             await running
@@ -245,3 +244,36 @@ def test_calls_lost_with_an_end_the_agent_never_reported_are_flagged_with_that_c
     [warning] = [r.getMessage() for r in caplog.records if "tool call(s) unrecorded" in r.getMessage()]
     assert "ended before its agent reported its end" in warning, warning
     assert "agent_factory" not in warning and "pass mtrl_adapters.langgraph's callbacks" not in warning
+
+
+def test_a_failed_call_waiting_for_its_text_holds_the_calls_after_it_in_order(served, tiny_tok):
+    """``send_tool_calls`` sends the calls up to a failed one still waiting for the text the model read; once it
+    has it, that call and the ones after go, in the order they ended; ``waiting_too`` sends one that never got it."""
+    from mtrl_adapters import RolloutContext
+
+    handle = served(ScriptedEngine(tiny_tok, _policy))
+    [spec] = specs(handle, tasks(1))
+    ctx = RolloutContext.from_spec(spec)
+
+    def stored() -> list[tuple[str, Any, str]]:
+        return [(c.name, c.result, c.status) for c in _stored_calls(handle, spec.rollout_id)]
+
+    def run(name: str, error: str | None = None, call_id: str | None = None) -> None:
+        ctx.tool_started(("test", name), name, {}, call_id)
+        ctx.tool_finished(("test", name), result=None if error else f"{name} ok", error=error)
+        ctx.send_tool_calls()
+
+    run("first")
+    run("broken", error="KeyError: 'x'", call_id="c-broken")
+    run("after")
+    assert stored() == [("first", "first ok", "success")]
+    assert ctx.fill_tool_result("c-broken", "Error: KeyError('x')")
+    ctx.send_tool_calls()
+    assert stored() == [("first", "first ok", "success"), ("broken", "Error: KeyError('x')", "error"),
+                        ("after", "after ok", "success")]
+    run("unanswered", error="ValueError: y", call_id="c-unanswered")
+    run("last")
+    assert len(stored()) == 3
+    ctx.send_tool_calls(waiting_too=True)  # a model call started: no text will come for it
+    assert stored()[3:] == [("unanswered", None, "error"), ("last", "last ok", "success")]
+    assert ctx.take_tool_calls() == [] and not ctx.fill_tool_result("c-unanswered", "late")
