@@ -29,6 +29,7 @@ import pytest
 from _adapter_support import OFFSET, TOOLS, add, key_of, lookup, policy, specs, tasks, value_of
 from mtrl_adapters import record_tool_call, rollout, rollout_scope
 from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
+from mtrl_runtime.rollouts import Heartbeat, RolloutTally
 from mtrl_runtime.types import RolloutStatus, RunStopped
 
 pytest.importorskip("langgraph")
@@ -145,13 +146,16 @@ async def test_tool_calls_are_stored_as_they_end_and_kept_when_the_agent_raises(
     handle = served(ScriptedEngine(tiny_tok, _policy))
     gate = _Gate()
     counted_before = handle.coordinator.counters["tool_calls"]
+    beat = Heartbeat(RolloutTally(), handle.coordinator.counters, print)
+    beat.mark("step 1/1")
     spec, running = await _agent_in_its_third_tool(handle, gate)
     key = key_of(spec.task.prompt)
     try:
         names = await asyncio.to_thread(_poll, lambda: [c.name for c in _stored_calls(handle, spec.rollout_id)],
                                         ["lookup", "add"])
         assert names == ["lookup", "add"]  # stored while the agent is still inside `wait`
-        assert handle.coordinator.counters["tool_calls"] - counted_before == 2  # what the progress line shows
+        assert handle.coordinator.counters["tool_calls"] - counted_before == 2
+        assert "turns 3, tool calls 2, errors 0" in beat.line()  # the run's progress line, mid-rollout
         assert handle.store.get_rollout(spec.rollout_id, with_turns=False).status is RolloutStatus.RUNNING
     finally:
         gate.release(RuntimeError("the wait tool broke"))
