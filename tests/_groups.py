@@ -13,6 +13,11 @@ worker; a test in no group may run on any worker.
   servers listen on the same fixed port share one group.
 - ``EXTRAS`` (``tests/test_extras.py``): its resolutions against PyPI run
   at once in one module fixture, so its tests stay on the worker that ran it.
+- ``one_worker(module)``: a module whose module-scoped fixtures cost seconds
+  of CPU to build (a trained run, a served coordinator and its parsed
+  OpenAPI schema, a converted tokenizer, a migrated MLflow store). Dealt one
+  by one, its tests reached every worker, and each worker built them again;
+  as one group they are built once.
 """
 
 from __future__ import annotations
@@ -23,3 +28,8 @@ PROCESSES = "processes"
 EXTRAS = "extras"
 
 processes = pytest.mark.xdist_group(PROCESSES)
+
+
+def one_worker(module: str) -> pytest.MarkDecorator:
+    """The ``xdist_group`` of a module whose tests share fixtures that are costly to build (module docstring)."""
+    return pytest.mark.xdist_group(f"module-{module}")

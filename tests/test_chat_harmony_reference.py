@@ -32,9 +32,12 @@ import pytest
 
 harmony = pytest.importorskip("openai_harmony", reason="openai-harmony is in the dev extra")
 
+from _groups import one_worker  # noqa: E402
 from mtrl_runtime.chat import ChatRenderer, ReplyText, normalize_messages, normalize_tools  # noqa: E402
 from mtrl_runtime.chat.formats import HARMONY, detect_format  # noqa: E402
 from mtrl_runtime.testing_formats import answer_text, call_text  # noqa: E402
+
+pytestmark = one_worker(__name__)  # the o200k vocabulary, openai-harmony's encoding and the tokenizer, built once
 
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"  # what openai-harmony checks
 # o200k_base's pre-tokenizer pattern, as openai-harmony (and tiktoken) define it
