@@ -23,6 +23,7 @@ import pytest
 import torch
 import yaml
 
+from _groups import one_worker
 from mtrl_runtime.algorithms import LOSSES, LossParams
 from mtrl_runtime.algorithms.samples import build_samples
 from mtrl_runtime.cli import main
@@ -42,6 +43,8 @@ from mtrl_runtime.warmstart import (
     Conversation, SftSettings, conversation_demonstrations, conversation_renderer, importer, render_conversation,
     select_rollouts, sft, store_demonstrations,
 )
+
+pytestmark = one_worker(__name__)  # the collected rollouts and the trained SFT run, built once
 
 LOOKUP = {"type": "function", "function": {
     "name": "lookup", "description": "The value stored under a key.",

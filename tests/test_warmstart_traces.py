@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import pytest
 
+from _groups import one_worker
 from mtrl_runtime.algorithms.samples import build_samples
 from mtrl_runtime.chat import CHAT_TEMPLATE_META, normalize_messages
 from mtrl_runtime.config import MtrlConfig
@@ -36,6 +37,8 @@ from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.tracking import Tracker
 from mtrl_runtime.types import RolloutStatus, Task
 from mtrl_runtime.warmstart import importer, render_conversation
+
+pytestmark = one_worker(__name__)  # the migrated MLflow store, built once
 
 LOOKUP = {"type": "function", "function": {
     "name": "lookup", "description": "The value stored under a key.",
