@@ -25,12 +25,15 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import response_schema_conformance, status_code_conformance
 
+from _groups import one_worker
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.coordinator import Coordinator
 from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
 from mtrl_runtime.server import create_app, start_server
 from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.types import Task
+
+pytestmark = one_worker(__name__)  # the served coordinator and its parsed OpenAPI schema, built once
 
 MAX_EXAMPLES = 20  # per operation and mode: 22 operations x positive, 18 POSTs x negative
 SEED = 20260101
