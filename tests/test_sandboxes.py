@@ -313,7 +313,8 @@ async def test_close_leaves_nothing_behind(provider, served, tiny_tok):
     assert (folder / "run" / "coord.sock").exists() and processes_with(tag)
     await box.close()
     await box.close()  # once
-    assert (await running).timed_out is False or True  # it ended (killed by close), whatever it reports
+    result = await asyncio.wait_for(running, 15)  # killed by close, not left running to its 60 s timeout
+    assert not result.timed_out and result.exit_code != 0, result
     assert not folder.exists()
     assert await gone(lambda: processes_with(tag))
     assert provider.open_count == 0 and list(provider.root.iterdir()) == []

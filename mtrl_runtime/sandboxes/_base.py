@@ -58,6 +58,7 @@ class BaseSandbox(abc.ABC):
         self._on_event = on_event or (lambda *a, **k: None)
         self._relay: CoordinatorRelay | None = None
         self._started: list[StartedProcess] = []
+        self._running: set[asyncio.subprocess.Process] = set()  # run()/read_file commands not ended yet: close kills them
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
         self.commands = 0  # how many commands ran (file operations included)
@@ -155,8 +156,12 @@ class BaseSandbox(abc.ABC):
         data = stdin.encode() if isinstance(stdin, str) else stdin
         started = time.monotonic()
         argv, proc = await self._spawn(command, env, cwd, limit, stdin=data is not None)
-        return await collect(proc, argv, cap=self.settings.output_bytes, timeout_s=limit, kill=self.kill,
-                             stdin=data, started=started)
+        self._running.add(proc)
+        try:
+            return await collect(proc, argv, cap=self.settings.output_bytes, timeout_s=limit, kill=self.kill,
+                                 stdin=data, started=started)
+        finally:
+            self._running.discard(proc)
 
     async def start(self, command: str | Sequence[str], *, env: Mapping[str, str] | None = None,
                     cwd: str | None = None) -> StartedProcess:
@@ -174,7 +179,11 @@ class BaseSandbox(abc.ABC):
     async def read_file(self, path: str) -> bytes:
         """A file's bytes; FileNotFoundError, or SandboxError when it cannot be read or exceeds ``read_bytes``."""
         _, proc = await self._spawn(["cat", "--", path], None, None, self._limit(None), stdin=False)
-        ended = await collect_raw(proc, cap=self.settings.read_bytes, timeout_s=self._limit(None), kill=self.kill)
+        self._running.add(proc)
+        try:
+            ended = await collect_raw(proc, cap=self.settings.read_bytes, timeout_s=self._limit(None), kill=self.kill)
+        finally:
+            self._running.discard(proc)
         if ended.exit_code != 0:
             reason = ended.err.kept.decode("utf-8", "replace").strip() or f"exit {ended.exit_code}"
             if "No such file" in reason:
@@ -210,7 +219,8 @@ class BaseSandbox(abc.ABC):
         return self._closed
 
     async def close(self) -> None:
-        """Kill every process, stop the relay, end the container, remove the folder; once."""
+        """Kill every process (started ones and commands still running: their ``run`` returns, killed), stop the
+        relay, end the container, remove the folder; once."""
         if self._closed:
             return
         self._closed = True
@@ -220,6 +230,9 @@ class BaseSandbox(abc.ABC):
             for started in self._started:
                 with contextlib.suppress(Exception):
                     await started.kill()
+            for proc in list(self._running):  # still in flight: killed now, not left to their timeout
+                with contextlib.suppress(Exception):
+                    await self.kill(proc)
             with contextlib.suppress(Exception):
                 await self.end()
         finally:
