@@ -451,7 +451,7 @@ class DeadlinePassed:
 class RunStopped:
     """The run stopped (was cancelled) while the rollout was running: it ends ``interrupted``."""
 
-    reason: str = "cancelled: the trainer stopped before the rollout ended"
+    reason: str = "cancelled: the run stopped before the rollout ended"
 
 
 @dataclass(frozen=True)

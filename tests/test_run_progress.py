@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -247,3 +248,90 @@ def test_a_process_started_with_ctrl_c_blocked_says_so_and_sigterm_still_reaches
                     f"stop the run with: kill -TERM {os.getpid()}"]
     assert signal.SIGTERM not in inside and signal.SIGINT in inside
     assert {signal.SIGTERM, signal.SIGINT} <= after
+
+
+# -- stopped while the hf engine generates ----------------------------------------------------------------------
+# Greedy decoding of the tiny model never samples its end token, so every call generates all of max_tokens (3500:
+# a minute and more per batch on 2 CPU cores); a stop that waited for the calls in flight would take that long.
+HF_MAX_TOKENS = 3500
+STOP_BOUND_S = 30  # from the signal to the process's end; the generations in flight would take minutes
+
+
+def _hf_inputs(tmp_path: Path, model_dir: Path) -> list[str]:
+    sampling = {"max_tokens": HF_MAX_TOKENS, "temperature": 0.0}
+    cfg = {"core": {"engine": "hf", "model": str(model_dir), "run_dir": str(tmp_path / "run"), "group_size": 2,
+                    "train_batch_size": 4, "max_turns": 2, "max_steps": 2, "lora_rank": 4, "lora_alpha": 8,
+                    "val_every": 0, "sampling_params": sampling, "val_sampling_params": sampling},
+           "advanced": {"rollout_timeout_s": 600, "checkpoint_every": 1, "precision": "fp32"}}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    rows = [{"id": f"t{i}", "prompt": f"What is the value under A1? ({i})"} for i in range(4)]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return [str(tmp_path / "cfg.yaml"), "--agent", f"{AGENT}:agent", "--dataset", str(tmp_path / "tasks.jsonl"),
+            "--no-mlflow", "--heartbeat", "0.2"]
+
+
+def _stop_while_generating(proc: subprocess.Popen, heartbeat: str, stop: int) -> tuple[str, float]:
+    """Send ``stop`` two seconds into the first turns (each of the 8 rollouts' first call generating); return the
+    whole output and the seconds from the signal to the end (killed past ``STOP_BOUND_S``: then the test fails on
+    the store and the status)."""
+    seen: list[str] = []
+    first_turns = re.compile(re.escape(f"{heartbeat}rollouts 0/8 done, turns 0, tool calls 0, errors 0 (") + r"(\d+) s\)")
+    while not (seen and (m := first_turns.fullmatch(seen[-1])) and int(m.group(1)) >= 2):
+        _read_until(proc, f"{heartbeat}rollouts 0/8 done, turns 0", seen, timeout_s=120)
+    assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before the test sent its signal"
+    sent = time.monotonic()
+    proc.send_signal(stop)
+    try:
+        rest, _ = proc.communicate(timeout=STOP_BOUND_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rest, _ = proc.communicate()
+        rest += f"\n[test: still running {STOP_BOUND_S} s after the signal: killed]"
+    took = time.monotonic() - sent
+    rest += f"\n[test: signal {stop} sent at '{seen[-1]}'; the process ended {took:.1f} s later, rc {proc.returncode}]"
+    return "\n".join(seen) + "\n" + rest, took
+
+
+def _ended_interrupted_without_turns(db: Path, out: str) -> None:
+    """Every rollout of the store at ``db`` interrupted by the stop, its call in flight not recorded (``out``: the
+    run's output, for a failure's message)."""
+    from mtrl_runtime.store import open_store
+
+    store = open_store(db)
+    try:
+        stored = store.rollouts()
+    finally:
+        store.close()
+    statuses = sorted((r.status.value, len(r.turns)) for r in stored)
+    # each one's first call was generating: cut, not waited for and recorded
+    assert statuses == [("interrupted", 0)] * 8, f"{statuses}\n{out}"
+    assert all("the run stopped" in r.error for r in stored), f"{[r.error for r in stored]}\n{out}"
+
+
+@pytest.mark.timeout(180)
+def test_mtrl_eval_stopped_while_the_hf_engine_generates_records_every_rollout_interrupted(tmp_path, tiny_model_dir):
+    # the generations in flight are cancelled, not waited for: before, the stop waited for every call to finish
+    # (78 s here; minutes for SmolLM2 with 32 rollouts), and a second signal meanwhile cut it short (below)
+    args = ["eval", *_hf_inputs(tmp_path, tiny_model_dir), "--max-tasks", "4", "--samples", "2"]
+    proc = _start(args, tmp_path)
+    out, took = _stop_while_generating(proc, "evaluation: ", signal.SIGTERM)
+    store = tmp_path / "run" / "eval" / "trajectories.db"
+    _ended_interrupted_without_turns(store, out)
+    assert proc.returncode == 130, out
+    assert took < STOP_BOUND_S, out
+    assert "terminate called" not in out, out
+    assert (f"mtrl: evaluation stopped; 8 rollouts in flight were marked interrupted in {store}; run the same "
+            "command again to evaluate anew") in out, out
+
+
+@pytest.mark.timeout(180)
+def test_mtrl_train_stopped_while_the_hf_engine_generates_records_every_rollout_interrupted(tmp_path, tiny_model_dir):
+    proc = _start(["train", *_hf_inputs(tmp_path, tiny_model_dir)], tmp_path)
+    out, took = _stop_while_generating(proc, "step 1/2: ", signal.SIGTERM)
+    store = tmp_path / "run" / "trajectories.db"
+    _ended_interrupted_without_turns(store, out)
+    assert proc.returncode == 130, out
+    assert took < STOP_BOUND_S, out
+    assert "terminate called" not in out, out
+    assert f"mtrl: stopped; 8 rollouts in flight were marked interrupted in {store}" in out, out
+    assert "mtrl: no checkpoint was written yet; start again with: mtrl train " in out, out

@@ -23,6 +23,7 @@ import shlex
 import signal
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 
@@ -90,22 +91,37 @@ def resume_command(args: argparse.Namespace) -> str:
     return shlex.join([*parts, "--resume"])
 
 
-def stopped_message(config: Any, since: float, resume: str) -> str:
-    """What a stopped ``mtrl train`` prints: the rollouts it marked interrupted and how to continue."""
+def marked_interrupted(config: Any, store_path: Path, since: float) -> tuple[int, int]:
+    """In the store at ``store_path``: the rollouts marked ``interrupted`` at or after ``since`` (a time.time()),
+    and those still ``running`` (a stop that did not finish its writes: said, never passed over)."""
     from ..store import open_store
 
+    if not store_path.is_file():
+        return 0, 0
+    store = open_store(store_path, config.core.store)
+    try:
+        marked = sum(1 for r in store.rollouts(status="interrupted", with_turns=False)
+                     if r.finished_at is not None and r.finished_at >= since)
+        return marked, len(store.rollouts(status="running", with_turns=False))
+    finally:
+        store.close()
+
+
+def marked_line(what: str, marked: int, running: int, store_path: Path) -> str:
+    """``mtrl: <what> stopped; N rollouts in flight were marked interrupted in <store>``, and the ones left
+    ``running`` named by count when there are any."""
+    line = f"mtrl: {what}stopped; {marked} rollouts in flight were marked interrupted in {store_path}"
+    if running:
+        line += f"; {running} still 'running' there: their end was not written before the process stopped"
+    return line
+
+
+def stopped_message(config: Any, since: float, resume: str) -> str:
+    """What a stopped ``mtrl train`` prints: the rollouts it marked interrupted and how to continue."""
     folder = config.run_folder
-    marked = 0
     store_path = folder.store
-    if store_path.is_file():
-        store = open_store(store_path, config.core.store)
-        try:
-            marked = sum(1 for r in store.rollouts(status="interrupted", with_turns=False)
-                         if r.finished_at is not None and r.finished_at >= since)
-        finally:
-            store.close()
     checkpoints = sorted(folder.checkpoints.glob("step-*"))
-    lines = [f"mtrl: stopped; {marked} rollouts in flight were marked interrupted in {store_path}"]
+    lines = [marked_line("", *marked_interrupted(config, store_path, since), store_path)]
     if checkpoints:
         lines.append(f"mtrl: resume from {checkpoints[-1]} with: {resume}")
     else:
@@ -113,4 +129,4 @@ def stopped_message(config: Any, since: float, resume: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["ctrl_c_note", "resume_command", "stop_on_sigterm", "stopped_message"]
+__all__ = ["ctrl_c_note", "marked_interrupted", "marked_line", "resume_command", "stop_on_sigterm", "stopped_message"]

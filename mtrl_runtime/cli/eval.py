@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 from . import check_budget, check_template
@@ -22,7 +23,7 @@ from ..run_folder import RunFolder
 from ..task_sources import SOURCE_HELP
 from ._agents import AGENT_HELP, agent_env_for, load_agent, load_strict_scorer
 from ._command import Command
-from ._stopping import stop_on_sigterm
+from ._stopping import marked_interrupted, marked_line, stop_on_sigterm
 
 
 def _common(p: argparse.ArgumentParser, deployed: bool = False) -> None:
@@ -94,13 +95,14 @@ def _eval(args: argparse.Namespace) -> int:
     )
     if args.heartbeat <= 0:
         raise SystemExit(f"mtrl eval: --heartbeat must be > 0 seconds, got {args.heartbeat}")
+    started = time.time()
     try:
         with stop_on_sigterm():
             result = evaluator.evaluate(progress=True, heartbeat_s=args.heartbeat)
     except KeyboardInterrupt:
-        print(f"mtrl: evaluation stopped; its rollouts in flight were marked interrupted in "
-              f"{RunFolder(evaluator.output_path).store}; run the same command again to evaluate anew",
-              file=sys.stderr, flush=True)
+        store = RunFolder(evaluator.output_path).store
+        print(marked_line("evaluation ", *marked_interrupted(config, store, started), store)
+              + "; run the same command again to evaluate anew", file=sys.stderr, flush=True)
         return 130
     except ConnectionError as exc:  # the reference endpoint, checked before anything ran
         print(f"mtrl eval: {exc}", file=sys.stderr, flush=True)

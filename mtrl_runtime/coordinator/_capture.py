@@ -296,7 +296,8 @@ class CallCapture:
             base_model=live.base_model,
             role=role,
         )
-        gen = await self._generate(request, self._streaming(call.stream, prefix, tools, sampling, len(plan.prompt_ids)))
+        gen = await self._generation(live, request,
+                                     self._streaming(call.stream, prefix, tools, sampling, len(plan.prompt_ids)))
         text, message, finish, malformed, reasoning_tokens = self._reply(gen, tools, sampling, prefix)
         if plan.break_reason is not None:
             self.counters.prefix_breaks[plan.break_reason] += 1
@@ -420,6 +421,26 @@ class CallCapture:
         if stream is not None:
             stream.begin(ReplyText(self.format, self.renderer, prefix, bool(tools), sampling.stop), prompt_tokens)
         return stream
+
+    async def _generation(self, live: LiveRollout, request: GenerationRequest, stream: ChatStream | None) -> Generation:
+        """``_generate`` as a task the rollout holds while it runs, so that the run's stop cancels it
+        (``LiveRollout.stop_generating``): a 409 naming the stop, no turn recorded. A cancelled caller (its
+        client went away) cancels it as before."""
+        task = asyncio.ensure_future(self._generate(request, stream))
+        live.generating = task
+        try:
+            if live.stopped:  # stopped between taking the lock and here
+                task.cancel()
+            await asyncio.wait({task})  # not ``await task``: a cancel of this call and the stop's are told apart
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            live.generating = None
+        if task.cancelled():  # only the stop cancels it while this call still waits
+            raise Conflict(f"rollout {live.rollout_id!r} was stopped (the run stopped) while this call was being "
+                           "generated; no turn was recorded", param="rollout_id")
+        return task.result()
 
     async def _generate(self, request: GenerationRequest, stream: ChatStream | None = None) -> Generation:
         try:

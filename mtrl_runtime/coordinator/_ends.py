@@ -8,6 +8,11 @@ the flags are written still ends the rollout (``failed``, naming the error)
 before it propagates, and an event that arrives while another's end is being
 written returns only once that end is in the store (the dispatcher reads the
 row next). ``settle`` waits for every write in progress (a stack closing).
+
+The write waits for the rollout's model call in flight to record its turn.
+When the run stopped (``RunStopped``), that call's generation is cancelled
+first (``LiveRollout.stop_generating``): the completion would never be read,
+and on a CPU engine it can take minutes, during which the stop looked hung.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import asyncio
 import logging
 
 from ..tripwires import TRIPWIRE_ZEROED, TripwireWatch, trip_metrics, unreported_calls
-from ..types import RolloutEvent, RolloutStatus, TrajectoryStore
+from ..types import RolloutEvent, RolloutStatus, RunStopped, TrajectoryStore
 from ._counters import CoordinatorCounters
 from ._lifecycle import Ending
 from ._live import LiveRollout, LiveRollouts
@@ -68,6 +73,8 @@ class RolloutEnds:
                 await asyncio.wait([writing])
             return False
         live, ending = decided
+        if isinstance(event, RunStopped):  # its end waits for the call in flight: that call's generation ends now
+            live.stop_generating()
         task = asyncio.ensure_future(self._write(rollout_id, live, ending))
         self._writing[rollout_id] = task
         task.add_done_callback(lambda _: self._writing.pop(rollout_id, None))

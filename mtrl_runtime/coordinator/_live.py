@@ -81,6 +81,21 @@ class LiveRollout:
     # roles (``roles``): each role's conversation extends its own turns; its segments numbered across the rollout
     role_conversations: dict[str, ConversationState] = field(default_factory=dict)
     role_segments: dict[tuple[str, int], int] = field(default_factory=dict)  # (role, its own segment) -> rollout's
+    # the generation of the model call in flight (``CallCapture._generation``), and whether the run stopped the
+    # rollout: a stopped rollout's end does not wait for a completion nobody will read (``stop_generating``)
+    generating: asyncio.Task | None = None
+    stopped: bool = False
+
+    def stop_generating(self) -> None:
+        """The run stopped this rollout: cancel its generation in flight (the engine drops the row at its next
+        step) and refuse one about to start, so its end, which waits for the call's lock, is written at once.
+
+        Either side may run on another thread than the call's loop: each sets its own field before reading
+        the other's, so one of them sees the other; the cancel runs on the generation's own loop."""
+        self.stopped = True
+        generating = self.generating
+        if generating is not None and not generating.done():
+            generating.get_loop().call_soon_threadsafe(generating.cancel)
 
     def role_segment(self, role: str, own: int) -> int:
         """The rollout's segment number of ``role``'s segment ``own``: one of its own, never another role's."""

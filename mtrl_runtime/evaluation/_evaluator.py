@@ -56,7 +56,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 
 from ..config import MtrlConfig
 from ..coordinator import ReferenceModel, check_reference
-from ..rollouts import HEARTBEAT_S, executor_kind, open_stack
+from ..rollouts import HEARTBEAT_S, executor_kind, open_stack, run_to_stop
 from ..run_folder import RunFolder
 from ..types import LoadsRoleAdapters, MixesBaseRows, Rollout, Task
 from ._base_model import base_policy
@@ -186,9 +186,9 @@ class MultiTurnRLEvaluator:
         (a live status line on a terminal).
         """
         if not progress:
-            return asyncio.run(self.aevaluate())
+            return run_to_stop(self.aevaluate())
         with EvalProgress(heartbeat_s) as display:
-            return asyncio.run(self.aevaluate(display))
+            return run_to_stop(self.aevaluate(display))
 
     async def aevaluate(self, display: EvalProgress | None = None) -> EvaluationResult:
         """``evaluate()`` for callers already inside an event loop (``display``: an EvalProgress to feed)."""

@@ -8,6 +8,8 @@
   limit and one deadline per rollout, groups formed by a group policy
   (``GROUP_POLICIES``, re-exported from ``mtrl_runtime.group_policies``);
 - ``collect_rollouts``: an agent over N tasks without training (``mtrl collect``);
+- ``run_to_stop``: ``asyncio.run`` for a blocking run, whose stop by hand a second
+  Ctrl-C does not cut short;
 - ``load_tasks`` / ``TaskSchedule``: tasks from a dataset (``task_sources``:
   JSONL, JSON, CSV, parquet, Arrow, ``datasets``), and the seeded order
   training draws them in.
@@ -21,6 +23,7 @@ from ._dispatcher import ENVIRONMENT_PROBLEM_RATE, Dispatcher, GroupResult, Step
 from ._executors import EXECUTOR_KINDS, ExecutorKind, ExecutorOptions, executor_for, executor_kind
 from ._heartbeat import HEARTBEAT_S, Heartbeat, RolloutTally
 from ._stack import RolloutStack, open_stack, store_for
+from ._stop import run_to_stop
 from ._tasks import TaskSchedule, load_tasks, task_from_row
 
 __all__ = [
@@ -50,6 +53,7 @@ __all__ = [
     "open_stack",
     "refill_group_id",
     "rollout_line",
+    "run_to_stop",
     "store_for",
     "task_from_row",
 ]

@@ -37,7 +37,7 @@ from ..engines import resolve_model
 from ..evaluation import StrictScorer, as_strict_scorer
 from ..monitor import DiagnosticsMonitor, history_from_rows
 from ..rewards import judged_rewards
-from ..rollouts import HEARTBEAT_S, RolloutStack, TaskSchedule, executor_kind, load_tasks
+from ..rollouts import HEARTBEAT_S, RolloutStack, TaskSchedule, executor_kind, load_tasks, run_to_stop
 from ..torch_support import on_own_thread
 from ..tracking import NullTracker, Tracker
 from ..types import LoadsRoleAdapters, RolloutExecutor, RunTracker, Task
@@ -125,13 +125,13 @@ class MultiTurnRLTrainer:
         ``heartbeat_s``: off a terminal, the longest silence during a step.
         """
         if not progress:
-            return asyncio.run(self.atrain(on_step))
+            return run_to_stop(self.atrain(on_step))
         with ProgressDisplay(self.config.core.max_steps, heartbeat_s=heartbeat_s) as display:
             def both(report: StepReport) -> bool | None:
                 display(report)
                 return on_step(report) if on_step is not None else None
 
-            return asyncio.run(self.atrain(both, display))
+            return run_to_stop(self.atrain(both, display))
 
     async def atrain(
         self, on_step: Callable[[StepReport], bool | None] | None = None, display: ProgressDisplay | None = None
