@@ -308,7 +308,7 @@ def _ended_interrupted_without_turns(db: Path, out: str) -> None:
     assert all("the run stopped" in r.error for r in stored), f"{[r.error for r in stored]}\n{out}"
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(420)  # wall time on a loaded machine; the run itself needs ~20 s of CPU
 def test_mtrl_eval_stopped_while_the_hf_engine_generates_records_every_rollout_interrupted(tmp_path, tiny_model_dir):
     # the generations in flight are cancelled, not waited for: before, the stop waited for every call to finish
     # (78 s here; minutes for SmolLM2 with 32 rollouts), and a second signal meanwhile cut it short (below)
@@ -324,7 +324,7 @@ def test_mtrl_eval_stopped_while_the_hf_engine_generates_records_every_rollout_i
             "command again to evaluate anew") in out, out
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(420)  # wall time on a loaded machine; the run itself needs ~20 s of CPU
 def test_mtrl_train_stopped_while_the_hf_engine_generates_records_every_rollout_interrupted(tmp_path, tiny_model_dir):
     proc = _start(["train", *_hf_inputs(tmp_path, tiny_model_dir)], tmp_path)
     out, took = _stop_while_generating(proc, "step 1/2: ", signal.SIGTERM)

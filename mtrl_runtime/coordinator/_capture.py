@@ -423,24 +423,20 @@ class CallCapture:
         return stream
 
     async def _generation(self, live: LiveRollout, request: GenerationRequest, stream: ChatStream | None) -> Generation:
-        """``_generate`` as a task the rollout holds while it runs, so that the run's stop cancels it
-        (``LiveRollout.stop_generating``): a 409 naming the stop, no turn recorded. A cancelled caller (its
-        client went away) cancels it as before."""
-        task = asyncio.ensure_future(self._generate(request, stream))
-        live.generating = task
+        """``_generate``, which the run's stop cancels (``LiveRollout.stop_generating``): a 409 naming the stop,
+        no turn recorded. No task of its own (that costs every call a loop iteration): the stop cancels this
+        call's task while it waits here, and only here."""
+        if live.stopped:  # stopped between taking the lock and here
+            raise _stopped(live)
+        live.generating = asyncio.current_task()
         try:
-            if live.stopped:  # stopped between taking the lock and here
-                task.cancel()
-            await asyncio.wait({task})  # not ``await task``: a cancel of this call and the stop's are told apart
+            return await self._generate(request, stream)
         except asyncio.CancelledError:
-            task.cancel()
-            raise
+            if not live.stopped or _cancelled_by_others():
+                raise
+            raise _stopped(live) from None
         finally:
             live.generating = None
-        if task.cancelled():  # only the stop cancels it while this call still waits
-            raise Conflict(f"rollout {live.rollout_id!r} was stopped (the run stopped) while this call was being "
-                           "generated; no turn was recorded", param="rollout_id")
-        return task.result()
 
     async def _generate(self, request: GenerationRequest, stream: ChatStream | None = None) -> Generation:
         try:
@@ -531,6 +527,20 @@ def _check_tool_choice(options: ChatOptions, tools: list) -> None:
                 f"(tools: {', '.join(map(str, names))})",
                 param="tool_choice",
             )
+
+
+
+def _stopped(live: LiveRollout) -> Conflict:
+    return Conflict(f"rollout {live.rollout_id!r} was stopped (the run stopped) while this call was being generated; "
+                    "no turn was recorded", param="rollout_id")
+
+
+def _cancelled_by_others() -> bool:
+    """After the stop's cancel was caught: whether another cancel of this task is pending too (its client went
+    away, the server shuts down), counted where the Python has ``Task.uncancel`` (3.11+); then it propagates."""
+    task = asyncio.current_task()
+    uncancel = getattr(task, "uncancel", None)
+    return uncancel is not None and uncancel() > 0
 
 
 __all__ = ["CallCapture", "ChatResult", "PolicyCall", "Respond"]

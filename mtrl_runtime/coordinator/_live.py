@@ -81,8 +81,8 @@ class LiveRollout:
     # roles (``roles``): each role's conversation extends its own turns; its segments numbered across the rollout
     role_conversations: dict[str, ConversationState] = field(default_factory=dict)
     role_segments: dict[tuple[str, int], int] = field(default_factory=dict)  # (role, its own segment) -> rollout's
-    # the generation of the model call in flight (``CallCapture._generation``), and whether the run stopped the
-    # rollout: a stopped rollout's end does not wait for a completion nobody will read (``stop_generating``)
+    # the task of the model call in flight while it awaits the engine (``CallCapture._generation``), and whether
+    # the run stopped the rollout: a stopped rollout's end does not wait for a completion nobody will read
     generating: asyncio.Task | None = None
     stopped: bool = False
 
@@ -90,12 +90,19 @@ class LiveRollout:
         """The run stopped this rollout: cancel its generation in flight (the engine drops the row at its next
         step) and refuse one about to start, so its end, which waits for the call's lock, is written at once.
 
-        Either side may run on another thread than the call's loop: each sets its own field before reading
-        the other's, so one of them sees the other; the cancel runs on the generation's own loop."""
+        ``generating`` is the call's task while it awaits the engine; the cancel runs on that task's loop and
+        only if the task still waits there (it may have moved on to record its turn meanwhile). Either side may
+        run on another thread: each sets its own field before reading the other's, so one sees the other."""
         self.stopped = True
         generating = self.generating
-        if generating is not None and not generating.done():
-            generating.get_loop().call_soon_threadsafe(generating.cancel)
+        if generating is None:
+            return
+
+        def cancel() -> None:
+            if self.generating is generating:
+                generating.cancel()
+
+        generating.get_loop().call_soon_threadsafe(cancel)
 
     def role_segment(self, role: str, own: int) -> int:
         """The rollout's segment number of ``role``'s segment ``own``: one of its own, never another role's."""
