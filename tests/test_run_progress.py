@@ -277,7 +277,7 @@ def _stop_while_generating(proc: subprocess.Popen, heartbeat: str, stop: int) ->
     seen: list[str] = []
     first_turns = re.compile(re.escape(f"{heartbeat}rollouts 0/8 done, turns 0, tool calls 0, errors 0 (") + r"(\d+) s\)")
     while not (seen and (m := first_turns.fullmatch(seen[-1])) and int(m.group(1)) >= 2):
-        _read_until(proc, f"{heartbeat}rollouts 0/8 done, turns 0", seen, timeout_s=120)
+        _read_until(proc, f"{heartbeat}rollouts 0/8 done, turns 0", seen)
     assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before the test sent its signal"
     sent = time.monotonic()
     proc.send_signal(stop)
