@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
@@ -529,7 +530,6 @@ def _check_tool_choice(options: ChatOptions, tools: list) -> None:
             )
 
 
-
 def _stopped(live: LiveRollout) -> Conflict:
     return Conflict(f"rollout {live.rollout_id!r} was stopped (the run stopped) while this call was being generated; "
                     "no turn was recorded", param="rollout_id")
@@ -537,10 +537,12 @@ def _stopped(live: LiveRollout) -> Conflict:
 
 def _cancelled_by_others() -> bool:
     """After the stop's cancel was caught: whether another cancel of this task is pending too (its client went
-    away, the server shuts down), counted where the Python has ``Task.uncancel`` (3.11+); then it propagates."""
+    away, the server shuts down); then it propagates. Python 3.10 has no ``Task.uncancel`` to count them: there
+    the stop's cancel is taken for the only one."""
     task = asyncio.current_task()
-    uncancel = getattr(task, "uncancel", None)
-    return uncancel is not None and uncancel() > 0
+    if task is None or sys.version_info < (3, 11):
+        return False
+    return task.uncancel() > 0
 
 
 __all__ = ["CallCapture", "ChatResult", "PolicyCall", "Respond"]
