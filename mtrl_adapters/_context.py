@@ -224,12 +224,16 @@ class RolloutContext:
         call_id: str | None = None,
         started_at: float | None = None,
         source: str | None = None,
+        awaits_text: bool = True,
     ) -> None:
         """Buffer one tool call; the buffer is sent when the rollout closes, or before by :meth:`send_tool_calls`.
 
         The coordinator places the call on the turn whose reply carried
         ``call_id`` (so buffering does not blur which turn it belongs to).
         ``source`` says where the tool ran (``"mcp:<server>"``; None: the agent's own tool).
+        ``awaits_text``: a failed call with no result and a ``call_id`` waits for the text the framework sends
+        the model in its place (:meth:`fill_tool_result`); False when the caller has said all there is (the
+        agent's own tool loop), so :meth:`send_tool_calls` need not hold it.
         """
         report = ToolCallReport(
             name=name,
@@ -246,7 +250,7 @@ class RolloutContext:
             self._tool_calls.append(report)
             if call_id is not None:  # a later attempt of the same call (a retry) is the one the model read
                 self._textless.discard(call_id)
-                if report.status == "error" and report.result is None:
+                if awaits_text and report.status == "error" and report.result is None:
                     self._textless.add(call_id)
 
     @property

@@ -77,13 +77,17 @@ def record_tool_call(
     the tool ran: ``"mcp:<server>"`` for a tool an MCP server served, None
     (the default) for the agent's own. Strands and LangGraph agents need not
     call this: their adapters record every tool call.
+    The call is sent to the coordinator now (``RolloutContext.send_tool_calls``), so a
+    rollout stopped mid-way keeps it; from an async agent's loop the send runs
+    in the background and never blocks it.
     Returns False outside a rollout.
     """
     ctx = current_rollout()
     if ctx is None:
         return False
     ctx.record_tool_call(name, arguments, result=result, error=error, latency_s=latency_s, call_id=call_id,
-                         source=source)
+                         source=source, awaits_text=False)
+    ctx.send_tool_calls()  # now, not at the rollout's end: a rollout stopped mid-way keeps it
     return True
 
 

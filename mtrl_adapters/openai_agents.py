@@ -17,7 +17,10 @@ the SDK's default ``failure_error_function``, turned into an error text the
 model sees: that text is the recorded result (the SDK hands hooks no error
 flag). An MCP server's ``isError`` result, which the SDK also hands hooks as
 text alone, is recorded ``error``: :func:`instrument_openai_agents_mcp` reads
-the flag where the SDK calls the server. The SDK's tracing exports to OpenAI with the user's key unless it is
+the flag where the SDK calls the server. Each call is sent to the coordinator as
+it ends (``RolloutContext.send_tool_calls``, in the background, never blocking
+the run's loop), so a rollout cancelled, timed out or interrupted mid-way
+keeps every call it completed. The SDK's tracing exports to OpenAI with the user's key unless it is
 disabled (``RunConfig(tracing_disabled=True)``); that is the SDK's own
 traffic, not a model call, and mtrl does not redirect it.
 

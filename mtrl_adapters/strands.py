@@ -11,6 +11,10 @@ status ``error``. A call Strands refuses without running a tool (a tool name
 its pattern rejects, a batch a hook cancelled) fires neither of those; the
 batch events ``BeforeToolsEvent`` / ``AfterToolsEvent`` (Strands 1.51 and
 later) record it too, as an error with Strands' refusal as its text.
+Each call is sent to the coordinator as it ends (``RolloutContext.send_tool_calls``),
+not held to the rollout's end: a rollout cancelled, timed out or interrupted
+mid-way keeps every call it completed, and the run's progress line counts
+them as they happen.
 
 Every Agent built inside a rollout gets :class:`MtrlHooks` by itself:
 :func:`instrument_strands` (the ``rollout`` decorator calls it when Strands
@@ -122,7 +126,7 @@ class MtrlHooks(HookProvider):
                 call_id=use.get("toolUseId"),
                 source=_source(event.selected_tool),
             )
-
+        ctx.send_tool_calls()
 
     def after_tools(self, event: AfterToolsEvent) -> None:
         """Record the batch's results no per-tool event saw: calls Strands refused (an invalid tool name, a
@@ -149,6 +153,8 @@ class MtrlHooks(HookProvider):
                 latency_s=0.0,
                 call_id=call_id,
             )
+        if ctx is not None:
+            ctx.send_tool_calls()
 
 
 def attach(agent: A) -> A:

@@ -9,9 +9,9 @@ completed are already in the store and in the coordinator's ``tool_calls``
 counter (the run's progress line); however the rollout then ends (the agent
 raises, its task is cancelled as a run's stop or deadline cancels it, Ctrl-C),
 both stay, each on the turn that asked for it, and nothing is flagged
-unrecorded. Calls an adapter still holds until the rollout's end (the
-last test) are lost with an end its agent never reported, and the warning
-says so rather than blaming the agent's callbacks or hooks.
+unrecorded. Calls nobody sent before an end its agent never reported (a
+tool loop that records none, stopped mid-way) are flagged, and the warning
+names that end rather than blaming the agent's callbacks or hooks.
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
-import time
 import warnings
 from typing import Any
 
 import pytest
 
-from _adapter_support import OFFSET, TOOLS, add, key_of, lookup, policy, specs, tasks, value_of
-from mtrl_adapters import record_tool_call, rollout, rollout_scope
-from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
+from _adapter_support import TOOLS, add, key_of, lookup, policy, specs, tasks
+from _live_tool_calls import Gate, check_completed_two, end_on_server, poll, stored_calls
+from _live_tool_calls import three_tools_policy as _policy
+from mtrl_adapters import rollout, rollout_scope
+from mtrl_runtime.engines import ScriptedEngine
 from mtrl_runtime.rollouts import Heartbeat, RolloutTally
 from mtrl_runtime.types import RolloutStatus, RunStopped
 
@@ -41,44 +41,8 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # create_react_agent moved to langchain.agents in LangGraph 1.0
     from langgraph.prebuilt import create_react_agent  # noqa: E402
 
-_WAIT_S = 20.0  # the longest the test waits for a state it expects
 
-
-def _policy(request: Any, prompt: str) -> ScriptedReply | str:
-    """lookup(key), then add(value, OFFSET), then wait(key), then an answer: four turns."""
-    key = key_of(prompt)
-    if request.turn_index == 0:
-        return ScriptedReply.tool_call("lookup", {"key": key})
-    if request.turn_index == 1:
-        return ScriptedReply.tool_call("add", {"a": value_of(key), "b": OFFSET})
-    if request.turn_index == 2:
-        return ScriptedReply.tool_call("wait", {"key": key})
-    return f"Done with {key}."
-
-
-class _Gate:
-    """The ``wait`` tool: says it was entered, blocks until released, then ends as the test said."""
-
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self._released = threading.Event()
-        self._ending: BaseException | None = None
-
-    def release(self, ending: BaseException | None = None) -> None:
-        self._ending = ending
-        self._released.set()
-
-    def wait(self, key: str) -> str:
-        """Wait for the key's turn."""
-        self.entered.set()
-        if not self._released.wait(_WAIT_S):
-            raise TimeoutError("the test never released the wait tool")
-        if self._ending is not None:
-            raise self._ending
-        return f"{key} waited"
-
-
-def _graph(gate: _Gate) -> Any:
+def _graph(gate: Gate) -> Any:
     llm = ChatOpenAI(model="gpt-4o-mini", api_key="sk-user-real-key", base_url="https://api.openai.com/v1",
                      max_retries=0)
     tools = ToolNode([tool(lookup), tool(add), tool(gate.wait)], handle_tool_errors=False)
@@ -87,39 +51,7 @@ def _graph(gate: _Gate) -> Any:
         return create_react_agent(llm, tools)
 
 
-def _stored_calls(handle: Any, rollout_id: str) -> list[Any]:
-    return list(handle.store.get_rollout(rollout_id).tool_calls)
-
-
-def _poll(read: Any, want: Any) -> Any:
-    """``read()`` once it equals ``want``, or its last value after ``_WAIT_S`` seconds."""
-    deadline = time.monotonic() + _WAIT_S
-    value = read()
-    while value != want and time.monotonic() < deadline:
-        time.sleep(0.02)
-        value = read()
-    return value
-
-
-def _check_completed_two(rollout: Any, key: str) -> None:
-    """lookup on turn 0 and add on turn 1, in that order, their results and the turns' call ids kept."""
-    lookup_call, add_call = rollout.tool_calls[:2]
-    assert (lookup_call.name, lookup_call.arguments, str(lookup_call.result)) == ("lookup", {"key": key},
-                                                                                   str(value_of(key)))
-    assert (add_call.name, add_call.arguments, str(add_call.result)) == (
-        "add", {"a": value_of(key), "b": OFFSET}, str(value_of(key) + OFFSET))
-    assert [c.turn_index for c in rollout.tool_calls[:2]] == [0, 1]
-    assert [c.call_id for c in rollout.tool_calls[:2]] == [rollout.turns[i].tool_calls[0]["id"] for i in (0, 1)]
-    assert all(c.status == "success" for c in rollout.tool_calls[:2])
-    assert "tool_calls_unrecorded" not in rollout.metrics, rollout.metrics
-
-
-def _end_on_server(handle: Any, rollout_id: str, event: Any) -> bool:
-    """Feed an end event to the served coordinator, on its own loop (what a stopping run's dispatcher does)."""
-    return asyncio.run_coroutine_threadsafe(handle.coordinator.end(rollout_id, event), handle.loop).result(_WAIT_S)
-
-
-async def _agent_in_its_third_tool(handle: Any, gate: _Gate) -> tuple[Any, asyncio.Task]:
+async def _agent_in_its_third_tool(handle: Any, gate: Gate) -> tuple[Any, asyncio.Task]:
     """One rollout of an async agent (``ainvoke``), started on this loop and now blocked inside ``wait``: its spec
     and its task."""
     graph = _graph(gate)
@@ -134,9 +66,7 @@ async def _agent_in_its_third_tool(handle: Any, gate: _Gate) -> tuple[Any, async
             await run(spec.task)
 
     running = asyncio.create_task(one())
-    if not await asyncio.to_thread(gate.entered.wait, _WAIT_S):
-        gate.release()
-        raise AssertionError("the agent never reached its third tool")
+    await gate.reached()
     return spec, running
 
 
@@ -144,14 +74,14 @@ async def test_tool_calls_are_stored_as_they_end_and_kept_when_the_agent_raises(
     """(b) both completed calls are counted and stored while the agent is blocked in its third tool; (a) the
     third tool's exception fails the rollout, and both are kept, with the third recorded failed."""
     handle = served(ScriptedEngine(tiny_tok, _policy))
-    gate = _Gate()
+    gate = Gate()
     counted_before = handle.coordinator.counters["tool_calls"]
     beat = Heartbeat(RolloutTally(), handle.coordinator.counters, print)
     beat.mark("step 1/1")
     spec, running = await _agent_in_its_third_tool(handle, gate)
     key = key_of(spec.task.prompt)
     try:
-        names = await asyncio.to_thread(_poll, lambda: [c.name for c in _stored_calls(handle, spec.rollout_id)],
+        names = await asyncio.to_thread(poll, lambda: [c.name for c in stored_calls(handle, spec.rollout_id)],
                                         ["lookup", "add"])
         assert names == ["lookup", "add"]  # stored while the agent is still inside `wait`
         assert handle.coordinator.counters["tool_calls"] - counted_before == 2
@@ -163,7 +93,7 @@ async def test_tool_calls_are_stored_as_they_end_and_kept_when_the_agent_raises(
         await running
     stored = handle.store.get_rollout(spec.rollout_id)
     assert stored.status is RolloutStatus.FAILED and "the wait tool broke" in stored.error
-    _check_completed_two(stored, key)
+    check_completed_two(stored, key)
     [third] = stored.tool_calls[2:]
     assert (third.name, third.turn_index, third.status) == ("wait", 2, "error")
     assert "RuntimeError: the wait tool broke" in third.error
@@ -174,22 +104,22 @@ async def test_a_rollout_cancelled_in_its_third_tool_keeps_the_two_before(served
     """The run stops (its dispatcher cancels the agent's task, then ends the rollout ``interrupted``) while the
     agent is inside its third tool: the two calls it completed are kept, and nothing is called unrecorded."""
     handle = served(ScriptedEngine(tiny_tok, _policy))
-    gate = _Gate()
+    gate = Gate()
     spec, running = await _agent_in_its_third_tool(handle, gate)
     try:
         # sent as they ended (a send still in flight at the stop's instant is refused once the rollout has ended)
-        await asyncio.to_thread(_poll, lambda: len(_stored_calls(handle, spec.rollout_id)), 2)
+        await asyncio.to_thread(poll, lambda: len(stored_calls(handle, spec.rollout_id)), 2)
         running.cancel()
         with pytest.raises(asyncio.CancelledError):
             await running
     finally:
         gate.release()  # the tool's thread ends on its own; its result goes nowhere
     with caplog.at_level(logging.WARNING, logger="mtrl.coordinator"):
-        assert _end_on_server(handle, spec.rollout_id, RunStopped())
+        assert end_on_server(handle, spec.rollout_id, RunStopped())
     stored = handle.store.get_rollout(spec.rollout_id)
     assert stored.status is RolloutStatus.INTERRUPTED
     assert [c.name for c in stored.tool_calls] == ["lookup", "add"]
-    _check_completed_two(stored, key_of(spec.task.prompt))
+    check_completed_two(stored, key_of(spec.task.prompt))
     assert "unrecorded" not in caplog.text
 
 
@@ -198,7 +128,7 @@ def test_ctrl_c_in_a_sync_agents_third_tool_keeps_the_two_before(served, tiny_to
     (a ``KeyboardInterrupt`` is not the agent's failure); the run ends the rollout ``interrupted`` and the two
     calls the agent completed are in the store."""
     handle = served(ScriptedEngine(tiny_tok, _policy))
-    gate = _Gate()
+    gate = Gate()
     gate.release(KeyboardInterrupt())  # the tool is interrupted as soon as it is entered
     graph = _graph(gate)
     [spec] = specs(handle, tasks(1))
@@ -210,17 +140,17 @@ def test_ctrl_c_in_a_sync_agents_third_tool_keeps_the_two_before(served, tiny_to
     with rollout_scope(spec), pytest.raises(KeyboardInterrupt):
         run(spec.task)
     assert gate.entered.is_set()
-    assert _end_on_server(handle, spec.rollout_id, RunStopped("cancelled: Ctrl-C"))
+    assert end_on_server(handle, spec.rollout_id, RunStopped("cancelled: Ctrl-C"))
     stored = handle.store.get_rollout(spec.rollout_id)
     assert stored.status is RolloutStatus.INTERRUPTED
     assert [c.name for c in stored.tool_calls] == ["lookup", "add"]
-    _check_completed_two(stored, key_of(spec.task.prompt))
+    check_completed_two(stored, key_of(spec.task.prompt))
 
 
 def test_calls_lost_with_an_end_the_agent_never_reported_are_flagged_with_that_cause(served, tiny_tok, caplog):
-    """Adapters that still send a rollout's calls with its end (here ``record_tool_call`` in a plain OpenAI tool
-    loop) lose them when the run stops the rollout first: flagged ``tool_calls_unrecorded`` as before, and the
-    warning names that cause, not missing hooks or callbacks."""
+    """Calls nobody sent when the run stops a rollout (here a plain OpenAI tool loop that ran ``lookup`` and never
+    recorded it; every adapter and ``record_tool_call`` send theirs as each ends) are flagged
+    ``tool_calls_unrecorded`` as before, and the warning names the stop, not missing hooks or callbacks."""
     import openai
 
     handle = served(ScriptedEngine(tiny_tok, policy))
@@ -233,7 +163,6 @@ def test_calls_lost_with_an_end_the_agent_never_reported_are_flagged_with_that_c
         first = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS).choices[0].message
         [call] = first.tool_calls
         args = json.loads(call.function.arguments)
-        record_tool_call("lookup", args, result=lookup(**args), call_id=call.id)  # held until the rollout's end
         messages += [first.model_dump(exclude_none=True),
                      {"role": "tool", "tool_call_id": call.id, "content": str(lookup(**args))}]
         client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)  # the model read the result
@@ -242,7 +171,7 @@ def test_calls_lost_with_an_end_the_agent_never_reported_are_flagged_with_that_c
     with rollout_scope(spec), pytest.raises(KeyboardInterrupt):
         run(spec.task)
     with caplog.at_level(logging.WARNING, logger="mtrl.coordinator"):
-        assert _end_on_server(handle, spec.rollout_id, RunStopped("cancelled: Ctrl-C"))
+        assert end_on_server(handle, spec.rollout_id, RunStopped("cancelled: Ctrl-C"))
     stored = handle.store.get_rollout(spec.rollout_id)
     assert stored.tool_calls == () and stored.metrics["tool_calls_unrecorded"] == 1.0
     [warning] = [r.getMessage() for r in caplog.records if "tool call(s) unrecorded" in r.getMessage()]
@@ -260,7 +189,7 @@ def test_a_failed_call_waiting_for_its_text_holds_the_calls_after_it_in_order(se
     ctx = RolloutContext.from_spec(spec)
 
     def stored() -> list[tuple[str, Any, str]]:
-        return [(c.name, c.result, c.status) for c in _stored_calls(handle, spec.rollout_id)]
+        return [(c.name, c.result, c.status) for c in stored_calls(handle, spec.rollout_id)]
 
     def run(name: str, error: str | None = None, call_id: str | None = None) -> None:
         ctx.tool_started(("test", name), name, {}, call_id)

@@ -39,10 +39,11 @@ UNRECORDED_TOOLS_FIX = (
 )
 UNSENT_TOOLS_CAUSE = (
     "the rollout ended before its agent reported its end (the run stopped, its deadline passed, the agent was "
-    "cancelled or interrupted, or its process died), so the tool calls its adapter had not sent yet were lost: "
-    "Strands' hooks, the OpenAI Agents SDK's MtrlRunHooks and record_tool_call send a rollout's calls with its end "
-    "(LangGraph's callbacks send each call as it ends); an agent whose rollouts are flagged when they end "
-    "normally captures no tool calls, and the fix for that is logged with the first such rollout"
+    "cancelled or interrupted, or its process died), so the tool calls not sent by then were lost: the adapters "
+    "(Strands' hooks, LangGraph's callbacks, the OpenAI Agents SDK's MtrlRunHooks) and record_tool_call send each "
+    "call as it ends, so these are calls whose send was in flight at that instant, a LangGraph call that failed "
+    "and still waited for the text the model read, or calls nothing captured; an agent whose rollouts are flagged "
+    "when they end normally captures no tool calls, and the fix for that is logged with the first such rollout"
 )
 
 
