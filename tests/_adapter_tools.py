@@ -8,6 +8,7 @@ model must see); ``K05`` makes the agent itself raise at the end.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -68,11 +69,11 @@ TOOLS = [
 FUNCTIONS = {"lookup": lookup, "add": add}
 
 
-def run_tool(call: Any) -> tuple[dict[str, Any], str, str | None]:
+def run_tool(call: Any, functions: dict[str, Any] = FUNCTIONS) -> tuple[dict[str, Any], str, str | None]:
     """Run one OpenAI tool call; returns (arguments, content for the model, error or None)."""
     args = json.loads(call.function.arguments)
     try:
-        return args, str(FUNCTIONS[call.function.name](**args)), None
+        return args, str(functions[call.function.name](**args)), None
     except Exception as exc:
         return args, f"Error: {type(exc).__name__}: {exc}", f"{type(exc).__name__}: {exc}"
 
@@ -96,21 +97,23 @@ def openai_tool_loop(client: Any, task: Any) -> int:
             messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
 
 
-async def aopenai_tool_loop(client: Any, task: Any) -> int:
-    """:func:`openai_tool_loop` with an async client."""
+async def aopenai_tool_loop(client: Any, task: Any, tools: list[dict[str, Any]] = TOOLS,
+                            functions: dict[str, Any] = FUNCTIONS) -> int:
+    """:func:`openai_tool_loop` with an async client, each tool run on a worker thread (the loop stays free);
+    ``tools``/``functions``: the declared tools and what runs each."""
     from mtrl_adapters import record_tool_call
 
     messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
     turns = 0
     while True:
-        reply = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+        reply = await client.chat.completions.create(model="policy", messages=messages, tools=tools)
         turns += 1
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls:
             return turns
         for call in message.tool_calls:
-            args, content, error = run_tool(call)
+            args, content, error = await asyncio.to_thread(run_tool, call, functions)
             record_tool_call(call.function.name, args, result=None if error else content, error=error, call_id=call.id)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
 

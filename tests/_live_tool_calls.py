@@ -9,12 +9,17 @@ The scripted policy calls ``lookup(key)``, then ``add(value, OFFSET)``, then
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from typing import Any
 
-from _adapter_support import OFFSET, key_of, value_of
+import pytest
+
+from _adapter_support import OFFSET, key_of, specs, tasks, value_of
+from mtrl_adapters import rollout_scope
 from mtrl_runtime.engines import ScriptedReply
+from mtrl_runtime.types import RolloutStatus, RunStopped
 
 WAIT_S = 20.0  # the longest a test waits for a state it expects
 
@@ -90,3 +95,37 @@ def check_completed_two(rollout: Any, key: str) -> None:
 def end_on_server(handle: Any, rollout_id: str, event: Any) -> bool:
     """Feed an end event to the served coordinator, on its own loop (what a stopping run's dispatcher does)."""
     return asyncio.run_coroutine_threadsafe(handle.coordinator.end(rollout_id, event), handle.loop).result(WAIT_S)
+
+
+async def stop_in_the_third_tool(handle: Any, gate: Gate, spec: Any, running: asyncio.Task, caplog: Any) -> None:
+    """The run stops while the agent is inside ``wait``: its dispatcher cancels the agent's task, then ends the
+    rollout ``interrupted``. Checks the two calls completed before are kept, and nothing is called unrecorded."""
+    try:
+        # sent as they ended (a send still in flight at the stop's instant is refused once the rollout has ended)
+        await asyncio.to_thread(poll, lambda: len(stored_calls(handle, spec.rollout_id)), 2)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+    finally:
+        gate.release()  # the tool's thread ends on its own; its result goes nowhere
+    with caplog.at_level(logging.WARNING, logger="mtrl.coordinator"):
+        assert end_on_server(handle, spec.rollout_id, RunStopped())
+    stored = handle.store.get_rollout(spec.rollout_id)
+    assert stored.status is RolloutStatus.INTERRUPTED
+    assert [c.name for c in stored.tool_calls] == ["lookup", "add"]
+    check_completed_two(stored, key_of(spec.task.prompt))
+    assert "unrecorded" not in caplog.text
+
+
+async def in_its_third_tool(handle: Any, gate: Gate, run: Any) -> tuple[Any, asyncio.Task]:
+    """One rollout of the decorated async agent ``run``, started on this loop and now blocked inside ``wait``: its
+    spec and its task."""
+    [spec] = specs(handle, tasks(1))
+
+    async def one() -> None:
+        with rollout_scope(spec):
+            await run(spec.task)
+
+    running = asyncio.create_task(one())
+    await gate.reached()
+    return spec, running

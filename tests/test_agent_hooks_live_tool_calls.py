@@ -15,24 +15,23 @@ two, and nothing is flagged unrecorded.
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 from typing import Any, Callable
 
 import pytest
 
-from _adapter_support import TOOLS, add, key_of, lookup, specs, tasks
+from _adapter_support import TOOLS, add, aopenai_tool_loop, key_of, lookup
 from _live_tool_calls import (
     Gate,
     check_completed_two,
-    end_on_server,
+    in_its_third_tool,
     poll,
+    stop_in_the_third_tool,
     stored_calls,
     three_tools_policy,
 )
-from mtrl_adapters import record_tool_call, rollout, rollout_scope
+from mtrl_adapters import rollout
 from mtrl_runtime.engines import ScriptedEngine
-from mtrl_runtime.types import RolloutStatus, RunStopped
+from mtrl_runtime.types import RolloutStatus
 
 _WAIT_TOOL = {
     "type": "function",
@@ -88,43 +87,15 @@ def _record_tool_call(gate: Gate) -> Callable[[Any], Any]:
     """The agent's own tool loop over an ``openai.AsyncOpenAI`` client, each call reported by ``record_tool_call``."""
     import openai
 
-    functions = {"lookup": lookup, "add": add, "wait": gate.wait}
-
     @rollout
     async def run(task):
         client = openai.AsyncOpenAI(api_key="sk-user-real-key", base_url="https://api.openai.com/v1", max_retries=0)
-        messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
-        while True:
-            reply = await client.chat.completions.create(model="policy", messages=messages,
-                                                         tools=[*TOOLS, _WAIT_TOOL])
-            message = reply.choices[0].message
-            messages.append(message.model_dump(exclude_none=True))
-            if not message.tool_calls:
-                return
-            for call in message.tool_calls:
-                args = json.loads(call.function.arguments)
-                result = await asyncio.to_thread(functions[call.function.name], **args)
-                record_tool_call(call.function.name, args, result=result, call_id=call.id)
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": str(result)})
+        await aopenai_tool_loop(client, task, [*TOOLS, _WAIT_TOOL], {"lookup": lookup, "add": add, "wait": gate.wait})
 
     return run
 
 
 _AGENTS = {"strands": _strands, "openai_agents": _openai_agents, "record_tool_call": _record_tool_call}
-
-
-async def _in_its_third_tool(handle: Any, gate: Gate, kind: str) -> tuple[Any, asyncio.Task]:
-    """One rollout of agent ``kind``, started on this loop and now blocked inside ``wait``: its spec and task."""
-    run = _AGENTS[kind](gate)
-    [spec] = specs(handle, tasks(1))
-
-    async def one() -> None:
-        with rollout_scope(spec):
-            await run(spec.task)
-
-    running = asyncio.create_task(one())
-    await gate.reached()
-    return spec, running
 
 
 @pytest.mark.parametrize("kind", sorted(_AGENTS))
@@ -134,7 +105,7 @@ async def test_the_first_two_calls_are_stored_while_the_agent_is_in_its_third(se
     handle = served(ScriptedEngine(tiny_tok, three_tools_policy))
     gate = Gate()
     counted_before = handle.coordinator.counters["tool_calls"]
-    spec, running = await _in_its_third_tool(handle, gate, kind)
+    spec, running = await in_its_third_tool(handle, gate, _AGENTS[kind](gate))
     try:
         names = await asyncio.to_thread(poll, lambda: [c.name for c in stored_calls(handle, spec.rollout_id)],
                                         ["lookup", "add"])
@@ -160,19 +131,5 @@ async def test_a_rollout_cancelled_in_its_third_tool_keeps_the_two_before(served
     agent is inside its third tool: the two calls it completed are kept, and nothing is called unrecorded."""
     handle = served(ScriptedEngine(tiny_tok, three_tools_policy))
     gate = Gate()
-    spec, running = await _in_its_third_tool(handle, gate, kind)
-    try:
-        # sent as they ended (a send still in flight at the stop's instant is refused once the rollout has ended)
-        await asyncio.to_thread(poll, lambda: len(stored_calls(handle, spec.rollout_id)), 2)
-        running.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await running
-    finally:
-        gate.release()  # the tool's thread ends on its own; its result goes nowhere
-    with caplog.at_level(logging.WARNING, logger="mtrl.coordinator"):
-        assert end_on_server(handle, spec.rollout_id, RunStopped())
-    stored = handle.store.get_rollout(spec.rollout_id)
-    assert stored.status is RolloutStatus.INTERRUPTED
-    assert [c.name for c in stored.tool_calls] == ["lookup", "add"]
-    check_completed_two(stored, key_of(spec.task.prompt))
-    assert "unrecorded" not in caplog.text
+    spec, running = await in_its_third_tool(handle, gate, _AGENTS[kind](gate))
+    await stop_in_the_third_tool(handle, gate, spec, running, caplog)

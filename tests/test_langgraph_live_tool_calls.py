@@ -25,7 +25,15 @@ from typing import Any
 import pytest
 
 from _adapter_support import TOOLS, add, key_of, lookup, policy, specs, tasks
-from _live_tool_calls import Gate, check_completed_two, end_on_server, poll, stored_calls
+from _live_tool_calls import (
+    Gate,
+    check_completed_two,
+    end_on_server,
+    in_its_third_tool,
+    poll,
+    stop_in_the_third_tool,
+    stored_calls,
+)
 from _live_tool_calls import three_tools_policy as _policy
 from mtrl_adapters import rollout, rollout_scope
 from mtrl_runtime.engines import ScriptedEngine
@@ -55,19 +63,12 @@ async def _agent_in_its_third_tool(handle: Any, gate: Gate) -> tuple[Any, asynci
     """One rollout of an async agent (``ainvoke``), started on this loop and now blocked inside ``wait``: its spec
     and its task."""
     graph = _graph(gate)
-    [spec] = specs(handle, tasks(1))
 
     @rollout
     async def run(task):
         await graph.ainvoke({"messages": [("user", task.prompt)]})
 
-    async def one() -> None:
-        with rollout_scope(spec):
-            await run(spec.task)
-
-    running = asyncio.create_task(one())
-    await gate.reached()
-    return spec, running
+    return await in_its_third_tool(handle, gate, run)
 
 
 async def test_tool_calls_are_stored_as_they_end_and_kept_when_the_agent_raises(served, tiny_tok):
@@ -106,21 +107,7 @@ async def test_a_rollout_cancelled_in_its_third_tool_keeps_the_two_before(served
     handle = served(ScriptedEngine(tiny_tok, _policy))
     gate = Gate()
     spec, running = await _agent_in_its_third_tool(handle, gate)
-    try:
-        # sent as they ended (a send still in flight at the stop's instant is refused once the rollout has ended)
-        await asyncio.to_thread(poll, lambda: len(stored_calls(handle, spec.rollout_id)), 2)
-        running.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await running
-    finally:
-        gate.release()  # the tool's thread ends on its own; its result goes nowhere
-    with caplog.at_level(logging.WARNING, logger="mtrl.coordinator"):
-        assert end_on_server(handle, spec.rollout_id, RunStopped())
-    stored = handle.store.get_rollout(spec.rollout_id)
-    assert stored.status is RolloutStatus.INTERRUPTED
-    assert [c.name for c in stored.tool_calls] == ["lookup", "add"]
-    check_completed_two(stored, key_of(spec.task.prompt))
-    assert "unrecorded" not in caplog.text
+    await stop_in_the_third_tool(handle, gate, spec, running, caplog)
 
 
 def test_ctrl_c_in_a_sync_agents_third_tool_keeps_the_two_before(served, tiny_tok):
