@@ -77,15 +77,19 @@ class CoordinatorClient:
         """Post tool calls of a rollout still running (an adapter sending them as they end); a refusal is logged,
         as one of the calls sent at the close is."""
         with self._session() as http:
-            _log_refusal(self._try(lambda: self._send(http, "POST", self._path("/tool_calls/batch"),
-                                                      ToolCallBatch(calls=calls))))
+            self._post_tool_calls(http, calls)
+
+    def _post_tool_calls(self, http: httpx.Client, calls: list[ToolCallReport]) -> None:
+        """Post ``calls``; a refusal is logged, not raised (what is recorded stays recorded)."""
+        _log_refusal(self._try(lambda: self._send(http, "POST", self._path("/tool_calls/batch"),
+                                                  ToolCallBatch(calls=calls))))
 
     def close(self, calls: list[ToolCallReport], completion: CompletionReport,
               model_calls: list[ModelCallReport] | None = None) -> RolloutState:
         """Send the buffered tool calls and non-policy model calls, then the completion, over one connection."""
         with self._session() as http:
             if calls:
-                _log_refusal(self._try(lambda: self._send(http, "POST", self._path("/tool_calls/batch"), ToolCallBatch(calls=calls))))
+                self._post_tool_calls(http, calls)
             if model_calls:
                 batch = ModelCallBatch(calls=model_calls)
                 _log_refusal(self._try(lambda: self._send(http, "POST", self._path("/model_calls/batch"), batch)))
