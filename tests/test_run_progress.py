@@ -335,3 +335,23 @@ def test_mtrl_train_stopped_while_the_hf_engine_generates_records_every_rollout_
     assert "terminate called" not in out, out
     assert f"mtrl: stopped; 8 rollouts in flight were marked interrupted in {store}" in out, out
     assert "mtrl: no checkpoint was written yet; start again with: mtrl train " in out, out
+
+
+def test_train_and_eval_refuse_a_heartbeat_of_zero_and_print_what_a_stop_marked(capsys):
+    """Both commands run their work through ``run_until_stopped``: ``--heartbeat`` named with its value when it is
+    not > 0, the work's result when it ends, None and the stop's line on stderr when Ctrl-C (or SIGTERM) stopped it."""
+    from mtrl_runtime.cli._stopping import run_until_stopped
+
+    with pytest.raises(SystemExit, match=r"^mtrl eval: --heartbeat must be > 0 seconds, got 0$"):
+        run_until_stopped("eval", 0, lambda heartbeat_s: "ran", lambda since: "stopped")
+    with pytest.raises(SystemExit, match=r"^mtrl train: --heartbeat must be > 0 seconds, got -1.5$"):
+        run_until_stopped("train", -1.5, lambda heartbeat_s: "ran", lambda since: "stopped")
+    assert run_until_stopped("train", 0.5, lambda heartbeat_s: heartbeat_s * 4, lambda since: "never") == 2.0
+
+    def stopped_by_hand(heartbeat_s: float) -> None:
+        raise KeyboardInterrupt
+
+    before = time.time()
+    assert run_until_stopped("eval", 1, stopped_by_hand, lambda since: f"stopped; since {since >= before}") is None
+    said = capsys.readouterr().err.splitlines()  # less the note of a process started with Ctrl-C ignored (a job)
+    assert [line for line in said if not line.startswith("mtrl: Ctrl-C (SIGINT) is ignored")] == ["stopped; since True"]

@@ -67,3 +67,31 @@ def test_a_second_signal_while_the_run_stops_is_said_and_the_stop_finishes(tmp_p
         proc.kill()
     assert out == "stopped\n", (out, err)
     assert proc.returncode == 130, (proc.returncode, err)
+
+
+@pytest.mark.timeout(60)
+def test_where_ctrl_c_is_ignored_sigterm_cancels_the_run_and_a_second_one_does_not_cut_its_stop_short(
+        tmp_path: Path) -> None:
+    """A script's background job starts with Ctrl-C ignored, so ``asyncio.run`` installs no handler: SIGTERM (the
+    CLI's ``sigterm_as_ctrl_c``) cancels the run's main task, whose stop runs as written; a second SIGTERM is said.
+    Before, the first raised KeyboardInterrupt wherever the main thread was, and the second cut the stop short."""
+    (tmp_path / "run.py").write_text(SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "run.py")], cwd=Path(__file__).resolve().parent.parent,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    try:
+        assert _line(proc.stdout) == "running\n"
+        proc.send_signal(signal.SIGINT)  # ignored, as the process was started
+        proc.send_signal(signal.SIGTERM)
+        assert _line(proc.stdout) == "stopping\n"
+        proc.send_signal(signal.SIGTERM)
+        said = _line(proc.stderr)
+        while said.startswith("mtrl: Ctrl-C (SIGINT) is ignored"):  # stop_on_sigterm's note, printed at the start
+            said = _line(proc.stderr)
+        assert said.startswith("mtrl: already stopping: the rollouts in flight are being recorded as interrupted"), said
+        out, err = proc.communicate("done\n", timeout=30)
+    finally:
+        proc.kill()
+    assert out == "stopped\n", (out, err)
+    assert proc.returncode == 130, (proc.returncode, err)

@@ -22,9 +22,12 @@ import os
 import shlex
 import signal
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
+
+T = TypeVar("T")
 
 
 def _blocked() -> set[int]:
@@ -54,20 +57,15 @@ def stop_on_sigterm(say: Callable[[str], None] = _say) -> Iterator[None]:
     """While inside, SIGTERM does what SIGINT does (the handler installed at that moment); restored on exit.
 
     When Ctrl-C cannot stop the process, ``say`` gets ``ctrl_c_note``'s line first; a blocked SIGTERM is
-    unblocked while inside."""
+    unblocked while inside; and a run (``rollouts.run_to_stop``) takes SIGTERM over to cancel itself, as
+    Ctrl-C would have, rather than have ``KeyboardInterrupt`` raised wherever it is."""
+    from ..rollouts import sigterm_as_ctrl_c  # here, not above: --help imports no runtime
+
     note = ctrl_c_note(os.getpid())
     if note is not None:
         say(note)
     unblock = {signal.SIGTERM} & _blocked()
-
-    def as_sigint(signum: int, frame: Any) -> None:
-        handler = signal.getsignal(signal.SIGINT)
-        if callable(handler):
-            handler(signum, frame)
-        else:
-            raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, as_sigint)
+    previous = signal.signal(signal.SIGTERM, sigterm_as_ctrl_c)
     if unblock:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
     try:
@@ -129,4 +127,22 @@ def stopped_message(config: Any, since: float, resume: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["ctrl_c_note", "marked_interrupted", "marked_line", "resume_command", "stop_on_sigterm", "stopped_message"]
+def run_until_stopped(command: str, heartbeat_s: float, work: Callable[[float], T],
+                      stopped: Callable[[float], str]) -> T | None:
+    """``work(heartbeat_s)`` with SIGTERM stopping it as Ctrl-C does (``stop_on_sigterm``): its result, or None
+    when it was stopped, after printing ``stopped(started)`` (what was marked, how to go on) to stderr.
+
+    ``heartbeat_s`` is the command's ``--heartbeat``, refused here, naming it and its value, unless it is > 0."""
+    if heartbeat_s <= 0:
+        raise SystemExit(f"mtrl {command}: --heartbeat must be > 0 seconds, got {heartbeat_s}")
+    started = time.time()
+    try:
+        with stop_on_sigterm():
+            return work(heartbeat_s)
+    except KeyboardInterrupt:
+        print(stopped(started), file=sys.stderr, flush=True)
+        return None
+
+
+__all__ = ["ctrl_c_note", "marked_interrupted", "marked_line", "resume_command", "run_until_stopped",
+           "stop_on_sigterm", "stopped_message"]

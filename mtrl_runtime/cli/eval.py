@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
 from . import check_budget, check_template
@@ -23,7 +22,7 @@ from ..run_folder import RunFolder
 from ..task_sources import SOURCE_HELP
 from ._agents import AGENT_HELP, agent_env_for, load_agent, load_strict_scorer
 from ._command import Command
-from ._stopping import marked_interrupted, marked_line, stop_on_sigterm
+from ._stopping import marked_interrupted, marked_line, run_until_stopped
 
 
 def _common(p: argparse.ArgumentParser, deployed: bool = False) -> None:
@@ -93,20 +92,17 @@ def _eval(args: argparse.Namespace) -> int:
         adapter=adapter, evaluate_base_model=args.base, strict_scorer=_scorer(args.strict), split=args.split,
         max_tasks=args.max_tasks, max_samples=args.samples, tracking=not args.no_mlflow, reference=_reference(args),
     )
-    if args.heartbeat <= 0:
-        raise SystemExit(f"mtrl eval: --heartbeat must be > 0 seconds, got {args.heartbeat}")
-    started = time.time()
+    store = RunFolder(evaluator.output_path).store
     try:
-        with stop_on_sigterm():
-            result = evaluator.evaluate(progress=True, heartbeat_s=args.heartbeat)
-    except KeyboardInterrupt:
-        store = RunFolder(evaluator.output_path).store
-        print(marked_line("evaluation ", *marked_interrupted(config, store, started), store)
-              + "; run the same command again to evaluate anew", file=sys.stderr, flush=True)
-        return 130
+        result = run_until_stopped(
+            "eval", args.heartbeat, lambda heartbeat_s: evaluator.evaluate(progress=True, heartbeat_s=heartbeat_s),
+            lambda since: marked_line("evaluation ", *marked_interrupted(config, store, since), store)
+            + "; run the same command again to evaluate anew")
     except ConnectionError as exc:  # the reference endpoint, checked before anything ran
         print(f"mtrl eval: {exc}", file=sys.stderr, flush=True)
         return 2
+    if result is None:
+        return 130
     print(_summary(result))
     print(f"mtrl: report: {result.report.markdown} (also .json, .png)")
     if result.tracking_uri and result.tracking_uri.startswith("sqlite:///"):

@@ -18,12 +18,11 @@ import argparse
 from typing import Any
 
 import sys
-import time
 
 from ..task_sources import SOURCE_HELP
 from ._agents import AGENT_HELP, agent_env_for, load_agent
 from ._command import Command
-from ._stopping import resume_command, stop_on_sigterm, stopped_message
+from ._stopping import resume_command, run_until_stopped, stopped_message
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
@@ -73,14 +72,10 @@ def _train(args: argparse.Namespace) -> int:
                                  tracking=not args.no_mlflow, validation_dataset=_validation_tasks(args),
                                  strict_scorer=load_agent(args.strict, "--strict") if args.strict else None,
                                  ranks=ranks)
-    if args.heartbeat <= 0:
-        raise SystemExit(f"mtrl train: --heartbeat must be > 0 seconds, got {args.heartbeat}")
-    started = time.time()
-    try:
-        with stop_on_sigterm():
-            result = trainer.train(progress=True, heartbeat_s=args.heartbeat)
-    except KeyboardInterrupt:
-        print(stopped_message(config, started, resume_command(args)), file=sys.stderr, flush=True)
+    result = run_until_stopped("train", args.heartbeat,
+                               lambda heartbeat_s: trainer.train(progress=True, heartbeat_s=heartbeat_s),
+                               lambda since: stopped_message(config, since, resume_command(args)))
+    if result is None:
         return 130
     print(f"mtrl: trained steps {result.start_step + 1}..{result.final_step}; adapter: {result.output_adapter_path}")
     if result.tracking_uri and result.tracking_uri.startswith("sqlite:///"):

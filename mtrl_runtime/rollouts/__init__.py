@@ -9,7 +9,8 @@
   (``GROUP_POLICIES``, re-exported from ``mtrl_runtime.group_policies``);
 - ``collect_rollouts``: an agent over N tasks without training (``mtrl collect``);
 - ``run_to_stop``: ``asyncio.run`` for a blocking run, whose stop by hand a second
-  Ctrl-C does not cut short;
+  Ctrl-C does not cut short; ``sigterm_as_ctrl_c``, the CLI's SIGTERM handler,
+  which such a run answers as Ctrl-C even where Ctrl-C is ignored;
 - ``load_tasks`` / ``TaskSchedule``: tasks from a dataset (``task_sources``:
   JSONL, JSON, CSV, parquet, Arrow, ``datasets``), and the seeded order
   training draws them in.
@@ -23,7 +24,7 @@ from ._dispatcher import ENVIRONMENT_PROBLEM_RATE, Dispatcher, GroupResult, Step
 from ._executors import EXECUTOR_KINDS, ExecutorKind, ExecutorOptions, executor_for, executor_kind
 from ._heartbeat import HEARTBEAT_S, Heartbeat, RolloutTally
 from ._stack import RolloutStack, open_stack, store_for
-from ._stop import run_to_stop
+from ._stop import run_to_stop, sigterm_as_ctrl_c
 from ._tasks import TaskSchedule, load_tasks, task_from_row
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "refill_group_id",
     "rollout_line",
     "run_to_stop",
+    "sigterm_as_ctrl_c",
     "store_for",
     "task_from_row",
 ]

@@ -14,9 +14,19 @@ active exception", status 134) after the run said it had stopped.
 ``run_to_stop`` is ``asyncio.run`` for the blocking entry points
 (``MultiTurnRLTrainer.train``, ``MultiTurnRLEvaluator.evaluate``): while the
 run stops, a further SIGINT says so on stderr and is otherwise ignored;
-SIGKILL still ends the process at once, and the line names it. Outside the
-main thread, or where ``asyncio.run`` installed no handler of its own (the
-process had Ctrl-C ignored or handled already), nothing changes.
+SIGKILL still ends the process at once, and the line names it.
+
+A process can start with Ctrl-C ignored (a script's background job), and
+then ``asyncio.run`` installs no handler. Where SIGTERM's handler is
+``sigterm_as_ctrl_c`` (the CLI's, ``cli._stopping.stop_on_sigterm``), the
+run takes SIGTERM over while it runs: the first one cancels the main task as
+Ctrl-C would have, and the run ends with ``KeyboardInterrupt`` as a Ctrl-C
+stop does; later ones print the line. That handler raising
+``KeyboardInterrupt`` wherever the main thread happened to be (inside the
+event loop, a lock, a library's progress bar) was the stop it replaces (a stopped
+``mtrl train --resume``, run as a background job, was once seen hung at its
+exit, in a progress bar's lock). Outside the main thread, or where Ctrl-C is
+handled by someone else, nothing changes.
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ import os
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Any, Coroutine, Iterator, TypeVar
+from typing import Any, Callable, Coroutine, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -37,36 +47,76 @@ def stopping_line(pid: int) -> bytes:
             f"the store closed; to end the process now, leaving them 'running': kill -KILL {pid}\n").encode()
 
 
-@contextmanager
-def _later_stops_said() -> Iterator[None]:
-    """Inside ``asyncio.run``: its SIGINT handler runs for the first signal only; later ones print
-    ``stopping_line`` (written with ``os.write``: a signal handler may interrupt a print to stderr)."""
-    installed = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not callable(installed) \
-            or installed is signal.default_int_handler:
-        yield
-        return
-    seen = False
+def sigterm_as_ctrl_c(signum: int, frame: Any) -> None:
+    """SIGTERM's handler while a command runs (``cli._stopping.stop_on_sigterm``): what SIGINT's handler does
+    (``asyncio.run``'s cancels the run), or ``KeyboardInterrupt`` where Ctrl-C is ignored. Inside ``run_to_stop``
+    the second case is replaced by a cancel of the run's main task (module docstring)."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signum, frame)
+    else:
+        raise KeyboardInterrupt
 
-    def once(signum: int, frame: Any) -> None:
-        nonlocal seen
-        if seen:
-            os.write(2, stopping_line(os.getpid()))
+
+class _Stop:
+    """The signal handling of one ``run_to_stop`` run (module docstring); ``by_sigterm``: it cancelled the run."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.by_sigterm = False
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """Inside ``asyncio.run``'s main task: the first stop signal stops the run, later ones print
+        ``stopping_line`` (written with ``os.write``: a signal handler may interrupt a print to stderr)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
             return
-        seen = True
-        installed(signum, frame)
+        handled = signal.getsignal(signal.SIGINT)
+        if callable(handled) and handled is not signal.default_int_handler:  # asyncio.run's: it stops the run
+            with self._replaced(signal.SIGINT, lambda: handled(signal.SIGINT, None)):
+                yield
+        elif signal.getsignal(signal.SIGTERM) is sigterm_as_ctrl_c and not callable(handled):  # Ctrl-C ignored
+            task, loop = asyncio.current_task(), asyncio.get_running_loop()
+            assert task is not None
 
-    signal.signal(signal.SIGINT, once)
-    try:
-        yield
-    finally:  # asyncio.run restores the default only when its own handler is the one installed
-        if signal.getsignal(signal.SIGINT) is once:
-            signal.signal(signal.SIGINT, installed)
+            def cancel() -> None:
+                self.by_sigterm = True
+                loop.call_soon_threadsafe(task.cancel)
+
+            with self._replaced(signal.SIGTERM, cancel):
+                yield
+        else:
+            yield
+
+    @contextmanager
+    def _replaced(self, signum: int, first: Callable[[], None]) -> Iterator[None]:
+        installed = signal.getsignal(signum)
+
+        def once(number: int, frame: Any) -> None:
+            if self.seen:
+                os.write(2, stopping_line(os.getpid()))
+                return
+            self.seen = True
+            first()
+
+        signal.signal(signum, once)
+        try:
+            yield
+        finally:  # asyncio.run restores SIGINT's default only when its own handler is the one installed
+            if signal.getsignal(signum) is once:
+                signal.signal(signum, installed)
 
 
 async def _guarded(main: Coroutine[Any, Any, T]) -> T:
-    with _later_stops_said():
-        return await main
+    stop = _Stop()
+    with stop.installed():
+        try:
+            return await main
+        except asyncio.CancelledError:
+            if stop.by_sigterm:  # as asyncio.run ends a run its Ctrl-C handler cancelled
+                raise KeyboardInterrupt from None
+            raise
 
 
 def run_to_stop(main: Coroutine[Any, Any, T]) -> T:
@@ -74,4 +124,4 @@ def run_to_stop(main: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(_guarded(main))
 
 
-__all__ = ["run_to_stop", "stopping_line"]
+__all__ = ["run_to_stop", "sigterm_as_ctrl_c", "stopping_line"]
