@@ -31,6 +31,18 @@ The rules a page follows (docs/guide.md, "Code blocks in these docs", says the s
   The extras a page names must exist in pyproject.toml. Working out the
   hidden set reads the venv's installed files once per worker (3 s) and
   0.5 s per page.
+- A page whose run blocks start many Python processes (``MIN_FORKED``:
+  Python blocks, ``mtrl`` commands) starts them from one preloaded python
+  (``tests/_preloaded_python.py``), saving each the seconds of CPU that
+  importing torch and transformers costs: a server started with the page's
+  environment (its guard included) imports the third-party modules they
+  import first (``PRELOAD``, less any the page does not install), and each
+  Python block, and each ``mtrl`` command of a bash block
+  (``tests/_docs_bin/mtrl``, first on the page's ``PATH``), is a child
+  forked from it with its own arguments, streams, folder and environment.
+  The project's own modules are imported by each child, as by a fresh
+  process; a command run with another environment than the page's (a
+  variable the block set) runs as a fresh process.
 - A ``bash`` block whose commands start a server (``mtrl serve``,
   ``mlflow ui``; see ``SERVERS``) is started in the background; the test
   waits (bounded) for its health URL, runs the rest of the page against it,
@@ -79,12 +91,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import httpx
 import pytest
 
 from _docs_installs import blocked_for, page_installs, unknown_extras
 from _groups import PROCESSES
+from _preloaded_python import PreloadedPython
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
@@ -130,6 +144,27 @@ SERVERS = (
 )
 # A command that starts a multi-process job: its page joins tests/_groups.PROCESSES.
 JOBS = re.compile(r"(^|\s|/)(torchrun|ray start)\b|torch\.distributed\.run")
+
+# A page's Python blocks and ``mtrl`` commands fork from one process that made these imports (module docstring):
+# the third-party modules that ``mtrl train``, ``eval``, ``collect``, ``sft``, ``export`` and ``serve`` import
+# before their first line of work (7.5 s of CPU in one process, summed module by module on the 2-core machine).
+# Only those the page installs are imported (a blocked one stays blocked). None loads a module of ADAPTERS_WATCH.
+PRELOAD = ["torch", "transformers", "tokenizers", "safetensors.torch",
+           "numpy", "yaml", "pydantic", "jinja2", "httpx", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
+           "sqlalchemy", "alembic", "pandas", "matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg",
+           "fastapi", "uvicorn", "starlette"]
+# What mtrl_adapters instruments when it is imported, or at once when it is already loaded: a block must meet
+# these as a fresh process does, so the preloaded python never imports them (it fails if PRELOAD did).
+ADAPTERS_WATCH = ["openai", "anthropic", "google.genai", "botocore", "aiobotocore", "litellm", "langchain_core",
+                  "strands", "mcp", "langchain_mcp_adapters", "agents"]
+PRELOADED_ENV = "MTRL_DOCS_PRELOADED"  # the page's preloaded python's socket, for tests/_docs_bin/mtrl
+DOCS_BIN = ROOT / "tests" / "_docs_bin"  # first on a page's PATH: its ``mtrl`` forks from the preloaded python
+MTRL_COMMAND = re.compile(r"(^|[\s;&|(])mtrl\s+[a-z]")
+# A page with fewer processes to fork pays the preloaded python's imports (7.5 s of CPU) for less than it saves: a
+# fork saved about 3 s of CPU a process on guide.md and warm-start.md (15 and 9: 252.6 -> 190.8 s for the two
+# pages), and the pages of 2 to 6 processes spent 3 to 6 s of CPU a process in the lead's profile, much of it on
+# imports PRELOAD leaves out (openai, strands, mtrl itself).
+MIN_FORKED = 7
 
 
 @dataclass(frozen=True)
@@ -223,6 +258,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def forked_processes(page: str) -> int:
+    """How many processes of ``page``'s run blocks can fork from a preloaded python: Python scripts, ``mtrl``."""
+    run = [b for b in PAGE_BLOCKS[page] if b.needs is None]
+    scripts = sum(1 for b in run if b.info == "python" and not b.code.lstrip("\n").startswith(CONTINUES))
+    return scripts + sum(len(MTRL_COMMAND.findall(b.code)) for b in run if b.info == "bash")
+
+
+def preloadable(modules: list[str], blocked: list[str]) -> list[str]:
+    """``modules`` less those whose name, or a dotted prefix of it, is ``blocked``."""
+    hidden = set(blocked)
+    return [m for m in modules if not any(".".join(m.split(".")[:i]) in hidden for i in range(1, m.count(".") + 2))]
+
+
 PAGE_GROUP = page_groups()
 
 
@@ -313,6 +361,16 @@ def test_a_page_s_servers_and_their_clients_move_to_the_workspace_s_ports_and_no
     assert free_port() != 0
 
 
+def test_a_page_forks_its_processes_from_what_it_installs_and_never_from_an_instrumented_sdk():
+    """guide.md's commands fork from a preloaded python; a blocked module (and what is below it) is not preloaded."""
+    assert forked_processes("docs/guide.md") >= MIN_FORKED
+    assert forked_processes("docs/tripwires.md") == 1 < MIN_FORKED  # one Python block: a fresh process, as before
+    assert preloadable(["torch", "mlflow.store.db", "mlflowx", "yaml"], ["mlflow", "yaml.x"]) == ["torch", "mlflowx",
+                                                                                              "yaml"]
+    assert not set(PRELOAD) & set(ADAPTERS_WATCH)
+    assert os.access(DOCS_BIN / "mtrl", os.X_OK)
+
+
 # ---------------------------------------------------------------- one page's workspace
 
 
@@ -338,16 +396,37 @@ class Workspace:
                     "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{self.dir / 'mlruns.db'}"}
         # only what the page says to install imports (tests/_docs_installs.py, tests/_docs_guard/sitecustomize.py)
         blocked = base / "blocked.json"
-        blocked.write_text(json.dumps(blocked_for(page_installs(page, PAGE_BLOCKS[page]))))
+        hidden = blocked_for(page_installs(page, PAGE_BLOCKS[page]))
+        blocked.write_text(json.dumps(hidden))
         self.env.update({"PYTHONPATH": str(GUARD), "MTRL_DOCS_BLOCKED": str(blocked)})
+        # the page's processes fork from one that made the common imports (PRELOAD; tests/_preloaded_python.py)
+        self.preloaded: PreloadedPython | None = None
+        if forked_processes(page) >= MIN_FORKED:
+            self.env["PATH"] = f"{DOCS_BIN}{os.pathsep}{self.env['PATH']}"
+            self.preloaded = PreloadedPython(preloadable(PRELOAD, hidden["modules"]), base, env=self.env,
+                                             socket_env=PRELOADED_ENV, absent=ADAPTERS_WATCH)
+            self.env = self.preloaded.env
 
     def localize(self, block: Block) -> str:
         """``block``'s code on this workspace's ports (``localize``)."""
         return localize(block, self.ports)
 
     def run(self, argv: list[str], what: str, timeout: float = BLOCK_TIMEOUT_S) -> str:
+        """``argv`` in the workspace: its stdout, or an AssertionError with its output if it failed or hung."""
+        return self._checked(lambda: subprocess.run(argv, cwd=self.dir, env=self.env, capture_output=True, text=True,
+                                                    timeout=timeout), what, timeout)
+
+    def run_python(self, script: Path, what: str, timeout: float = BLOCK_TIMEOUT_S) -> str:
+        """``python SCRIPT`` in the workspace (``run``), forked from the page's preloaded python where it has one."""
+        if self.preloaded is None:
+            return self.run([str(VENV / "bin" / "python"), str(script)], what, timeout)
+        preloaded = self.preloaded
+        return self._checked(lambda: preloaded.run(script, timeout=timeout, cwd=self.dir, env=self.env), what, timeout)
+
+    @staticmethod
+    def _checked(started: Callable[[], subprocess.CompletedProcess], what: str, timeout: float) -> str:
         try:
-            done = subprocess.run(argv, cwd=self.dir, env=self.env, capture_output=True, text=True, timeout=timeout)
+            done = started()
         except subprocess.TimeoutExpired as exc:
             raise AssertionError(f"{what} ran past {timeout:.0f} s; output so far:\n{exc.stdout}\n{exc.stderr}")
         assert done.returncode == 0, f"{what} exited {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
@@ -396,6 +475,9 @@ class Workspace:
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
         self.servers.clear()
+        if self.preloaded is not None:
+            self.preloaded.close()
+            self.preloaded = None
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -521,7 +603,7 @@ def test_block_runs_as_written(block: Block, workspaces, request):
     script = ws.dir / f"docs_block_{block.line}.py"
     script.write_text("\n".join(ws.localize(b) for b in chain))
     ws.python_ran[block.line] = False
-    ws.run([str(VENV / "bin" / "python"), str(script)], " + ".join(b.id for b in chain))
+    ws.run_python(script, " + ".join(b.id for b in chain))
     ws.python_ran[block.line] = True
 
 
