@@ -271,7 +271,17 @@ def _child(request: dict[str, Any], fds: list[int], server_fds: list[int]) -> No
     script = request["argv"][0]
     sys.argv = list(request["argv"])
     sys.path[0] = str(Path(script).resolve().parent)
-    runpy.run_path(script, run_name="__main__")  # its sys.exit propagates: Python's normal exit
+    try:
+        runpy.run_path(script, run_name="__main__")  # its sys.exit propagates: Python's normal exit
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # reported from the script's first frame on, as a fresh interpreter reports it
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != script:
+            tb = tb.tb_next
+        exc.__traceback__ = tb or exc.__traceback__
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,12 @@ def test_a_child_past_its_timeout_is_killed_and_a_signal_is_its_status(server, t
     assert time.monotonic() - started < 30
     (tmp_path / "die.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
     assert server.run(tmp_path / "die.py", timeout=60).returncode == -signal.SIGKILL
+    # an uncaught error: status 1 and the traceback from the script's own frame, as a fresh python prints it
+    (tmp_path / "fail.py").write_text("def f():\n    raise ValueError('no')\nf()\n")
+    failed = server.run(tmp_path / "fail.py", timeout=60)
+    assert failed.returncode == 1 and failed.stderr.splitlines()[:2] == [
+        "Traceback (most recent call last):", f'  File "{tmp_path / "fail.py"}", line 3, in <module>'], failed.stderr
+    assert failed.stderr.rstrip().endswith("ValueError: no")
 
 
 def test_a_server_whose_imports_load_a_module_that_must_stay_out_fails_its_requests(tmp_path):
@@ -82,9 +88,9 @@ def test_the_shim_runs_the_next_mtrl_on_path_forked_and_passes_sigterm_on(tmp_pa
     bin_dir.mkdir()
     stand_in = bin_dir / "mtrl"
     stand_in.write_text(f"#!{sys.executable}\n" + "import os, signal, sys, time\n"
+                        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))\n"
                         "print('args', sys.argv[1:], 'pid', os.getpid(), flush=True)\n"
                         "if sys.argv[1:] == ['wait']:\n"
-                        "    signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))\n"
                         "    time.sleep(120)\n"
                         "sys.exit(len(sys.argv) - 1)\n")
     stand_in.chmod(0o755)
