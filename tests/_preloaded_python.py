@@ -119,9 +119,13 @@ def request(path: Path | str, argv: list[str], cwd: str, env: dict[str, str] | N
     request, as a fresh process would spend them.
     """
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.connect(str(path))
     message = json.dumps({"argv": argv, "cwd": cwd, "env": env}).encode() + b"\n"
-    socket.send_fds(conn, [message], [s.fileno() for s in streams])
+    try:
+        conn.connect(str(path))
+        socket.send_fds(conn, [message], [s.fileno() for s in streams])
+    except (ConnectionRefusedError, BrokenPipeError, ConnectionResetError) as exc:  # it ended before reading it
+        conn.close()
+        raise RuntimeError(f"the preloaded python server hung up without answering ({exc})") from None
     replies = _Replies(conn)
     started = replies.next(timeout)
     if "refused" in started:
