@@ -97,7 +97,13 @@ def _stop_in_step(proc: subprocess.Popen, step: int, max_steps: int, stop: int) 
     assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before the test sent its signal"
     sent = time.monotonic()
     proc.send_signal(stop)
-    rest, _ = proc.communicate(timeout=120)
+    try:
+        rest, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # killed, so that a failing test leaves no run behind (it was left hung)
+        proc.kill()
+        rest, _ = proc.communicate()
+        raise AssertionError(f"the run had not ended 120 s after signal {stop} (sent at '{seen[-1]}'): killed; "
+                             f"output after it:\n{rest[-4000:]}") from None
     # for a failure's message: a run that ignored the signal takes its remaining steps (~5 s each) to end;
     # one that had already ended them before the test read its output ends at once
     rest += (f"\n[test: signal {stop} sent at '{seen[-1]}'; the process ended {time.monotonic() - sent:.1f} s later; "

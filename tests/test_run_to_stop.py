@@ -41,6 +41,16 @@ except KeyboardInterrupt:
 """
 
 
+def _started(tmp_path: Path, ctrl_c: signal.Handlers) -> subprocess.Popen:
+    """SCRIPT running in a process whose SIGINT disposition is ``ctrl_c`` (a terminal's default, or a job's ignore)."""
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "run.py").write_text(SCRIPT)
+    return subprocess.Popen([sys.executable, str(tmp_path / "run.py")], cwd=root, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, ctrl_c),
+                            env={**os.environ, "PYTHONPATH": str(root)})
+
+
 def _line(stream, timeout_s: float = 30) -> str:
     ready, _, _ = select.select([stream], [], [], timeout_s)
     return stream.readline() if ready else f"[nothing within {timeout_s} s]"
@@ -49,11 +59,7 @@ def _line(stream, timeout_s: float = 30) -> str:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c-twice", "ctrl-c-then-sigterm"])
 def test_a_second_signal_while_the_run_stops_is_said_and_the_stop_finishes(tmp_path: Path, second: int) -> None:
-    (tmp_path / "run.py").write_text(SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "run.py")], cwd=Path(__file__).resolve().parent.parent,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    proc = _started(tmp_path, signal.SIG_DFL)
     try:
         assert _line(proc.stdout) == "running\n"
         proc.send_signal(signal.SIGINT)
@@ -75,11 +81,7 @@ def test_where_ctrl_c_is_ignored_sigterm_cancels_the_run_and_a_second_one_does_n
     """A script's background job starts with Ctrl-C ignored, so ``asyncio.run`` installs no handler: SIGTERM (the
     CLI's ``sigterm_as_ctrl_c``) cancels the run's main task, whose stop runs as written; a second SIGTERM is said.
     Before, the first raised KeyboardInterrupt wherever the main thread was, and the second cut the stop short."""
-    (tmp_path / "run.py").write_text(SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "run.py")], cwd=Path(__file__).resolve().parent.parent,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    proc = _started(tmp_path, signal.SIG_IGN)
     try:
         assert _line(proc.stdout) == "running\n"
         proc.send_signal(signal.SIGINT)  # ignored, as the process was started
