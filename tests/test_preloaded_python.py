@@ -75,6 +75,21 @@ def test_a_child_past_its_timeout_is_killed_and_a_signal_is_its_status(server, t
     assert failed.stderr.rstrip().endswith("ValueError: no")
 
 
+def test_what_the_imports_set_in_the_environment_neither_refuses_a_request_nor_is_lost_to_its_child(tmp_path):
+    """MLflow sets a variable at import: a request with the server's own starting environment is still forked,
+    and its child has the variable, as a fresh process importing MLflow would."""
+    import json
+
+    (tmp_path / "sets_a_variable.py").write_text("import os\nos.environ['SET_BY_IMPORT'] = 'yes'\n")
+    script = tmp_path / "child.py"
+    script.write_text("import json, os\nprint(json.dumps([os.getppid(), os.environ.get('SET_BY_IMPORT')]))\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    with PreloadedPython(["sets_a_variable"], tmp_path, env=env) as preloaded:
+        done = preloaded.run(script, timeout=60, env=env)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == [preloaded.server.pid, "yes"]
+
+
 def test_a_server_whose_imports_load_a_module_that_must_stay_out_fails_its_requests(tmp_path):
     (tmp_path / "ok.py").write_text("pass\n")
     with PreloadedPython(["json"], tmp_path, absent=["json"]) as preloaded:
