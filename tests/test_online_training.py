@@ -192,8 +192,6 @@ def test_no_user_request_waits_on_a_training_step(tmp_path, tiny_model_dir):
         groups = [GroupResult(f"g{i}", task, tuple(rollouts[i::2]), tuple(rollouts[i::2]), False) for i in range(2)]
         batch = service.learner.prepare(groups)
         assert batch.samples
-        long_batch = replace(batch, samples=batch.samples * 200)  # one step over many samples: seconds long
-
         http = httpx.Client(base_url=service.url, timeout=120.0)
 
         def ask() -> tuple[float, float]:
@@ -215,16 +213,23 @@ def test_no_user_request_waits_on_a_training_step(tmp_path, tiny_model_dir):
                 window["end"] = time.perf_counter()
 
         service.learner.update.step = timed  # type: ignore[method-assign]
-        training = threading.Thread(target=lambda: service.call(service.learner.step(long_batch)))
-        training.start()
-        while "start" not in window:
-            time.sleep(0.005)
-        during: list[tuple[float, float]] = []
-        while training.is_alive():
-            during.append(ask())
-        training.join()
-        inside = [e - s for s, e in during if window["start"] <= s and e <= window["end"]]
-        step_s = window["end"] - window["start"]
+        repeat = 200  # one step over many samples: seconds long; more where this CPU takes under 1 s for it
+        for _ in range(3):
+            long_batch = replace(batch, samples=batch.samples * repeat)
+            window.clear()
+            training = threading.Thread(target=lambda b=long_batch: service.call(service.learner.step(b)))
+            training.start()
+            while "start" not in window:
+                time.sleep(0.005)
+            during: list[tuple[float, float]] = []
+            while training.is_alive():
+                during.append(ask())
+            training.join()
+            inside = [e - s for s, e in during if window["start"] <= s and e <= window["end"]]
+            step_s = window["end"] - window["start"]
+            if step_s > 1.0:
+                break
+            repeat = int(repeat * 2.0 / max(step_s, 0.1))  # aim at 2 s
         print(f"\nonline latency: step {step_s:.2f} s; idle p50 {statistics.median(idle) * 1e3:.0f} ms "
               f"p99 {_p(idle, 0.99) * 1e3:.0f} ms (n={len(idle)}); during the step p50 "
               f"{statistics.median(inside) * 1e3:.0f} ms p99 {_p(inside, 0.99) * 1e3:.0f} ms (n={len(inside)})")
