@@ -26,7 +26,6 @@ import json
 import os
 import statistics
 import tempfile
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -39,6 +38,7 @@ from mtrl_adapters.online import OnlineClient
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.online import OnlineService, OnlineSettings
 from mtrl_runtime.rollouts import GroupResult
+from mtrl_runtime.testing import latencies_during_step
 
 RESULTS = Path(__file__).resolve().parent / "results" / "online_latency.json"
 
@@ -123,27 +123,7 @@ def measure(service: OnlineService, args: argparse.Namespace) -> dict[str, Any]:
 
     ask()  # warm
     idle = [e - s for s, e in (ask() for _ in range(args.requests))]
-    window: dict[str, float] = {}
-    step = service.learner.update.step
-
-    def timed(samples: Any) -> Any:
-        window["start"] = time.perf_counter()
-        try:
-            return step(samples)
-        finally:
-            window["end"] = time.perf_counter()
-
-    service.learner.update.step = timed  # type: ignore[method-assign]
-    training = threading.Thread(target=lambda: service.call(service.learner.step(long_batch)))
-    training.start()
-    while "start" not in window:
-        time.sleep(0.005)
-    during: list[tuple[float, float]] = []
-    while training.is_alive():
-        during.append(ask())
-    training.join()
-    inside = [e - s for s, e in during if window["start"] <= s and e <= window["end"]]
-    step_s = window["end"] - window["start"]
+    step_s, inside = latencies_during_step(service, long_batch, ask)
     sides = {"idle": idle, "during_step": inside}
     figures = {name: {"n": len(v), "p50_ms": statistics.median(v) * 1e3 if v else None,
                       "p99_ms": quantile(v, 0.99) * 1e3 if v else None} for name, v in sides.items()}

@@ -9,7 +9,7 @@ same way.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -95,4 +95,42 @@ def save_tiny_model(folder: str | Path, hidden_size: int = 64, layers: int = 2, 
     return folder
 
 
-__all__ = ["SPECIAL_TOKENS", "save_tiny_model", "tiny_model", "tiny_tokenizer", "trained_bpe"]
+def latencies_during_step(service: Any, batch: Any,
+                          ask: Callable[[], tuple[float, float]]) -> tuple[float, list[float]]:
+    """One training step of ``batch`` on an online service's learner, on a thread, while ``ask`` sends user
+    requests one after another (each returns its start and end on ``time.perf_counter``) until the step is done.
+
+    Returns the step's seconds and the latencies of the requests that started and ended inside it, for a test or
+    a bench that checks users are answered while the policy trains (docs/online.md).
+    """
+    import threading
+    import time
+
+    window: dict[str, float] = {}
+    step = service.learner.update.step
+
+    def timed(samples: Any) -> Any:
+        window["start"] = time.perf_counter()
+        try:
+            return step(samples)
+        finally:
+            window["end"] = time.perf_counter()
+
+    service.learner.update.step = timed
+    try:
+        training = threading.Thread(target=lambda: service.call(service.learner.step(batch)))
+        training.start()
+        while "start" not in window:
+            time.sleep(0.005)
+        during: list[tuple[float, float]] = []
+        while training.is_alive():
+            during.append(ask())
+        training.join()
+    finally:
+        service.learner.update.step = step
+    inside = [e - s for s, e in during if window["start"] <= s and e <= window["end"]]
+    return window["end"] - window["start"], inside
+
+
+__all__ = ["SPECIAL_TOKENS", "latencies_during_step", "save_tiny_model", "tiny_model", "tiny_tokenizer",
+           "trained_bpe"]

@@ -27,8 +27,8 @@ environment (MLflow names a telemetry session) the child gets, as a fresh
 process's imports would set it. The server freezes what it imported out of
 the garbage collector's reach (``gc.freeze``) before its first fork, so that
 a child's collections leave those objects, and the memory pages they sit on,
-shared with the server. The server refuses to fork once a thread other than its own is running
-(a fork copies only the calling thread).
+shared with the server. The server refuses to fork once a thread other than
+its own is running (a fork copies only the calling thread).
 
 Protocol: the server listens on a Unix socket (``PreloadedPython.socket``)
 and serves any number of requests at once. A requester connects and sends
@@ -248,11 +248,11 @@ def _fork(conn: socket.socket, server_fds: list[int], started: dict[str, str], a
         data += more
     request = json.loads(data)
     env = request["env"]
-    if env is not None and _differs(env, started):
+    differs = _differs(env, started) if env is not None else []
+    if differs:
         for fd in fds:
             os.close(fd)
-        conn.sendall(json.dumps({"refused": f"environment differs in {_differs(env, started)}"}).encode()
-                     + b"\n")
+        conn.sendall(json.dumps({"refused": f"environment differs in {differs}"}).encode() + b"\n")
         conn.close()
         return None
     if threading.active_count() != 1:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +23,7 @@ from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.evaluation import StrictScorer
 from mtrl_runtime.online import OnlineService, OnlineSettings, judge
 from mtrl_runtime.rollouts import GroupResult
+from mtrl_runtime.testing import latencies_during_step
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -202,31 +202,9 @@ def test_no_user_request_waits_on_a_training_step(tmp_path, tiny_model_dir):
             return start, time.perf_counter()
 
         idle = [e - s for s, e in (ask() for _ in range(20))]
-        window: dict[str, float] = {}
-        step = service.learner.update.step
-
-        def timed(samples: Any) -> Any:
-            window["start"] = time.perf_counter()
-            try:
-                return step(samples)
-            finally:
-                window["end"] = time.perf_counter()
-
-        service.learner.update.step = timed  # type: ignore[method-assign]
         repeat = 200  # one step over many samples: seconds long; more where this CPU takes under 1 s for it
         for _ in range(3):
-            long_batch = replace(batch, samples=batch.samples * repeat)
-            window.clear()
-            training = threading.Thread(target=lambda b=long_batch: service.call(service.learner.step(b)))
-            training.start()
-            while "start" not in window:
-                time.sleep(0.005)
-            during: list[tuple[float, float]] = []
-            while training.is_alive():
-                during.append(ask())
-            training.join()
-            inside = [e - s for s, e in during if window["start"] <= s and e <= window["end"]]
-            step_s = window["end"] - window["start"]
+            step_s, inside = latencies_during_step(service, replace(batch, samples=batch.samples * repeat), ask)
             if step_s > 1.0:
                 break
             repeat = int(repeat * 2.0 / max(step_s, 0.1))  # aim at 2 s
