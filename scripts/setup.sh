@@ -45,6 +45,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   fi
   echo "$want" > "$stamp"
 fi
+# The project's own modules as bytecode, as pip leaves an installed package. The editable install runs them from
+# this tree, so a clean clone has none, and under PYTHONDONTWRITEBYTECODE no process writes any: every process
+# importing mtrl would compile its modules again (bench/project_bytecode.py). Only changed files are recompiled.
+.venv/bin/python -m compileall -q mtrl_runtime mtrl_adapters examples integrations >/dev/null
 if [ "${1:-}" = "dev" ] && command -v npm >/dev/null; then
   # the harness CLIs (Claude Code, Codex CLI, opencode, gemini-cli) at their pinned versions, from the npm
   # registry, for tests/test_harnesses.py (skipped without npm); installed once per version
