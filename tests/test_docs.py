@@ -99,6 +99,7 @@ import httpx
 import pytest
 
 from _docs_installs import blocked_for, page_installs, unknown_extras
+from _docs_preload import ADAPTERS_WATCH, PRELOAD
 from _groups import PROCESSES
 from _preloaded_python import PreloadedPython
 
@@ -147,18 +148,6 @@ SERVERS = (
 # A command that starts a multi-process job: its page joins tests/_groups.PROCESSES.
 JOBS = re.compile(r"(^|\s|/)(torchrun|ray start)\b|torch\.distributed\.run")
 
-# A page's Python blocks and ``mtrl`` commands fork from one process that made these imports (module docstring):
-# the third-party modules that ``mtrl train``, ``eval``, ``collect``, ``sft``, ``export`` and ``serve`` import
-# before their first line of work (7.5 s of CPU in one process, summed module by module on the 2-core machine).
-# Only those the page installs are imported (a blocked one stays blocked). None loads a module of ADAPTERS_WATCH.
-PRELOAD = ["torch", "transformers", "tokenizers", "safetensors.torch",
-           "numpy", "yaml", "pydantic", "jinja2", "httpx", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
-           "sqlalchemy", "alembic", "pandas", "matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg",
-           "fastapi", "uvicorn", "starlette"]
-# What mtrl_adapters instruments when it is imported, or at once when it is already loaded: a block must meet
-# these as a fresh process does, so the preloaded python never imports them (it fails if PRELOAD did).
-ADAPTERS_WATCH = ["openai", "anthropic", "google.genai", "botocore", "aiobotocore", "litellm", "langchain_core",
-                  "strands", "mcp", "langchain_mcp_adapters", "agents"]
 PRELOADED_ENV = "MTRL_DOCS_PRELOADED"  # the page's preloaded python's socket, for tests/_docs_bin/mtrl
 DOCS_BIN = ROOT / "tests" / "_docs_bin"  # first on a page's PATH: its ``mtrl`` forks from the preloaded python
 MTRL_COMMAND = re.compile(r"(^|[\s;&|(])mtrl\s+[a-z]")
