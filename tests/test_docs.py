@@ -80,8 +80,6 @@ run at tiny scale by ``tests/test_recipes.py``.
 from __future__ import annotations
 
 import dataclasses
-import importlib.machinery
-import importlib.util
 import json
 import os
 import re
@@ -362,50 +360,7 @@ def test_a_page_forks_its_processes_from_what_it_installs_and_never_from_an_inst
     assert os.access(DOCS_BIN / "mtrl", os.X_OK)
 
 
-def test_a_page_copy_of_a_compiled_module_imports_without_compiling(tmp_path, monkeypatch):
-    """The copy's bytecode is the one Python accepts for the copied source (``copy_bytecode``)."""
-    import py_compile
-
-    src, dst = tmp_path / "repo" / "mod_a.py", tmp_path / "page" / "mod_a.py"
-    src.parent.mkdir()
-    dst.parent.mkdir()
-    src.write_text("VALUE = 42\n")
-    py_compile.compile(str(src), doraise=True)
-    shutil.copy2(src, dst)
-    copy_bytecode(src, dst)
-
-    def compiles(*args, **kwargs):
-        raise AssertionError("compiled from source: the copied bytecode was not taken")
-
-    monkeypatch.setattr(importlib.machinery.SourceFileLoader, "source_to_code", compiles)
-    monkeypatch.setattr(sys, "dont_write_bytecode", True)
-    spec = importlib.util.spec_from_file_location("mod_a", dst)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.VALUE == 42
-    # a source without bytecode copies none, and the copy then compiles (the spy sees it)
-    (tmp_path / "repo" / "mod_b.py").write_text("VALUE = 1\n")
-    shutil.copy2(tmp_path / "repo" / "mod_b.py", tmp_path / "page" / "mod_b.py")
-    copy_bytecode(tmp_path / "repo" / "mod_b.py", tmp_path / "page" / "mod_b.py")
-    spec = importlib.util.spec_from_file_location("mod_b", tmp_path / "page" / "mod_b.py")
-    with pytest.raises(AssertionError, match="compiled from source"):
-        spec.loader.exec_module(importlib.util.module_from_spec(spec))
-
-
 # ---------------------------------------------------------------- one page's workspace
-
-
-def copy_bytecode(src: Path, dst: Path) -> None:
-    """The bytecode ``scripts/setup.sh`` compiled for ``src`` beside its copy ``dst``, where there is some: a
-    reader's checkout has it, and a page's processes that import the project from the page's copy then load it
-    instead of compiling (0.28 s of CPU a process, ``bench/project_bytecode.py``). ``dst`` is a ``copy2`` of
-    ``src`` (same modification time and size), so Python holds the bytecode valid exactly when it was for
-    ``src``."""
-    compiled = Path(importlib.util.cache_from_source(str(src)))
-    if compiled.is_file():
-        target = Path(importlib.util.cache_from_source(str(dst)))
-        target.parent.mkdir(exist_ok=True)
-        shutil.copy2(compiled, target)
 
 
 class Workspace:
@@ -421,8 +376,6 @@ class Workspace:
                 dst = self.dir / name
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, dst)
-                if name.endswith(".py"):
-                    copy_bytecode(src, dst)
         (self.dir / ".venv").symlink_to(VENV)
         self.servers: list[tuple[subprocess.Popen, Path]] = []
         self.ports = {documented: free_port() for documented in sorted(page_server_ports(page))}
