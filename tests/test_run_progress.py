@@ -54,15 +54,27 @@ def _signal_state() -> str:
     return ", ".join(line.replace("\t", " ") for line in text.splitlines() if line.startswith(("SigBlk", "SigIgn")))
 
 
+def _ends_with_the_test_worker() -> None:
+    """In the child before exec: killed when the worker that started it dies (Linux's ``PR_SET_PDEATHSIG``), so
+    that a test run killed mid-test leaves no ``mtrl train`` behind training on the machine's cores."""
+    if sys.platform == "linux":
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _as_a_shell_starts_it() -> None:
     """In the child before exec: SIGINT handled by default and not blocked, as a terminal starts a command.
     A test worker may carry either from an earlier test's library, and a child inherits both."""
+    _ends_with_the_test_worker()
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _as_a_scripts_background_job_starts_it() -> None:
     """In the child before exec: SIGINT ignored, as a non-interactive shell starts ``mtrl train ... &``."""
+    _ends_with_the_test_worker()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
