@@ -4,8 +4,9 @@ Embedded by default: a SQLite tracking store inside the run folder
 (``sqlite:///<run_dir>/mlflow.db``) with artifacts beside it
 (``<run_dir>/mlartifacts``), so a run needs no server; a new one is a copy
 of a migrated empty store cached per MLflow version (``_mlflow_template``),
-not migrated again; open it with
-``mlflow ui --backend-store-uri sqlite:///<run_dir>/mlflow.db``. Any other
+not migrated again; open it with ``ui_command(uri)``
+(``mlflow ui --backend-store-uri sqlite:///<run_dir>/mlflow.db --workers 1``
+without MLflow's job runner). Any other
 tracking URI (``advanced.mlflow.tracking_uri``) is used as given.
 
 Each trajectory becomes one trace: a root span for the rollout (inputs: the
@@ -61,6 +62,13 @@ _SECRET_KEY = re.compile(r"(^|_)(api_?key|secret|password|token)$", re.IGNORECAS
 def default_tracking_uri(run_dir: str | Path) -> str:
     """The embedded store of a run: a SQLite file inside its folder (``RunFolder.mlflow_uri``)."""
     return RunFolder(run_dir).mlflow_uri
+
+
+def ui_command(tracking_uri: str) -> str:
+    """The shell command that opens ``tracking_uri`` in the MLflow UI for one viewer: one worker process, and none
+    of MLflow's server-side jobs (its job runner and consumers cost 45 s of CPU in the UI's first 30 s on 2 cores,
+    ``bench/mlflow_ui_cpu.py``). What ``mtrl train``, ``eval`` and ``demo`` print at their end."""
+    return f"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri {tracking_uri} --workers 1"
 
 
 def flatten_params(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:

@@ -96,3 +96,53 @@ def test_a_tool_span_says_where_the_tool_ran(tmp_path):
     spans = {s.name: s for s in mlflow.get_trace(trace_id).data.spans}
     assert spans["tool lookup"].attributes["mtrl.source"] == "mcp:notes"
     assert spans["tool double"].attributes["mtrl.source"] == "local"
+
+
+def test_the_ui_command_the_commands_print_serves_the_run_without_mlflows_job_runner(tmp_path):
+    """``ui_command`` (the last line of ``mtrl train``, ``eval`` and ``demo``), run by a shell as a user pastes it,
+    answers ``/health`` with one worker and no job runner among its processes."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    from mtrl_runtime.tracking import ui_command
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = f"{ui_command(default_tracking_uri(tmp_path / 'run'))} --port {port}"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "MLFLOW_ENABLE_TELEMETRY": "false"}
+    (tmp_path / "run").mkdir()
+    proc = subprocess.Popen(["bash", "-c", command], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                    assert answer.status == 200
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, f"no /health (exit {proc.poll()})"
+                time.sleep(0.3)
+        time.sleep(1.0)  # MLflow starts its job runner beside the server, by the time it answers /health
+        session = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if int(stat[3]) == proc.pid:
+                session.append(cmdline)
+        assert any("mlflow" in c and "ui" in c for c in session), session
+        assert not [c for c in session if "_job_runner" in c or "huey" in c], session
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)

@@ -176,7 +176,10 @@ def _demo(args: argparse.Namespace) -> int:
     if evaluation.report is not None:
         console.print(f"report: {evaluation.report}")
     if result.tracking_uri:
-        console.print(f"MLflow run {result.mlflow_run_id}: open it with\n  mlflow ui --backend-store-uri {result.tracking_uri}")
+        from ..tracking import ui_command
+
+        console.print(f"MLflow run {result.mlflow_run_id}: open it with\n  {ui_command(result.tracking_uri)}",
+                      markup=False, highlight=False)
     console.print(f"serve the trained agent (OpenAI-compatible, http://127.0.0.1:8731/v1):\n"
                   f"  mtrl serve --adapter {config.run_dir} --inference\n"
                   f"or export it (a peft adapter; --merged for a standalone model folder vLLM serves too):\n"

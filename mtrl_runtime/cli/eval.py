@@ -106,7 +106,9 @@ def _eval(args: argparse.Namespace) -> int:
     print(_summary(result))
     print(f"mtrl: report: {result.report.markdown} (also .json, .png)")
     if result.tracking_uri and result.tracking_uri.startswith("sqlite:///"):
-        print(f"mtrl: open it with: mlflow ui --backend-store-uri {result.tracking_uri}")
+        from ..tracking import ui_command
+
+        print(f"mtrl: open it with: {ui_command(result.tracking_uri)}")
     return _no_side_empty(result)
 
 

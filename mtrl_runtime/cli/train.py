@@ -79,7 +79,9 @@ def _train(args: argparse.Namespace) -> int:
         return 130
     print(f"mtrl: trained steps {result.start_step + 1}..{result.final_step}; adapter: {result.output_adapter_path}")
     if result.tracking_uri and result.tracking_uri.startswith("sqlite:///"):
-        print(f"mtrl: open the run with: mlflow ui --backend-store-uri {result.tracking_uri}")
+        from ..tracking import ui_command
+
+        print(f"mtrl: open the run with: {ui_command(result.tracking_uri)}")
     return 0
 
 
