@@ -30,9 +30,11 @@ from pathlib import Path
 
 from _machine import load_note, machine_info, save_results
 
+from mtrl_runtime.tracking import VIEWER_ENV
+
 RESULTS = Path(__file__).resolve().parent / "results" / "mlflow_ui_cpu.json"
 TICK = os.sysconf("SC_CLK_TCK")
-SIDES = {"with jobs (default)": {}, "without jobs": {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}}
+SIDES = {"with jobs (default)": {}, "without jobs": VIEWER_ENV}
 
 
 def session_cpu(sid: int) -> tuple[float, int]:
@@ -69,7 +71,6 @@ def one(extra_env: dict[str, str], watch_s: float) -> dict[str, float]:
              f"sqlite:///{tmp}/mlflow.db", "--workers", "1"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            most = 0
             while True:
                 try:
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
@@ -82,8 +83,7 @@ def one(extra_env: dict[str, str], watch_s: float) -> dict[str, float]:
             cpu_up, most = session_cpu(proc.pid)
             end = time.monotonic() + watch_s
             while time.monotonic() < end:
-                cpu, count = session_cpu(proc.pid)
-                most = max(most, count)
+                most = max(most, session_cpu(proc.pid)[1])
                 time.sleep(0.5)
             cpu_after, _ = session_cpu(proc.pid)
         finally:

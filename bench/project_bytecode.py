@@ -91,10 +91,10 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"source only": Path(tmp) / "source", "compiled": Path(tmp) / "compiled"}
+        archive = subprocess.run(["git", "archive", "HEAD", *PACKAGES], cwd=ROOT, check=True,
+                                 capture_output=True).stdout
         for tree in trees.values():
             tree.mkdir()
-            archive = subprocess.run(["git", "archive", "HEAD", *PACKAGES], cwd=ROOT, check=True,
-                                     capture_output=True).stdout
             subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
         subprocess.run([sys.executable, "-m", "compileall", "-q", *PACKAGES], cwd=trees["compiled"], check=True,
                        stdout=subprocess.DEVNULL)

@@ -64,11 +64,16 @@ def default_tracking_uri(run_dir: str | Path) -> str:
     return RunFolder(run_dir).mlflow_uri
 
 
+# The MLflow UI's environment for viewing runs: none of MLflow's server-side jobs (its job runner and consumers cost
+# 45 s of CPU in the UI's first 30 s on 2 cores, bench/mlflow_ui_cpu.py).
+VIEWER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 def ui_command(tracking_uri: str) -> str:
-    """The shell command that opens ``tracking_uri`` in the MLflow UI for one viewer: one worker process, and none
-    of MLflow's server-side jobs (its job runner and consumers cost 45 s of CPU in the UI's first 30 s on 2 cores,
-    ``bench/mlflow_ui_cpu.py``). What ``mtrl train``, ``eval`` and ``demo`` print at their end."""
-    return f"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri {tracking_uri} --workers 1"
+    """The shell command that opens ``tracking_uri`` in the MLflow UI for one viewer: one worker process and
+    ``VIEWER_ENV``. What ``mtrl train``, ``eval`` and ``demo`` print at their end."""
+    env = " ".join(f"{name}={value}" for name, value in VIEWER_ENV.items())
+    return f"{env} mlflow ui --backend-store-uri {tracking_uri} --workers 1"
 
 
 def flatten_params(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:

@@ -141,15 +141,15 @@ class MlflowUI:
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "MlflowUI":
+        from mtrl_runtime.tracking import VIEWER_ENV
+
         out = open(self.log, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{self.db}",
              "--host", "127.0.0.1", "--port", "0", "--workers", "1"],  # port 0: a free one
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "MLFLOW_ENABLE_TELEMETRY": "false",
                                                         "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true",
-                                                        # no job runner: viewing needs no server-side jobs, and its
-                                                        # consumers cost 45 s of CPU (bench/mlflow_ui_cpu.py)
-                                                        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+                                                        **VIEWER_ENV},  # no job runner: viewing needs none
         )
         deadline = time.monotonic() + 90
         while True:
