@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """
@@ -44,3 +46,43 @@ def test_the_installed_executable_and_python_m_both_go_through_console():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["mtrl"] == "mtrl_runtime.cli:console"
     assert "sys.exit(console())" in (ROOT / "mtrl_runtime" / "cli" / "__main__.py").read_text()
+
+
+IMPORTS_PROBE = """
+import sys
+from mtrl_runtime.cli import console
+sys.argv = ["mtrl", *sys.argv[1:]]
+try:
+    status = console()
+except SystemExit as stop:  # rescore exits on a missing run
+    status = stop.code
+from transformers import LlamaForCausalLM  # what a training command loads
+print("sklearn imported:", "sklearn" in sys.modules, flush=True)
+sys.exit(status)
+"""
+
+
+@pytest.mark.parametrize("command, sklearn", [("collect", False), ("rescore", True)])
+def test_a_command_that_loads_models_imports_them_without_sklearn(tmp_path, command, sklearn):
+    # console leaves scikit-learn out of transformers' imports before a command that may load a model class
+    # (cli/_imports.py); rescore loads none, and its process is left as it was
+    argv = {"collect": ["collect", "examples/aircraft_inspection/scripted.yaml", "--agent",
+                        "examples.aircraft_inspection.agent:run", "--dataset", str(tmp_path / "missing.jsonl")],
+            "rescore": ["rescore", str(tmp_path / "no-run"), "--reward", "examples.aircraft_inspection.agent:run"]}
+    done = subprocess.run([sys.executable, "-c", IMPORTS_PROBE, *argv[command]], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0, done.stdout  # both fail at once on what is missing; the probe then loads a model class
+    assert f"sklearn imported: {sklearn}" in done.stdout, done.stdout + done.stderr
+
+
+def test_leaving_out_sklearn_after_transformers_generation_was_imported_changes_nothing():
+    import transformers.generation.candidate_generator  # noqa: F401  (this process has it, as a test worker does)
+    from transformers.utils import is_sklearn_available
+
+    from mtrl_runtime.cli._imports import leave_out_sklearn
+
+    before = is_sklearn_available()
+    assert leave_out_sklearn() is False
+    import transformers.utils
+
+    assert transformers.utils.is_sklearn_available is is_sklearn_available and is_sklearn_available() == before

@@ -61,6 +61,6 @@ def _rescore(args: argparse.Namespace) -> int:
 
 
 RESCORE = Command("rescore", "recompute a run's rewards and advantages with another reward, nothing generated",
-                  _rescore_args, _rescore)
+                  _rescore_args, _rescore, loads_models=False)
 
 __all__ = ["RESCORE"]
