@@ -77,12 +77,34 @@ def test_a_per_reason_name_outside_its_registry_is_an_error_naming_the_known_one
 
 def test_the_heartbeat_reads_the_counters_as_a_mapping():
     counters = CoordinatorCounters()
-    counters.turns += 5  # before the step: not this step's
+    counters.count_turns(None, 5)  # before the step, outside training: not this step's
     beat = Heartbeat(RolloutTally(), counters, print, every_s=3600)
     beat.mark("step 1/2", key=0)
-    counters.turns += 4
-    counters.tool_calls += 2
+    counters.count_turns(0, 4)
+    counters.count_tool_calls(0, 2)
     assert "turns 4, tool calls 2" in beat.line()
+    assert counters["turns"] == 9 and counters["tool_calls"] == 2  # in all, as before
+
+
+def test_a_step_collected_ahead_counts_its_own_turns_and_tool_calls():
+    # asynchronous training collects step 2's rollouts while step 1 updates: when step 2 is marked, its rollouts
+    # may all be done already; its line counts their turns, not the turns since the mark (it read "turns 0")
+    counters, tally = CoordinatorCounters(), RolloutTally()
+    beat = Heartbeat(tally, counters, print, every_s=3600)
+    beat.mark("step 1/2", key=0)
+    tally.plan(0, 2)
+    tally.plan(1, 2)
+    counters.count_turns(0, 3)
+    counters.count_turns(1, 7)  # step 2's rollouts, ahead
+    counters.count_tool_calls(1, 4)
+    for step in (0, 0, 1, 1):
+        tally.record(step, RolloutStatus.COMPLETED)
+    assert beat.line().startswith("step 1/2: rollouts 2/2 done, turns 3, tool calls 0, errors 0")
+    beat.mark("step 2/2", key=1)
+    assert beat.line().startswith("step 2/2: rollouts 2/2 done, turns 7, tool calls 4, errors 0")
+    beat.mark("evaluation", key=None)  # outside steps: what was counted since the mark
+    counters.count_turns(None, 2)
+    assert beat.line().startswith("evaluation: rollouts 0/0 done, turns 2, tool calls 0")
 
 
 def test_every_flag_the_agent_side_reports_has_its_own_counter():

@@ -209,13 +209,16 @@ def test_on_a_terminal_the_heartbeat_is_the_live_bars_status(monkeypatch):
 
     from rich.console import Console
 
+    from mtrl_runtime.coordinator import CoordinatorCounters
     from mtrl_runtime.rollouts import RolloutTally
     from mtrl_runtime.training import _progress
     from mtrl_runtime.training._loop import StepReport
 
     monkeypatch.setattr(_progress, "TTY_REFRESH_S", 0.05)
     screen = io.StringIO()
-    tally, counters = RolloutTally(), {"turns": 3, "tool_calls": 1}
+    tally, counters = RolloutTally(), CoordinatorCounters()
+    counters.count_turns(None, 3)  # before the run: not a step's
+    counters.count_tool_calls(None, 1)
 
     async def run() -> list[str]:
         statuses = []
@@ -224,7 +227,7 @@ def test_on_a_terminal_the_heartbeat_is_the_live_bars_status(monkeypatch):
             tally.plan(0, 4)
             tally.record(0, RolloutStatus.COMPLETED)
             tally.record(0, RolloutStatus.FAILED)
-            counters["turns"] += 5
+            counters.count_turns(0, 5)
             await asyncio.sleep(0.3)
             statuses.append(display._progress.tasks[0].fields["status"])
             display(StepReport(0, 3, {"rollout/reward/mean": 0.5, "time/step": 1.0}))
@@ -237,6 +240,49 @@ def test_on_a_terminal_the_heartbeat_is_the_live_bars_status(monkeypatch):
     assert first.startswith("step 1/3: rollouts 2/4 done, turns 5, tool calls 0, errors 1"), first
     assert second.startswith("step 2/3: rollouts 0/4 done, turns 0"), second
     assert "mtrl: training m, engine scripted" in screen.getvalue()
+
+
+def test_a_steps_heartbeat_counts_the_turns_of_its_rollouts_collected_before_its_mark(served, tiny_tok):
+    """Asynchronous training collects a step's rollouts while the step before it trains: by the step's mark they
+    may all be done. Its line counts their turns and tool calls (it read "rollouts 2/2 done, turns 0")."""
+    import asyncio
+
+    import openai
+
+    from mtrl_adapters import aupdate_reward, record_tool_call, rollout
+    from mtrl_runtime.config import MtrlConfig
+    from mtrl_runtime.engines import ScriptedEngine
+    from mtrl_runtime.executors import InProcessExecutor
+    from mtrl_runtime.rollouts import Dispatcher, Heartbeat
+    from mtrl_runtime.types import Task
+
+    handle = served(ScriptedEngine(tiny_tok, lambda request, prompt: "ok"))
+
+    @rollout
+    async def agent(task):
+        client = openai.AsyncOpenAI(base_url="http://agent.invalid/v1", api_key="unused", max_retries=0)
+        await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task.prompt}],
+                                             max_tokens=4)
+        record_tool_call("lookup", {"key": "A1"}, result="42")
+        await aupdate_reward(1.0)
+
+    async def collect() -> tuple[str, str]:
+        executor = InProcessExecutor(agent)
+        dispatcher = Dispatcher(handle.coordinator, executor, MtrlConfig.from_dict({"core": {"group_size": 2}}),
+                                handle.url, handle.loop)
+        beat = Heartbeat(dispatcher.tally, handle.coordinator.counters, lambda line: None)
+        beat.mark("step 1/2", key=0)
+        try:
+            await dispatcher.collect(1, [Task(id="t", prompt="q")])  # step 2's rollouts, ahead of its mark
+        finally:
+            await executor.close()
+        during = beat.line()
+        beat.mark("step 2/2", key=1)
+        return during, beat.line()
+
+    during, marked = asyncio.run(collect())
+    assert during.startswith("step 1/2: rollouts 0/0 done, turns 0, tool calls 0"), during
+    assert marked.startswith("step 2/2: rollouts 2/2 done, turns 2, tool calls 2, errors 0"), marked
 
 
 def test_a_process_started_with_ctrl_c_blocked_says_so_and_sigterm_still_reaches_it():

@@ -334,7 +334,7 @@ class CallCapture:
             live.role_conversations[role] = conversation
         live.note_calls(message.get("tool_calls") or (), tools, turn.index)
         live.turns += 1
-        self.counters.turns += 1
+        self.counters.count_turns(live.step, 1)
         if sampling.max_tokens_asked is not None:
             live.clamped_turns += 1
             self.counters.max_tokens_clamped += 1

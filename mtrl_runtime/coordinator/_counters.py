@@ -7,6 +7,11 @@ per reason are ``Counter``s keyed by the reason's own type: a prefix break
 by its ``BreakReason``, a malformed tool call by the chat format's registry
 name, a rollout's end by its final ``RolloutStatus``.
 
+Turns and tool calls are also tallied per training step (``turns_by_step``,
+``tool_calls_by_step``; ``count_turns`` and ``count_tool_calls`` write both),
+so a step's progress line counts its own rollouts' turns, those collected
+ahead of it under asynchronous training included.
+
 Read as a mapping under the names the heartbeat, ``/health``-style reports,
 logs and tests have always read (``counters["turns"]``,
 ``counters["prefix_break/reply_edited"]``, ``counters["rollouts_completed"]``,
@@ -82,6 +87,19 @@ class CoordinatorCounters(Mapping[str, int]):
     prefix_breaks: Counter[BreakReason] = field(default_factory=Counter)
     malformed_by_format: Counter[str] = field(default_factory=Counter)  # key: a CHAT_FORMATS name
     rollouts_ended: Counter[RolloutStatus] = field(default_factory=Counter)  # key: a final status
+    # per training step (key: the rollout's step, None outside training)
+    turns_by_step: Counter[int | None] = field(default_factory=Counter)
+    tool_calls_by_step: Counter[int | None] = field(default_factory=Counter)
+
+    def count_turns(self, step: int | None, n: int) -> None:
+        """``n`` policy turns of a rollout of ``step``: counted in all and for the step."""
+        self.turns += n
+        self.turns_by_step[step] += n
+
+    def count_tool_calls(self, step: int | None, n: int) -> None:
+        """``n`` tool calls an agent reported for a rollout of ``step``: counted in all and for the step."""
+        self.tool_calls += n
+        self.tool_calls_by_step[step] += n
 
     # -------------------------------------------------------------- read as a mapping of names
     def __getitem__(self, name: str) -> int:

@@ -56,6 +56,7 @@ class LiveRollout:
     token_hash: str
     policy_version: int
     max_turns: int
+    step: int | None = None  # the training step whose batch it belongs to (None outside training)
     conversation: ConversationState | None = None
     previous: ConversationState | None = None  # the conversation before the last turn (a compaction's summary call)
     turns: int = 0
@@ -232,6 +233,7 @@ class LiveRollouts:
             token_hash=hash_token(token),
             policy_version=policy_version,
             max_turns=max_turns or self.default_max_turns,
+            step=step,
             reference=reference,
             base_model=base_model,
             seed=seed,

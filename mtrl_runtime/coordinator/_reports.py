@@ -46,7 +46,7 @@ class ReportIntake:
         with client_data("tool_call"):
             await self.store.aadd_tool_call(call)
         live.note_reported([report.name])
-        self.counters.tool_calls += 1
+        self.counters.count_tool_calls(live.step, 1)
         if self.trips is not None:
             self.trips.check_calls(rollout_id, [call])
 
@@ -60,7 +60,7 @@ class ReportIntake:
                 if start + TOOL_CALL_CHUNK < len(calls):
                     await asyncio.sleep(0)
         live.note_reported(call.name for call in calls)
-        self.counters.tool_calls += len(calls)
+        self.counters.count_tool_calls(live.step, len(calls))
         if self.trips is not None:
             self.trips.check_calls(rollout_id, calls)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Mapping
 
+from ..coordinator import CoordinatorCounters
 from ..rollouts import HEARTBEAT_S, Heartbeat, RolloutTally
 
 TTY_REFRESH_S = 1.0
@@ -32,7 +33,7 @@ class EvalProgress:
     def __enter__(self) -> "EvalProgress":
         return self
 
-    def attach(self, info: Mapping[str, Any], tally: RolloutTally, counters: Mapping[str, int]) -> None:
+    def attach(self, info: Mapping[str, Any], tally: RolloutTally, counters: CoordinatorCounters) -> None:
         self._say("mtrl: " + ", ".join(f"{k} {v}" for k, v in info.items()))
         live = self.console.is_terminal
         if live:

@@ -3,8 +3,10 @@ reward reports the coordinator refused (when there were some).
 
 The ``Dispatcher`` keeps a ``RolloutTally`` per step (rollouts planned,
 ended, ended other than completed); turns and tool calls come from the
-coordinator's ``counters``. A ``Heartbeat`` turns both into one line,
-counted from its last ``mark`` (a step's start), and ``run`` emits that
+coordinator's ``counters``: for a step, the step's own (``turns_by_step``:
+rollouts an asynchronous run collected ahead of the step, before its
+``mark``, count for it); outside steps, those counted since the last
+``mark``. A ``Heartbeat`` turns both into one line, and ``run`` emits that
 line every ``every_s`` seconds until cancelled (training, evaluation)::
 
     beat = Heartbeat(dispatcher.tally, coordinator.counters, print, every_s=30)
@@ -18,8 +20,9 @@ import asyncio
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Mapping
+from typing import Callable, Hashable
 
+from ..coordinator import CoordinatorCounters
 from ..types import RolloutStatus
 
 HEARTBEAT_S = 30.0  # the longest a non-terminal run stays silent during a step
@@ -49,7 +52,7 @@ class Heartbeat:
     def __init__(
         self,
         tally: RolloutTally,
-        counters: Mapping[str, int],
+        counters: CoordinatorCounters,
         emit: Callable[[str], None],
         every_s: float = HEARTBEAT_S,
     ) -> None:
@@ -70,6 +73,8 @@ class Heartbeat:
     def line(self) -> str:
         turns, calls, refused = (int(self.counters.get(k, 0)) - self._since.get(k, 0) for k in _COUNTED)
         key = self.key
+        if key is not None:  # a step: its own rollouts' turns and tool calls, wherever they were counted
+            turns, calls = self.counters.turns_by_step[key], self.counters.tool_calls_by_step[key]
         return (f"{self.label}: rollouts {self.tally.done[key]}/{self.tally.planned[key]} done, turns {turns}, "
                 f"tool calls {calls}, errors {self.tally.errors[key]}"
                 + (f", rewards refused {refused}" if refused else "")

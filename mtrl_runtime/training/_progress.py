@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Mapping
 
+from ..coordinator import CoordinatorCounters
 from ..diagnostics import VAL_REWARD
 from ..evaluation import PASS_K_PREFIX
 from ..rollouts import HEARTBEAT_S, Heartbeat, RolloutTally
@@ -45,7 +46,7 @@ class ProgressDisplay:
         self._beating: asyncio.Task[None] | None = None
 
     def attach(
-        self, info: Mapping[str, Any], tally: RolloutTally, counters: Mapping[str, int], start_step: int
+        self, info: Mapping[str, Any], tally: RolloutTally, counters: CoordinatorCounters, start_step: int
     ) -> None:
         """Print the start line (``info``: model, engine, run folder, MLflow URI) and start the heartbeat.
 
