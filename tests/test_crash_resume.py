@@ -26,7 +26,10 @@ import torch
 from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.training._resume import INTERRUPTED, RESUMES_KEY
 
+from _groups import one_worker
 from _preloaded_python import PreloadedPython
+
+pytestmark = one_worker(__name__)  # one preloaded server for the five runs (7.5 s of CPU each time it is built)
 
 CHILD = Path(__file__).resolve().parent / "_crash_child.py"
 MAX_STEPS = 5
