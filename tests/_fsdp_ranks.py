@@ -26,13 +26,13 @@ weights to ``<CASE_DIR>/<kind>-resumed.pt``.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import sys
 from pathlib import Path
 
 import torch
 
 from mtrl_runtime.training import ShardedUpdate, UpdateSettings, build_sharded_policy, init_ranks
+from mtrl_runtime.training.distributed import exit_rank, leave_job
 
 
 def record_weight_reads() -> list[str]:
@@ -135,10 +135,9 @@ def main(case: Path) -> None:
         torch.save({"state": reference.state_dict(), "buffers": dict(reference.named_buffers()),
                     "tied": reference.get_output_embeddings().weight is reference.get_input_embeddings().weight},
                    case / "reference-rank1.pt")
-    torch.distributed.barrier()  # no rank tears its connections down while another still uses them
-    torch.distributed.destroy_process_group()
+    leave_job()  # no rank tears its connections down while another still uses them
 
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
-    gc.freeze()  # as the mtrl console script does: no last collections of torch's objects at exit
+    exit_rank(0)  # as mtrl train's ranks do: without the interpreter's shutdown, which gloo's threads can abort

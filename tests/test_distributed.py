@@ -281,14 +281,14 @@ def test_rounds_deal_one_sample_per_rank_longest_first():
 
 
 def test_a_follower_exits_with_its_output_flushed_and_without_the_interpreters_shutdown(tmp_path):
-    # exit_follower's os._exit: buffered output (a pipe, as under torchrun) still arrives, the status is kept,
+    # exit_rank's os._exit: buffered output (a pipe, as under torchrun) still arrives, the status is kept,
     # and nothing of the shutdown runs (an atexit handler stands for it), so gloo's threads cannot abort it
     script = ("import atexit, pathlib, sys\n"
-              "from mtrl_runtime.training import exit_follower\n"
+              "from mtrl_runtime.training import exit_rank\n"
               f"atexit.register(lambda: pathlib.Path({str(tmp_path / 'shutdown-ran')!r}).touch())\n"
               "print('rank 1 left the job', end='')\n"
               "sys.stderr.write('and said so on stderr')\n"
-              "exit_follower(3)\n"
+              "exit_rank(3)\n"
               "print('never printed')\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout, done.stderr) == (3, "rank 1 left the job", "and said so on stderr")

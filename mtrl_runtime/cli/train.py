@@ -55,7 +55,7 @@ def _validation_tasks(args: argparse.Namespace) -> Any:
 
 def _train(args: argparse.Namespace) -> int:
     from ..config import MtrlConfig
-    from ..training import MultiTurnRLTrainer, exit_follower, follow_training, join_torchrun
+    from ..training import MultiTurnRLTrainer, exit_rank, follow_training, join_torchrun
     from ._precision import resolve_precision
 
     config = MtrlConfig.from_yaml(args.config)
@@ -67,7 +67,7 @@ def _train(args: argparse.Namespace) -> int:
     ranks = join_torchrun(config)  # under torchrun: rank 0 runs the run, the others train their shard
     if ranks is not None and not ranks.leader:
         follow_training(config, ranks)
-        exit_follower(0)  # without the interpreter's shutdown, which gloo's threads can abort (exit_follower)
+        exit_rank(0)  # without the interpreter's shutdown, which gloo's threads can abort (exit_rank)
     trainer = MultiTurnRLTrainer(agent_env=agent_env_for(args.agent, config), config=config, resume=args.resume,
                                  tracking=not args.no_mlflow, validation_dataset=_validation_tasks(args),
                                  strict_scorer=load_agent(args.strict, "--strict") if args.strict else None,

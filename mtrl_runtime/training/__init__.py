@@ -26,7 +26,7 @@ _EXPORTS: dict[str, str] = {
                      "load_teacher"), ".update"),
     **dict.fromkeys(("InitialWeights", "build_sharded_policy", "materialise", "ShardedUpdate", "deal_rounds",
                      "follow_training", "sharded_update_from_config", "shard_policy", "Ranks", "check_world_divides",
-                     "exit_follower", "init_ranks", "join_torchrun", "launched_distributed", "rank_device"), ".distributed"),
+                     "exit_rank", "init_ranks", "join_torchrun", "launched_distributed", "rank_device"), ".distributed"),
     **dict.fromkeys(("INIT_KEY", "load_initial_weights"), "._init_weights"),
     **dict.fromkeys(("PreparedBatch", "batch_options", "group_advantages", "prepare_batch", "staleness", "valid_mean"), "._batch"),
     **dict.fromkeys(("SampledStep", "sample_step", "sampling_metrics", "useful_mask"), "._dynamic_sampling"),

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ._fsdp import full_value, local_shard, shard_policy
 from ._rank0_weights import InitialWeights, build_sharded_policy, materialise
-from ._ranks import (Ranks, check_world_divides, exit_follower, init_ranks, join_torchrun, launched_distributed, leave_job,
+from ._ranks import (Ranks, check_world_divides, exit_rank, init_ranks, join_torchrun, launched_distributed, leave_job,
                      rank_device)
 from ._sharded_update import SUMMED, ShardedUpdate, deal_rounds, follow_training, sharded_update_from_config
 
@@ -33,7 +33,7 @@ __all__ = [
     "build_sharded_policy",
     "check_world_divides",
     "deal_rounds",
-    "exit_follower",
+    "exit_rank",
     "follow_training",
     "full_value",
     "init_ranks",

@@ -4,8 +4,8 @@
 than one process) it checks that the step's batch splits over the ranks and
 that each rank gets its own device (``rank_device``: ``cuda:LOCAL_RANK`` or
 the CPU), then joins the process group (nccl with CUDA, else gloo);
-``leave_job`` leaves it with the others, and ``exit_follower`` ends a rank
-other than 0 after that. The sharded training itself is ``_sharded_update``.
+``leave_job`` leaves it with the others, and ``exit_rank`` then ends a rank
+that has nothing left to do (every rank of ``mtrl train`` but 0). The sharded training itself is ``_sharded_update``.
 """
 
 from __future__ import annotations
@@ -111,9 +111,9 @@ def leave_job() -> None:
         dist.destroy_process_group()
 
 
-def exit_follower(status: int = 0) -> NoReturn:
-    """End a rank other than 0 once it has left the job (``leave_job``): its output flushed, then ``os._exit``,
-    without the interpreter's shutdown.
+def exit_rank(status: int = 0) -> NoReturn:
+    """End a rank's process once it has left the job (``leave_job``) and has nothing left to write: its output
+    flushed, then ``os._exit``, without the interpreter's shutdown.
 
     gloo's worker threads let go of a collective's tensors a moment after the
     collective returns, and a tensor that Python created needs the GIL to be
@@ -124,8 +124,11 @@ def exit_follower(status: int = 0) -> NoReturn:
     the process group outlives ``destroy_process_group`` (its mesh holds it), so
     its threads cannot be joined first. Measured with two ranks beside three
     busy loops: 5 aborts in 17 jobs exiting as usual, none in 25 with this.
-    A follower writes nothing but its output (rank 0 saves the run), so nothing
-    the shutdown would still do is lost.
+
+    ``mtrl train`` calls it on every rank but 0: those write nothing but their
+    output (rank 0 saves the run), so nothing the shutdown would still do is
+    lost. Rank 0 closes the run (its servers, its MLflow run) through the
+    shutdown, long after its last collective.
     """
     sys.stdout.flush()
     sys.stderr.flush()
@@ -133,5 +136,5 @@ def exit_follower(status: int = 0) -> NoReturn:
     os._exit(status)
 
 
-__all__ = ["Ranks", "check_world_divides", "exit_follower", "init_ranks", "join_torchrun", "launched_distributed",
+__all__ = ["Ranks", "check_world_divides", "exit_rank", "init_ranks", "join_torchrun", "launched_distributed",
            "leave_job", "rank_device"]
