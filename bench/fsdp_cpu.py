@@ -103,6 +103,7 @@ def worker(case: Path, mode: str, kind: str) -> None:
     apart from the warm-up.
     """
     from mtrl_runtime.training import PolicyUpdate, ShardedUpdate, build_policy, build_sharded_policy, init_ranks
+    from mtrl_runtime.training.distributed import exit_rank, leave_job
 
     torch.set_num_threads(1)
     steps = torch.load(case / "steps.pt", weights_only=False)
@@ -126,15 +127,15 @@ def worker(case: Path, mode: str, kind: str) -> None:
             update.follow()  # the timed steps
             (case / f"fsdp-{kind}-rank{ranks.rank}.cpu").write_text(str(time.process_time() - started))
             update.full_state()
-            torch.distributed.destroy_process_group()
-            return
+            leave_job()
+            exit_rank(0)  # without the interpreter's shutdown, which gloo's threads can abort
         warm = run_steps(update, steps[:1])
         update.stop()
         timed = run_steps(update, steps[1:])
         update.stop()
         losses, seconds, cpu = (w + t for w, t in zip(warm, timed))
         state = update.full_state()
-        torch.distributed.destroy_process_group()
+        leave_job()
         others = sum(float((case / f"fsdp-{kind}-rank{r}.cpu").read_text()) for r in range(1, ranks.world_size))
     assert sorted(state) == sorted(names)
     torch.save({"losses": losses, "seconds": seconds, "cpu": cpu, "others_cpu": others, "state": state,

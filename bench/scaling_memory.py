@@ -90,6 +90,7 @@ def measure_child(folder: Path, rows: int, length: int, mode: str) -> None:
 
     from mtrl_runtime.training import (PolicyUpdate, ShardedUpdate, UpdateSettings, build_policy,
                                        build_sharded_policy, init_ranks)
+    from mtrl_runtime.training.distributed import exit_rank, leave_job
     from mtrl_runtime.types import Sample
 
     torch.set_num_threads(1)
@@ -125,7 +126,8 @@ def measure_child(folder: Path, rows: int, length: int, mode: str) -> None:
     print("MEASURED " + json.dumps({"mode": mode, "rank": rank, "rss_before_step_gb": round(before / GB, 3),
                                     "peak_in_step_gb": round(peak / GB, 3)}), flush=True)
     if ranks is not None:
-        torch.distributed.destroy_process_group()
+        leave_job()
+        exit_rank(0)  # without the interpreter's shutdown, which gloo's threads can abort
 
 
 def _status(field: str) -> int:
