@@ -5,7 +5,8 @@ than one process) it checks that the step's batch splits over the ranks and
 that each rank gets its own device (``rank_device``: ``cuda:LOCAL_RANK`` or
 the CPU), then joins the process group (nccl with CUDA, else gloo);
 ``leave_job`` leaves it with the others, and ``exit_rank`` then ends a rank
-that has nothing left to do (every rank of ``mtrl train`` but 0). The sharded training itself is ``_sharded_update``.
+that has nothing left to do (every rank of ``mtrl train`` but 0). The
+sharded training itself is ``_sharded_update``.
 """
 
 from __future__ import annotations
