@@ -104,7 +104,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Callable[..., Any]]:
-    """Start a coordinator on 127.0.0.1 over a given engine; stopped at teardown."""
+    """Start a coordinator on 127.0.0.1 over a given engine (on ``port``, default a free one); stopped at teardown."""
     from mtrl_runtime.config import MtrlConfig
     from mtrl_runtime.coordinator import Coordinator
     from mtrl_runtime.server import create_app, start_server
@@ -112,11 +112,11 @@ def served(tmp_path: Path) -> Iterator[Callable[..., Any]]:
 
     started: list[tuple[Any, Any]] = []
 
-    def start(engine: Any, config: MtrlConfig | None = None) -> Any:
+    def start(engine: Any, config: MtrlConfig | None = None, port: int = 0) -> Any:
         config = config or MtrlConfig()
         store = SQLiteStore(tmp_path / f"store{len(started)}.db")
         coordinator = Coordinator(engine, store, config)
-        handle = start_server(create_app(coordinator), "127.0.0.1", 0)
+        handle = start_server(create_app(coordinator), "127.0.0.1", port)
         started.append((handle, store))
         handle.coordinator = coordinator  # type: ignore[attr-defined]
         handle.store = store  # type: ignore[attr-defined]

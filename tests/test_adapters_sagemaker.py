@@ -8,6 +8,7 @@ code) trains against the coordinator in compatibility mode on loopback.
 from __future__ import annotations
 
 import base64
+import socket
 import time
 
 import httpx
@@ -83,8 +84,19 @@ def test_sigv4_tokens_are_checked_for_shape_and_expiry(aws):
     assert "base64" in sigv4_problem("sagemaker-api-key-@@@")
 
 
+def _port_without_404() -> int:
+    """A free loopback port with no "404" in it: SageMaker's ``update_reward`` takes any error whose text holds "404",
+    the URL included, for a missing trajectory and only logs it (a 409 on port 44045 passed silently)."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if "404" not in str(port):
+            return port
+
+
 def test_feedback_client_completes_then_rewards(served, tiny_tok, aws):
-    handle = served(ScriptedEngine(tiny_tok, policy), _compat())
+    handle = served(ScriptedEngine(tiny_tok, policy), _compat(), port=_port_without_404())
     done, failed = specs(handle, tasks(2))
     _one_turn(handle, done, generate_token(region="local"))
     feedback = RolloutFeedbackClient(_metadata(handle, done))
