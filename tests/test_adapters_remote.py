@@ -123,7 +123,7 @@ async def test_http_executor_sends_the_agent_servers_api_key(served, tiny_tok):
     with start_agent_server(agent, api_key="agent-secret") as server:
         [spec] = specs(handle, tasks(1))
         [refused] = await run_all(HttpExecutor(server.url, coordinator=handle.coordinator), [spec])
-        assert refused.status is RolloutStatus.FAILED and "401" in refused.error
+        assert refused.status is RolloutStatus.FAILED and "the agent server answered 401" in refused.error, refused.error
         [spec] = specs(handle, tasks(1))
         outcome = await run_all(HttpExecutor(server.url, coordinator=handle.coordinator, api_key="agent-secret"), [spec])
         assert outcome[0].status is RolloutStatus.COMPLETED
