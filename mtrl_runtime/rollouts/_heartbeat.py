@@ -67,14 +67,19 @@ class Heartbeat:
     def mark(self, label: str, key: Hashable = None) -> None:
         """A new phase (a step): lines now count from here and count the tally under ``key``."""
         self.label, self.key = label, key
-        self._since = {k: int(self.counters.get(k, 0)) for k in _COUNTED}
+        self._since = {k: self.counters[k] for k in _COUNTED}
         self._started = time.monotonic()
 
+    def _since_mark(self, name: str) -> int:
+        return self.counters[name] - self._since.get(name, 0)
+
     def line(self) -> str:
-        turns, calls, refused = (int(self.counters.get(k, 0)) - self._since.get(k, 0) for k in _COUNTED)
         key = self.key
-        if key is not None:  # a step: its own rollouts' turns and tool calls, wherever they were counted
+        if key is None:  # outside steps: what the coordinator counted since the mark
+            turns, calls = self._since_mark("turns"), self._since_mark("tool_calls")
+        else:  # a step: its own rollouts' turns and tool calls, wherever they were counted
             turns, calls = self.counters.turns_by_step[key], self.counters.tool_calls_by_step[key]
+        refused = self._since_mark("rewards_refused")
         return (f"{self.label}: rollouts {self.tally.done[key]}/{self.tally.planned[key]} done, turns {turns}, "
                 f"tool calls {calls}, errors {self.tally.errors[key]}"
                 + (f", rewards refused {refused}" if refused else "")
