@@ -106,6 +106,19 @@ def test_the_bubblewrap_command_line_shares_nothing_but_the_system_and_the_rollo
     assert argv[-3:] == ["--", "python3", "x.py"] and "--share-net" not in argv
 
 
+def test_bubblewrap_binds_a_read_only_folder_inside_the_sandboxes_own_tmp_after_it(tmp_path):
+    """bwrap mounts in argument order: shallowest destination first, the sandbox's own mounts last at a depth."""
+    dirs = SandboxDirs(tmp_path / "box", None, None)
+    shared = ["/tmp/project/.venv/harnesses", "/tmp", "/home"]
+    argv = bwrap_argv("/usr/bin/bwrap", dirs, SandboxSettings(ro_paths=shared), ["true"], {}, "/workspace",
+                      workdir="/workspace", home="/home/sandbox")
+    at = {(argv[i], argv[i + 2]): i for i, a in enumerate(argv[:-2]) if a in ("--bind", "--ro-bind")}
+    own_tmp = at[("--bind", "/tmp")]
+    assert at[("--ro-bind", "/tmp")] < own_tmp < at[("--ro-bind", "/tmp/project/.venv/harnesses")]
+    assert at[("--ro-bind", "/home")] < at[("--bind", "/home/sandbox")]
+    assert max(at.values()) < argv.index("--remount-ro")
+
+
 # --------------------------------------------------------------------------- docker / podman
 
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -109,6 +111,34 @@ async def test_a_rollout_cannot_read_or_write_another_rollouts_files_or_the_host
         assert "MTRL_TEST_SECRET_KEY" not in env and "do-not-leak" not in env  # the run's environment stays out
         status = (await b.run("cat /proc/self/status")).stdout
         assert "CapEff:\t0000000000000000" in status  # no capabilities, root run or not
+
+
+async def test_a_read_only_folder_under_tmp_is_seen_and_the_sandbox_keeps_its_own_tmp(root):
+    """``ro_paths`` naming a folder under the host's /tmp (a checkout there, holding its harness CLIs): the
+    sandbox runs its tool from it and cannot write there, while its /tmp stays its own. bwrap mounts in
+    argument order; with the folder bound before the sandbox's /tmp it was hidden (exit 127, 'No such file')."""
+    require("bubblewrap", root=str(root))
+    tools = Path(tempfile.mkdtemp(prefix="mtrl-test-tools-", dir="/tmp"))
+    beside = tools.parent / f"{tools.name}-beside"  # the host's /tmp holds more than the folder shared
+    try:
+        os.chmod(tools, 0o755)  # under root the sandbox runs as a uid of its own
+        (tools / "tool.sh").write_text("#!/bin/sh\necho tool-ran\n")
+        os.chmod(tools / "tool.sh", 0o755)
+        beside.write_text("host secret\n")
+        provider = Sandboxes({"kind": "bubblewrap", "root": str(root), "timeout_s": 30, "ro_paths": [str(tools)]})
+        try:
+            async with provider.sandbox("tools") as box:
+                ran = await box.run([str(tools / "tool.sh")])
+                assert ran.ok and ran.stdout == "tool-ran\n", ran
+                assert not (await box.run(f"echo x > {tools}/evil")).ok and not (tools / "evil").exists()
+                assert not (await box.run(f"cat {beside}")).ok
+                assert (await box.run("echo mine > /tmp/own && cat /tmp/own")).stdout == "mine\n"
+                assert (box.dirs.tmp / "own").read_text() == "mine\n"  # the sandbox's own /tmp, not the host's
+        finally:
+            await provider.close()
+    finally:
+        shutil.rmtree(tools, ignore_errors=True)
+        beside.unlink(missing_ok=True)
 
 
 async def test_a_rollout_sees_none_of_the_other_rollouts_processes(provider):

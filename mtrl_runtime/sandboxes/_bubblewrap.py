@@ -30,6 +30,7 @@ import os
 import shutil
 import signal
 import subprocess
+from pathlib import PurePosixPath
 from typing import Any, Mapping, Sequence
 
 from ._base import INSIDE_RUN, BaseSandbox, SandboxUnavailable
@@ -47,32 +48,49 @@ def bwrap_path() -> str | None:
     return shutil.which("bwrap")
 
 
-def system_binds(paths: Sequence[str] = SYSTEM_PATHS, extra: Sequence[str] = ()) -> list[str]:
+def system_mounts(paths: Sequence[str] = SYSTEM_PATHS, extra: Sequence[str] = ()) -> list[tuple[str, list[str]]]:
     """Read-only binds of the system paths that exist (a link, as on merged-/usr Debian, stays a link), and
-    of every ``extra`` path (``ro_paths``: the provider checked they exist)."""
-    args: list[str] = []
+    of every ``extra`` path (``ro_paths``: the provider checked they exist), each with its destination."""
+    mounts: list[tuple[str, list[str]]] = []
     for path in paths:
         if os.path.islink(path):
-            args += ["--symlink", os.readlink(path), path]
+            mounts.append((path, ["--symlink", os.readlink(path), path]))
         elif os.path.exists(path):
-            args += ["--ro-bind", path, path]
-    for path in extra:
-        args += ["--ro-bind", path, path]
-    return args
+            mounts.append((path, ["--ro-bind", path, path]))
+    mounts += [(path, ["--ro-bind", path, path]) for path in extra]
+    return mounts
+
+
+def system_binds(paths: Sequence[str] = SYSTEM_PATHS, extra: Sequence[str] = ()) -> list[str]:
+    """``system_mounts``' arguments, in their order."""
+    return [arg for _, args in system_mounts(paths, extra) for arg in args]
 
 
 def bwrap_argv(bwrap: str, dirs: SandboxDirs, settings: SandboxSettings, argv: Sequence[str],
                env: Mapping[str, str], cwd: str, *, workdir: str, home: str) -> list[str]:
-    """The ``bwrap ...`` command line that runs ``argv`` in one sandbox (pure: tested as is)."""
+    """The ``bwrap ...`` command line that runs ``argv`` in one sandbox (pure: tested as is).
+
+    bwrap mounts in the order of its arguments, a later mount hiding what an earlier one put below its
+    destination. The mounts go shallowest destination first, as container runtimes order volumes: a
+    ``ro_paths`` folder inside the sandbox's own ``/tmp`` (a project under ``/tmp`` holding a harness CLI)
+    is bound over it, not hidden by it; at one depth the sandbox's own mounts come last, so ``ro_paths``
+    ``/tmp`` itself cannot replace the sandbox's ``/tmp`` with the host's."""
     out = [bwrap, "--unshare-all", "--unshare-user", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID),
            "--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv"]
-    out += system_binds(extra=settings.ro_paths)
-    out += ["--proc", "/proc", "--dev", "/dev", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
-            "--bind", str(dirs.workspace), workdir, "--bind", str(dirs.home), home, "--bind", str(dirs.tmp), "/tmp",
-            "--ro-bind", str(dirs.run), INSIDE_RUN, "--remount-ro", "/", "--chdir", cwd]
+    own = [("/proc", ["--proc", "/proc"]), ("/dev", ["--dev", "/dev"]),
+           ("/dev/shm", ["--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]),
+           (workdir, ["--bind", str(dirs.workspace), workdir]), (home, ["--bind", str(dirs.home), home]),
+           ("/tmp", ["--bind", str(dirs.tmp), "/tmp"]), (INSIDE_RUN, ["--ro-bind", str(dirs.run), INSIDE_RUN])]
+    mounts = sorted([*system_mounts(extra=settings.ro_paths), *own], key=lambda mount: _depth(mount[0]))  # stable
+    out += [arg for _, args in mounts for arg in args]
+    out += ["--remount-ro", "/", "--chdir", cwd]
     for key, value in env.items():
         out += ["--setenv", key, value]
     return [*out, "--", *argv]
+
+
+def _depth(path: str) -> int:
+    return len(PurePosixPath(path).parts)
 
 
 class BubblewrapSandbox(BaseSandbox):
