@@ -13,6 +13,7 @@ Converse, so the reference wires of those protocols run against it too.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import socket
@@ -25,10 +26,12 @@ import pytest
 import _eval_agents as agents
 from mtrl_runtime.algorithms import NoTokenIds, build_samples
 from mtrl_runtime.config import MtrlConfig
+from mtrl_runtime.coordinator import Coordinator
 from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
 from mtrl_runtime.evaluation import BASE, REFERENCE, MultiTurnRLEvaluator, ReferenceModel, sample_seed
 from mtrl_runtime.store import SQLiteStore
-from mtrl_runtime.types import GenerationRequest
+from mtrl_runtime.errors import Conflict
+from mtrl_runtime.types import GenerationRequest, RolloutStatus, RunStopped, SamplingParams, Task
 
 KEY_ENV = "MTRL_TEST_REFERENCE_KEY"
 KEY = "sk-reference-test"
@@ -50,12 +53,13 @@ class Solver:
 
     def __init__(self) -> None:
         self.calls: list[tuple[int | None, str]] = []
+        self.delay_s = 0.0  # how long each answer takes
 
     def __call__(self, request: GenerationRequest, prompt: str) -> Any:
         self.calls.append((request.sampling.seed, prompt))
         if "<tool_response>" in prompt:
-            return "ANSWER 42"
-        return ScriptedReply.tool_call("lookup", {"key": "A1"})
+            return ScriptedReply.plain("ANSWER 42", delay_s=self.delay_s)
+        return ScriptedReply.tool_call("lookup", {"key": "A1"}, delay_s=self.delay_s)
 
 
 class Failing:
@@ -134,6 +138,36 @@ def test_reference_side_beats_base_on_the_same_tasks_and_seeds_recorded_and_neve
             build_samples(rollout, [1.0, 1.0])
     assert base_stored.turns[0].model is None and base_stored.turns[0].prompt_ids  # the policy's: ids, trainable
     assert build_samples(base_stored, [1.0])
+
+
+def test_a_stop_ends_a_reference_rollout_at_once_without_waiting_for_the_endpoint(tmp_path, tiny_tok, reference):
+    """The run stops while a reference-side call waits for a slow endpoint (a teacher taking minutes): the
+    rollout ends ``interrupted`` at once and the call is refused naming the stop, as a policy call's generation
+    is; before, the end waited for the endpoint's answer."""
+    reference.solver.delay_s = 20.0
+    coordinator = Coordinator(ScriptedEngine(tiny_tok, Failing()), SQLiteStore(tmp_path / "eval.db"), config(tmp_path))
+    model = ReferenceModel(url=reference.url + "/v1", model="solver-1")
+
+    async def stop_while_the_reference_answers() -> tuple[float, BaseException | None, str]:
+        async with coordinator.reference_side(model, api_key=KEY):
+            handle = coordinator.create_rollout(Task("t-0", prompt=TASKS[0]["prompt"], ground_truth=42))
+            call = asyncio.ensure_future(coordinator.chat(
+                handle.rollout_id, handle.token, [{"role": "user", "content": TASKS[0]["prompt"]}], None,
+                SamplingParams(max_tokens=16)))
+            while not reference.solver.calls:  # the call reached the reference endpoint, which now waits
+                await asyncio.sleep(0.02)
+            started = time.monotonic()
+            assert await coordinator.end(handle.rollout_id, RunStopped())
+            took = time.monotonic() - started
+            refused = (await asyncio.gather(call, return_exceptions=True))[0]
+            return took, refused, handle.rollout_id
+
+    took, refused, rollout_id = asyncio.run(stop_while_the_reference_answers())
+    assert took < 5.0, f"the stop waited {took:.1f} s for the reference's answer"
+    assert isinstance(refused, Conflict) and "the run stopped" in str(refused), repr(refused)
+    stored = coordinator.recorded(rollout_id)
+    assert stored.status is RolloutStatus.INTERRUPTED and stored.turns == ()
+    assert coordinator.counters.reference_turns == 0
 
 
 def test_an_anthropic_messages_reference(tmp_path, tiny_tok, reference):

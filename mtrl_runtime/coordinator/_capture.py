@@ -356,7 +356,8 @@ class CallCapture:
         live.note_answers(messages)
         if options.template_kwargs:  # the policy's template variables: not sent to another model (``_reference``)
             self.counters.reference_template_kwargs_dropped += 1
-        reply = await live.reference.chat(messages, tools, call.sampling, options)
+        reference = live.reference
+        reply = await _stoppable(live, lambda: reference.chat(messages, tools, call.sampling, options))
         calls = tuple(reply.message.get("tool_calls") or ())
         turn = Turn(
             rollout_id=live.rollout_id, index=live.turns, messages=tuple(messages), prompt_ids=(), completion_ids=(),
@@ -424,20 +425,8 @@ class CallCapture:
         return stream
 
     async def _generation(self, live: LiveRollout, request: GenerationRequest, stream: ChatStream | None) -> Generation:
-        """``_generate``, which the run's stop cancels (``LiveRollout.stop_generating``): a 409 naming the stop,
-        no turn recorded. No task of its own (that costs every call a loop iteration): the stop cancels this
-        call's task while it waits here, and only here."""
-        if live.stopped:  # stopped between taking the lock and here
-            raise _stopped(live)
-        live.generating = asyncio.current_task()
-        try:
-            return await self._generate(request, stream)
-        except asyncio.CancelledError:
-            if not live.stopped or _cancelled_by_others():
-                raise
-            raise _stopped(live) from None
-        finally:
-            live.generating = None
+        """``_generate``, which the run's stop cancels (``_stoppable``)."""
+        return await _stoppable(live, lambda: self._generate(request, stream))
 
     async def _generate(self, request: GenerationRequest, stream: ChatStream | None = None) -> Generation:
         try:
@@ -528,6 +517,23 @@ def _check_tool_choice(options: ChatOptions, tools: list) -> None:
                 f"(tools: {', '.join(map(str, names))})",
                 param="tool_choice",
             )
+
+
+async def _stoppable(live: LiveRollout, work: Callable[[], Awaitable[T]]) -> T:
+    """``work()`` (the engine's generation, a reference endpoint's answer), which the run's stop cancels
+    (``LiveRollout.stop_generating``): a 409 naming the stop, no turn recorded. No task of its own (that costs
+    every call a loop iteration): the stop cancels this call's task while it waits here, and only here."""
+    if live.stopped:  # stopped between taking the lock and here
+        raise _stopped(live)
+    live.generating = asyncio.current_task()
+    try:
+        return await work()
+    except asyncio.CancelledError:
+        if not live.stopped or _cancelled_by_others():
+            raise
+        raise _stopped(live) from None
+    finally:
+        live.generating = None
 
 
 def _stopped(live: LiveRollout) -> Conflict:

@@ -11,8 +11,9 @@ row next). ``settle`` waits for every write in progress (a stack closing).
 
 The write waits for the rollout's model call in flight to record its turn.
 When the run stopped (``RunStopped``), that call's generation is cancelled
-first (``LiveRollout.stop_generating``): the completion would never be read,
-and on a CPU engine it can take minutes, during which the stop looked hung.
+first (``LiveRollout.stop_generating``; a reference model's request too): the
+completion would never be read, and on a CPU engine (or a slow endpoint) it can
+take minutes, during which the stop looked hung.
 """
 
 from __future__ import annotations

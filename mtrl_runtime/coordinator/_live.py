@@ -82,16 +82,18 @@ class LiveRollout:
     # roles (``roles``): each role's conversation extends its own turns; its segments numbered across the rollout
     role_conversations: dict[str, ConversationState] = field(default_factory=dict)
     role_segments: dict[tuple[str, int], int] = field(default_factory=dict)  # (role, its own segment) -> rollout's
-    # the task of the model call in flight while it awaits the engine (``CallCapture._generation``), and whether
-    # the run stopped the rollout: a stopped rollout's end does not wait for a completion nobody will read
+    # the task of the model call in flight while it awaits the engine or a reference endpoint (``_stoppable`` in
+    # ``_capture``), and whether the run stopped the rollout: a stopped rollout's end does not wait for a
+    # completion nobody will read
     generating: asyncio.Task | None = None
     stopped: bool = False
 
     def stop_generating(self) -> None:
         """The run stopped this rollout: cancel its generation in flight (the engine drops the row at its next
-        step) and refuse one about to start, so its end, which waits for the call's lock, is written at once.
+        step; a reference endpoint's request is closed) and refuse one about to start, so its end, which waits
+        for the call's lock, is written at once.
 
-        ``generating`` is the call's task while it awaits the engine; the cancel runs on that task's loop and
+        ``generating`` is the call's task while it awaits the engine or the reference; the cancel runs on that task's loop and
         only if the task still waits there (it may have moved on to record its turn meanwhile). Either side may
         run on another thread: each sets its own field before reading the other's, so one sees the other."""
         self.stopped = True
