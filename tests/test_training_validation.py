@@ -3,9 +3,12 @@
 The trainer runs the whole stack: coordinator on 127.0.0.1, an OpenAI-client
 ``@rollout`` agent in-process, the tiny model's LoRA update, adapters pushed
 to the scripted engine. The script answers by the request's sampling:
-training requests (temperature 1.0) alternate right and wrong per task, so
-every group of two has one success; validation requests (temperature 0.5,
-``val_sampling_params``) answer by sample index, right for sample 0 only.
+training requests (temperature 1.0) answer by the rollout's place in its group
+(read from its seed, ``seeds.rollout_seed``): right for the first, wrong for
+the second, so every group of two has one success in whatever order the
+groups' calls interleave (an asynchronous run collects two steps at once);
+validation requests (temperature 0.5, ``val_sampling_params``) answer by
+sample index, right for sample 0 only.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import _eval_agents as agents
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.engines import ScriptedEngine
 from mtrl_runtime.evaluation import sample_seed
+from mtrl_runtime.rollouts import group_id_for
+from mtrl_runtime.seeds import rollout_seed
 from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.training import MultiTurnRLTrainer
 
@@ -41,12 +46,14 @@ def config(run_dir: Path, model_dir: Path, **core: Any) -> MtrlConfig:
 
 
 class Script:
-    """Replies for training (``train(task, n)``: the n-th rollout of a task) and validation (by sample)."""
+    """Replies for training (``train(task, serial)``: the serial-th rollout of a group) and validation (by sample)."""
 
     def __init__(self, train: Callable[[str, int], str]) -> None:
         self.train = train
         self.sample = {sample_seed(0, t["id"], j): j for t in VAL for j in range(2)}
-        self.count: Counter[str] = Counter()
+        # a training rollout's seed (run seed 0; its one call is turn 0, which keeps it) -> its serial in its group
+        self.serial = {rollout_seed(0, group_id_for(step, g), n): n for step in range(8) for g in range(2)
+                       for n in range(2)}
         self.sampling: dict[str, tuple[float, int | None]] = {}  # rollout id -> (temperature, seed)
 
     def __call__(self, request: Any, prompt: str) -> str:
@@ -54,12 +61,11 @@ class Script:
         if request.sampling.temperature == VAL_TEMPERATURE:
             return RIGHT if self.sample[request.sampling.seed] == 0 else WRONG
         task = next(t["id"] for t in TRAIN if t["prompt"] in prompt)
-        self.count[task] += 1
-        return self.train(task, self.count[task])
+        return self.train(task, self.serial[request.sampling.seed])
 
 
-def alternating(task: str, n: int) -> str:
-    return RIGHT if n % 2 else WRONG  # a group's two rollouts of one task: one right, one wrong
+def alternating(task: str, serial: int) -> str:
+    return RIGHT if serial == 0 else WRONG  # a group's two rollouts of one task: one right, one wrong
 
 
 def train(tmp_path: Path, model_dir: Path, tok: Any, script: Script, *, strict: Any = agents.strict_answer,
