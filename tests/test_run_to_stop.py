@@ -10,10 +10,11 @@ test (a line on its stdin), so the second signal lands inside the stop.
 from __future__ import annotations
 
 import os
-import select
+import queue
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -51,24 +52,58 @@ def _started(tmp_path: Path, ctrl_c: signal.Handlers) -> subprocess.Popen:
                             env={**os.environ, "PYTHONPATH": str(root)})
 
 
-def _line(stream, timeout_s: float = 30) -> str:
-    ready, _, _ = select.select([stream], [], [], timeout_s)
-    return stream.readline() if ready else f"[nothing within {timeout_s} s]"
+class _Lines:
+    """A pipe's lines as they come, read on a thread. (``select`` on the pipe, as this module did, misses a line
+    that an earlier ``readline`` already pulled into the stream's buffer: under load the note and the stopping
+    line arrived in one read, and the wait for the second timed out.)"""
+
+    def __init__(self, stream) -> None:
+        self._queue: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream) -> None:
+        for line in iter(stream.readline, ""):
+            self._queue.put(line)
+        self._queue.put("")  # the end of the stream
+
+    def next(self, timeout_s: float = 30) -> str:
+        try:
+            return self._queue.get(timeout=timeout_s)
+        except queue.Empty:
+            return f"[nothing within {timeout_s} s]"
+
+    def rest(self, timeout_s: float = 30) -> str:
+        """Everything up to the end of the stream."""
+        lines = []
+        while (line := self.next(timeout_s)) != "":
+            lines.append(line)
+            if line.startswith("[nothing within"):
+                break
+        return "".join(lines)
+
+
+def _finished(proc: subprocess.Popen, out: _Lines, err: _Lines) -> tuple[str, str]:
+    """The test's "done" on stdin (the stop's writes end), then the rest of stdout and stderr."""
+    proc.stdin.write("done\n")
+    proc.stdin.close()
+    return out.rest(), err.rest()
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c-twice", "ctrl-c-then-sigterm"])
 def test_a_second_signal_while_the_run_stops_is_said_and_the_stop_finishes(tmp_path: Path, second: int) -> None:
     proc = _started(tmp_path, signal.SIG_DFL)
+    stdout, stderr = _Lines(proc.stdout), _Lines(proc.stderr)
     try:
-        assert _line(proc.stdout) == "running\n"
+        assert stdout.next() == "running\n"
         proc.send_signal(signal.SIGINT)
-        assert _line(proc.stdout) == "stopping\n"
+        assert stdout.next() == "stopping\n"
         proc.send_signal(second)
-        said = _line(proc.stderr)
+        said = stderr.next()
         assert said.startswith("mtrl: already stopping: the rollouts in flight are being recorded as interrupted"), said
         assert f"kill -KILL {proc.pid}" in said, said
-        out, err = proc.communicate("done\n", timeout=30)
+        out, err = _finished(proc, stdout, stderr)
+        proc.wait(timeout=30)
     finally:
         proc.kill()
     assert out == "stopped\n", (out, err)
@@ -82,17 +117,19 @@ def test_where_ctrl_c_is_ignored_sigterm_cancels_the_run_and_a_second_one_does_n
     CLI's ``sigterm_as_ctrl_c``) cancels the run's main task, whose stop runs as written; a second SIGTERM is said.
     Before, the first raised KeyboardInterrupt wherever the main thread was, and the second cut the stop short."""
     proc = _started(tmp_path, signal.SIG_IGN)
+    stdout, stderr = _Lines(proc.stdout), _Lines(proc.stderr)
     try:
-        assert _line(proc.stdout) == "running\n"
+        assert stdout.next() == "running\n"
         proc.send_signal(signal.SIGINT)  # ignored, as the process was started
         proc.send_signal(signal.SIGTERM)
-        assert _line(proc.stdout) == "stopping\n"
+        assert stdout.next() == "stopping\n"
         proc.send_signal(signal.SIGTERM)
-        said = _line(proc.stderr)
+        said = stderr.next()
         while said.startswith("mtrl: Ctrl-C (SIGINT) is ignored"):  # stop_on_sigterm's note, printed at the start
-            said = _line(proc.stderr)
+            said = stderr.next()
         assert said.startswith("mtrl: already stopping: the rollouts in flight are being recorded as interrupted"), said
-        out, err = proc.communicate("done\n", timeout=30)
+        out, err = _finished(proc, stdout, stderr)
+        proc.wait(timeout=30)
     finally:
         proc.kill()
     assert out == "stopped\n", (out, err)
