@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+import sqlite3
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -151,8 +152,15 @@ def empty_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def fresh_mlflow_db(empty: Path, folder: Path) -> Path:
+    """A copy of ``empty`` in ``folder``, its Default experiment's artifacts in ``folder/mlartifacts``: MLflow names
+    ``<working folder>/mlruns`` when it creates a store, and autologging's traces wrote their spans into the
+    checkout (``traces.json`` under ``./mlruns/0/traces``) until this set it."""
     folder.mkdir(parents=True, exist_ok=True)
-    return Path(shutil.copy(empty, folder / "mlflow.db"))
+    path = Path(shutil.copy(empty, folder / "mlflow.db"))
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                   ((folder / "mlartifacts" / "0").resolve().as_uri(),))
+    return path
 
 
 @pytest.fixture
@@ -182,6 +190,7 @@ def test_openai_autologged_calls_import_as_the_rollouts_conversations(mlflow_uri
     result = collect(tmp_path / "run", openai_agent(), tiny_tok)
     mlflow.flush_trace_async_logging()
     assert {r.status.value for r in result.rollouts} == {"completed"}
+    assert list((tmp_path / "mlartifacts").rglob("traces.json")), "the traces' spans were written outside tmp_path"
 
     conversations = importer("mlflow")(mlflow_uri)  # no enclosing span: one trace per call, merged back
     assert_round_trip(conversations, result.rollouts, tiny_tok)
@@ -203,6 +212,7 @@ def test_langchain_autologged_calls_import_as_the_rollouts_conversations(mlflow_
     mlflow.flush_trace_async_logging()
     assert {r.status.value for r in result.rollouts} == {"completed"}
     assert_round_trip(importer("mlflow")(mlflow_uri + "#Default"), result.rollouts, tiny_tok)
+    assert list((tmp_path / "mlartifacts").rglob("traces.json")), "the traces' spans were written outside tmp_path"
 
 
 def as_completed(rollout: Any) -> Any:
