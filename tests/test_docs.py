@@ -97,7 +97,7 @@ import httpx
 import pytest
 
 from _docs_installs import blocked_for, page_installs, unknown_extras
-from _docs_preload import ADAPTERS_WATCH, PRELOAD
+from _docs_preload import ADAPTERS_WATCH, MODELS, MODELS_BRING, PRELOAD, page_preload
 from _groups import PROCESSES
 from _preloaded_python import PreloadedPython
 
@@ -357,6 +357,8 @@ def test_a_page_forks_its_processes_from_what_it_installs_and_never_from_an_inst
     assert preloadable(["torch", "mlflow.store.db", "mlflowx", "yaml"], ["mlflow", "yaml.x"]) == ["torch", "mlflowx",
                                                                                               "yaml"]
     assert not set(PRELOAD) & set(ADAPTERS_WATCH)
+    assert page_preload("mtrl train x.yaml") == (PRELOAD + MODELS, [m for m in ADAPTERS_WATCH if m not in MODELS_BRING])
+    assert page_preload("client = boto3.client('bedrock-runtime')") == (PRELOAD, ADAPTERS_WATCH)  # met as fresh
     assert os.access(DOCS_BIN / "mtrl", os.X_OK)
 
 
@@ -392,8 +394,9 @@ class Workspace:
         self.preloaded: PreloadedPython | None = None
         if forked_processes(page) >= MIN_FORKED:
             self.env["PATH"] = f"{DOCS_BIN}{os.pathsep}{self.env['PATH']}"
-            self.preloaded = PreloadedPython(preloadable(PRELOAD, hidden["modules"]), base, env=self.env,
-                                             socket_env=PRELOADED_ENV, absent=ADAPTERS_WATCH)
+            preload, absent = page_preload("\n".join(b.code for b in PAGE_BLOCKS[page]))
+            self.preloaded = PreloadedPython(preloadable(preload, hidden["modules"]), base, env=self.env,
+                                             socket_env=PRELOADED_ENV, absent=absent)
             self.env = self.preloaded.env
 
     def localize(self, block: Block) -> str:
