@@ -93,9 +93,10 @@ class LiveRollout:
         step; a reference endpoint's request is closed) and refuse one about to start, so its end, which waits
         for the call's lock, is written at once.
 
-        ``generating`` is the call's task while it awaits the engine or the reference; the cancel runs on that task's loop and
-        only if the task still waits there (it may have moved on to record its turn meanwhile). Either side may
-        run on another thread: each sets its own field before reading the other's, so one sees the other."""
+        ``generating`` is the call's task while it awaits the engine or the reference; the cancel runs on that
+        task's loop and only if the task still waits there (it may have moved on to record its turn meanwhile).
+        Either side may run on another thread: each sets its own field before reading the other's, so one sees
+        the other."""
         self.stopped = True
         generating = self.generating
         if generating is None:
