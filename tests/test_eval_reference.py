@@ -145,7 +145,8 @@ def test_a_stop_ends_a_reference_rollout_at_once_without_waiting_for_the_endpoin
     rollout ends ``interrupted`` at once and the call is refused naming the stop, as a policy call's generation
     is; before, the end waited for the endpoint's answer."""
     reference.solver.delay_s = 20.0
-    coordinator = Coordinator(ScriptedEngine(tiny_tok, Failing()), SQLiteStore(tmp_path / "eval.db"), config(tmp_path))
+    store = SQLiteStore(tmp_path / "eval.db")
+    coordinator = Coordinator(ScriptedEngine(tiny_tok, Failing()), store, config(tmp_path))
     model = ReferenceModel(url=reference.url + "/v1", model="solver-1")
 
     async def stop_while_the_reference_answers() -> tuple[float, BaseException | None, str]:
@@ -162,10 +163,13 @@ def test_a_stop_ends_a_reference_rollout_at_once_without_waiting_for_the_endpoin
             refused = (await asyncio.gather(call, return_exceptions=True))[0]
             return took, refused, handle.rollout_id
 
-    took, refused, rollout_id = asyncio.run(stop_while_the_reference_answers())
+    try:
+        took, refused, rollout_id = asyncio.run(stop_while_the_reference_answers())
+        stored = coordinator.recorded(rollout_id)
+    finally:
+        store.close()
     assert took < 5.0, f"the stop waited {took:.1f} s for the reference's answer"
     assert isinstance(refused, Conflict) and "the run stopped" in str(refused), repr(refused)
-    stored = coordinator.recorded(rollout_id)
     assert stored.status is RolloutStatus.INTERRUPTED and stored.turns == ()
     assert coordinator.counters.reference_turns == 0
 
