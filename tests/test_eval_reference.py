@@ -156,6 +156,7 @@ def test_a_stop_ends_a_reference_rollout_at_once_without_waiting_for_the_endpoin
                 handle.rollout_id, handle.token, [{"role": "user", "content": TASKS[0]["prompt"]}], None,
                 SamplingParams(max_tokens=16)))
             while not reference.solver.calls:  # the call reached the reference endpoint, which now waits
+                assert not call.done(), f"the call ended before reaching the reference: {call.result()!r}"
                 await asyncio.sleep(0.02)
             started = time.monotonic()
             assert await coordinator.end(handle.rollout_id, RunStopped())
