@@ -48,22 +48,21 @@ def bwrap_path() -> str | None:
     return shutil.which("bwrap")
 
 
-def system_mounts(paths: Sequence[str] = SYSTEM_PATHS, extra: Sequence[str] = ()) -> list[tuple[str, list[str]]]:
-    """Read-only binds of the system paths that exist (a link, as on merged-/usr Debian, stays a link), and
-    of every ``extra`` path (``ro_paths``: the provider checked they exist), each with its destination."""
+def system_mounts(paths: Sequence[str] = SYSTEM_PATHS) -> list[tuple[str, list[str]]]:
+    """Read-only binds of the system paths that exist (a link, as on merged-/usr Debian, stays a link), each
+    with its destination."""
     mounts: list[tuple[str, list[str]]] = []
     for path in paths:
         if os.path.islink(path):
             mounts.append((path, ["--symlink", os.readlink(path), path]))
         elif os.path.exists(path):
             mounts.append((path, ["--ro-bind", path, path]))
-    mounts += [(path, ["--ro-bind", path, path]) for path in extra]
     return mounts
 
 
-def system_binds(paths: Sequence[str] = SYSTEM_PATHS, extra: Sequence[str] = ()) -> list[str]:
+def system_binds(paths: Sequence[str] = SYSTEM_PATHS) -> list[str]:
     """``system_mounts``' arguments, in their order."""
-    return [arg for _, args in system_mounts(paths, extra) for arg in args]
+    return [arg for _, args in system_mounts(paths) for arg in args]
 
 
 def bwrap_argv(bwrap: str, dirs: SandboxDirs, settings: SandboxSettings, argv: Sequence[str],
@@ -81,7 +80,8 @@ def bwrap_argv(bwrap: str, dirs: SandboxDirs, settings: SandboxSettings, argv: S
            ("/dev/shm", ["--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]),
            (workdir, ["--bind", str(dirs.workspace), workdir]), (home, ["--bind", str(dirs.home), home]),
            ("/tmp", ["--bind", str(dirs.tmp), "/tmp"]), (INSIDE_RUN, ["--ro-bind", str(dirs.run), INSIDE_RUN])]
-    mounts = sorted([*system_mounts(extra=settings.ro_paths), *own], key=lambda mount: _depth(mount[0]))  # stable
+    shared = [(path, ["--ro-bind", path, path]) for path in settings.ro_paths]  # the provider checked they exist
+    mounts = sorted([*system_mounts(), *shared, *own], key=lambda mount: _depth(mount[0]))  # stable
     out += [arg for _, args in mounts for arg in args]
     out += ["--remount-ro", "/", "--chdir", cwd]
     for key, value in env.items():
