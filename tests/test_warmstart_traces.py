@@ -182,6 +182,18 @@ def mlflow_uri(tmp_path: Path, empty_mlflow_db: Path) -> Any:
         mlflow.tracing.reset()
 
 
+def assert_artifacts_under(uri: str, folder: Path) -> None:
+    """Every trace in ``uri`` keeps its artifacts (spans, when the store does not hold them; attachments) under
+    ``folder``. MLflow writes a trace's spans into its SQL store or, where it cannot, into ``traces.json`` at the
+    trace's artifact location; the location is recorded either way, so it is what is checked."""
+    from mlflow import MlflowClient
+
+    traces = MlflowClient(uri).search_traces(locations=["0"])
+    assert traces, "no trace was recorded"
+    places = {t.info.tags["mlflow.artifactLocation"] for t in traces}
+    assert all(place.startswith(folder.resolve().as_uri() + "/") for place in places), places
+
+
 def test_openai_autologged_calls_import_as_the_rollouts_conversations(mlflow_uri, tmp_path, tiny_tok, capsys):
     import mlflow
     from mlflow import MlflowClient
@@ -190,7 +202,7 @@ def test_openai_autologged_calls_import_as_the_rollouts_conversations(mlflow_uri
     result = collect(tmp_path / "run", openai_agent(), tiny_tok)
     mlflow.flush_trace_async_logging()
     assert {r.status.value for r in result.rollouts} == {"completed"}
-    assert list((tmp_path / "mlartifacts").rglob("traces.json")), "the traces' spans were written outside tmp_path"
+    assert_artifacts_under(mlflow_uri, tmp_path)
 
     conversations = importer("mlflow")(mlflow_uri)  # no enclosing span: one trace per call, merged back
     assert_round_trip(conversations, result.rollouts, tiny_tok)
@@ -212,7 +224,7 @@ def test_langchain_autologged_calls_import_as_the_rollouts_conversations(mlflow_
     mlflow.flush_trace_async_logging()
     assert {r.status.value for r in result.rollouts} == {"completed"}
     assert_round_trip(importer("mlflow")(mlflow_uri + "#Default"), result.rollouts, tiny_tok)
-    assert list((tmp_path / "mlartifacts").rglob("traces.json")), "the traces' spans were written outside tmp_path"
+    assert_artifacts_under(mlflow_uri, tmp_path)
 
 
 def as_completed(rollout: Any) -> Any:
