@@ -122,6 +122,26 @@ def test_a_protocol_without_an_openapi_entry_cannot_be_served(monkeypatch: pytes
         _openapi.openapi_paths()
 
 
+def test_the_protocol_paths_are_documented_when_the_document_is_asked_for_and_checked_when_the_app_is_made(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_tok: Any) -> None:
+    from mtrl_runtime.server import _app, protocols
+
+    built: list[int] = []
+    real = _app.protocol_openapi_paths
+    monkeypatch.setattr(_app, "protocol_openapi_paths", lambda: built.append(1) or real())
+    store = SQLiteStore(tmp_path / "store.db")
+    try:
+        app = create_app(Coordinator(ScriptedEngine(tiny_tok, ["hi"]), store, MtrlConfig()))
+        assert built == []  # the request models' JSON schemas cost a coordinator start about 60 ms of CPU
+        document = app.openapi()
+        assert built == [1] and set(real()) <= set(document["paths"]) and app.openapi() is document
+        monkeypatch.setitem(protocols.PROTOCOLS, "new_protocol", ".openai_responses")
+        with pytest.raises(ValueError, match=r"\['new_protocol'\] have no OpenAPI entry"):
+            create_app(Coordinator(ScriptedEngine(tiny_tok, ["hi"]), store, MtrlConfig()))
+    finally:
+        store.close()
+
+
 def _aim_at_a_real_rollout(case: Any, handle: Any) -> None:
     """Every other case names a fresh live rollout and carries its token."""
     if next(_turn) % 2:

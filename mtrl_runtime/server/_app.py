@@ -30,7 +30,7 @@ from ._openai_routes import build_openai_router
 from ._openapi import install_openapi
 from ._rollout_routes import build_rollout_router
 from .protocols import build_routers
-from .protocols._openapi import openapi_paths as protocol_openapi_paths
+from .protocols._openapi import check_documented, openapi_paths as protocol_openapi_paths
 
 
 def create_app(coordinator: Coordinator) -> FastAPI:
@@ -54,7 +54,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     app.include_router(build_rollout_router(coordinator))
     if coordinator.server_config.sagemaker_compat:
         app.include_router(build_compat_router(coordinator))
-    install_openapi(app, protocol_openapi_paths())
+    check_documented()
+    install_openapi(app, protocol_openapi_paths)  # built on the first request for the document
     server_cfg = coordinator.server_config
     add_docs_routes(app, server_cfg.api_key)
     app.add_middleware(BodyGuard, body_timeout_s=server_cfg.body_timeout_s,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import FastAPI
 
@@ -24,8 +24,9 @@ _ERROR_SCHEMA = {
 }
 
 
-def install_openapi(app: FastAPI, extra_paths: dict[str, dict[str, Any]]) -> None:
-    """Publish ``extra_paths`` (plain ASGI routes) beside FastAPI's own, and OpenAI's error shape on 4xx (and 502).
+def install_openapi(app: FastAPI, extra_paths: Callable[[], dict[str, dict[str, Any]]]) -> None:
+    """Publish the path items ``extra_paths()`` makes (plain ASGI routes) beside FastAPI's own, and OpenAI's error
+    shape on 4xx (and 502). Both are built when the document is first asked for, as FastAPI builds its own.
 
     FastAPI would document a 422 that the routes never answer: their bad
     input is a 400 in OpenAI's shape.
@@ -36,7 +37,7 @@ def install_openapi(app: FastAPI, extra_paths: dict[str, dict[str, Any]]) -> Non
         if app.openapi_schema is not None:
             return app.openapi_schema
         schema = build()
-        schema["paths"] = {**extra_paths, **schema.get("paths", {})}
+        schema["paths"] = {**extra_paths(), **schema.get("paths", {})}
         schemas = schema.setdefault("components", {}).setdefault("schemas", {})
         for unused in ("HTTPValidationError", "ValidationError"):
             schemas.pop(unused, None)
