@@ -11,7 +11,9 @@ Real HTTP on loopback, real SDK clients, the scripted engine.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import anthropic
 import httpx
@@ -21,8 +23,12 @@ import pytest
 from _adapter_support import tasks
 from mtrl_adapters.wire import CompletionReport
 from mtrl_runtime.config import MtrlConfig
+from mtrl_runtime.coordinator import Coordinator
 from mtrl_runtime.engines import ScriptedEngine
 from mtrl_runtime.engines.scripted import ScriptedReply
+from mtrl_runtime.errors import Conflict
+from mtrl_runtime.store import SQLiteStore
+from mtrl_runtime.types import ChatOptions, RolloutStatus, RunStopped, SamplingParams
 
 CAP = 16
 CONFIG = {"core": {"sampling_params": {"max_tokens": CAP}, "val_sampling_params": {"max_tokens": CAP}}}
@@ -145,6 +151,42 @@ def test_a_background_model_call_is_recorded_as_non_policy_and_never_a_turn(serv
     assert [(c.name, c.arguments, c.result) for c in rollout.tool_calls] == [("lookup", {"key": "k"}, "value 42")]
     assert "tool_calls_unrecorded" not in rollout.metrics
     assert handle.coordinator.counters.background_calls == 1
+
+
+def test_the_runs_stop_cancels_a_background_call_in_flight(tmp_path, tiny_tok):
+    """A harness's background call holds no lock of its rollout, so the rollout's end never waited for it; its
+    generation ran on after the run stopped. The stop now cancels it as it cancels the rollout's own call."""
+    generating: list[str] = []
+
+    def script(request, prompt):
+        generating.append(prompt)
+        return ScriptedReply.plain("A short title", delay_s=20.0)  # a slow engine: the stop arrives meanwhile
+
+    store = SQLiteStore(tmp_path / "store.db")
+    coordinator = Coordinator(ScriptedEngine(tiny_tok, script), store, MtrlConfig.from_dict(CONFIG))
+
+    async def stop_while_the_title_generates() -> tuple[float, BaseException | None, str]:
+        handle = coordinator.create_rollout(tasks(2)[1])
+        call = asyncio.ensure_future(coordinator.chat(
+            handle.rollout_id, handle.token, [{"role": "user", "content": "a title, please"}], None,
+            SamplingParams(max_tokens=8), ChatOptions(model="mtrl-background")))
+        while not generating:
+            assert not call.done(), f"the call ended before the engine took it: {call.result()!r}"
+            await asyncio.sleep(0.02)
+        started = time.monotonic()
+        assert await coordinator.end(handle.rollout_id, RunStopped())
+        refused = (await asyncio.gather(call, return_exceptions=True))[0]
+        return time.monotonic() - started, refused, handle.rollout_id
+
+    try:
+        took, refused, rollout_id = asyncio.run(stop_while_the_title_generates())
+        stored = store.get_rollout(rollout_id)
+    finally:
+        store.close()
+    assert took < 5.0, f"the background call generated on for {took:.1f} s after the run stopped"
+    assert isinstance(refused, Conflict) and "the run stopped" in str(refused), repr(refused)
+    assert stored.status is RolloutStatus.INTERRUPTED and stored.turns == () and stored.model_calls == ()
+    assert coordinator.counters.background_calls == 0
 
 
 def test_without_the_wire_mark_a_harness_rollout_still_says_its_tools_went_unrecorded(served, tiny_tok):

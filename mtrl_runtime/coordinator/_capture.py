@@ -241,10 +241,12 @@ class CallCapture:
 
     async def _background(self, live: LiveRollout, call: PolicyCall) -> Any:
         """A harness's background call (``background_models``): answered by the engine as an unattributed call,
-        recorded as a non-policy model call of the rollout, never a turn (not trained, not its conversation)."""
+        recorded as a non-policy model call of the rollout, never a turn (not trained, not its conversation).
+        It holds no lock of the rollout, so its end does not wait for it, but the run's stop cancels its
+        generation as it cancels the rollout's own call's."""
         started = time.time()
         usage: list[tuple[int, int]] = []
-        answer = await self._inference(call, usage)
+        answer = await _stoppable(live, lambda: self._inference(call, usage))  # the run's stop ends it too
         prompt_tokens, completion_tokens = usage[0]
         await self.store.aadd_model_call(ModelCall(
             live.rollout_id, call.options.protocol or "openai", call.options.model, latency_s=time.time() - started,
@@ -523,17 +525,18 @@ async def _stoppable(live: LiveRollout, work: Callable[[], Awaitable[T]]) -> T:
     """``work()`` (the engine's generation, a reference endpoint's answer), which the run's stop cancels
     (``LiveRollout.stop_generating``): a 409 naming the stop, no turn recorded. No task of its own (that costs
     every call a loop iteration): the stop cancels this call's task while it waits here, and only here."""
-    if live.stopped:  # stopped between taking the lock and here
-        raise _stopped(live)
-    live.generating = asyncio.current_task()
+    task = asyncio.current_task()
+    live.generating.add(task)  # before reading ``stopped``: a stop on another thread sets it, then reads this
     try:
+        if live.stopped:  # stopped before the call got here (between taking the lock and here)
+            raise _stopped(live)
         return await work()
     except asyncio.CancelledError:
         if not live.stopped or _cancelled_by_others():
             raise
         raise _stopped(live) from None
     finally:
-        live.generating = None
+        live.generating.discard(task)
 
 
 def _stopped(live: LiveRollout) -> Conflict:
