@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 import _eval_agents as agents
+from _run_stop import stop_while_in_flight
 from mtrl_runtime.algorithms import NoTokenIds, build_samples
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.coordinator import Coordinator
@@ -31,7 +32,7 @@ from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
 from mtrl_runtime.evaluation import BASE, REFERENCE, MultiTurnRLEvaluator, ReferenceModel, sample_seed
 from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.errors import Conflict
-from mtrl_runtime.types import GenerationRequest, RolloutStatus, RunStopped, SamplingParams, Task
+from mtrl_runtime.types import GenerationRequest, RolloutStatus, SamplingParams, Task
 
 KEY_ENV = "MTRL_TEST_REFERENCE_KEY"
 KEY = "sk-reference-test"
@@ -152,16 +153,11 @@ def test_a_stop_ends_a_reference_rollout_at_once_without_waiting_for_the_endpoin
     async def stop_while_the_reference_answers() -> tuple[float, BaseException | None, str]:
         async with coordinator.reference_side(model, api_key=KEY):
             handle = coordinator.create_rollout(Task("t-0", prompt=TASKS[0]["prompt"], ground_truth=42))
-            call = asyncio.ensure_future(coordinator.chat(
-                handle.rollout_id, handle.token, [{"role": "user", "content": TASKS[0]["prompt"]}], None,
-                SamplingParams(max_tokens=16)))
-            while not reference.solver.calls:  # the call reached the reference endpoint, which now waits
-                assert not call.done(), f"the call ended before reaching the reference: {call.result()!r}"
-                await asyncio.sleep(0.02)
-            started = time.monotonic()
-            assert await coordinator.end(handle.rollout_id, RunStopped())
-            took = time.monotonic() - started
-            refused = (await asyncio.gather(call, return_exceptions=True))[0]
+            call = coordinator.chat(handle.rollout_id, handle.token, [{"role": "user", "content": TASKS[0]["prompt"]}],
+                                    None, SamplingParams(max_tokens=16))
+            # reached: the call is at the reference endpoint, which now waits
+            took, refused = await stop_while_in_flight(coordinator, handle.rollout_id, call,
+                                                       lambda: bool(reference.solver.calls))
             return took, refused, handle.rollout_id
 
     try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import anthropic
 import httpx
@@ -21,6 +20,7 @@ import openai
 import pytest
 
 from _adapter_support import tasks
+from _run_stop import stop_while_in_flight
 from mtrl_adapters.wire import CompletionReport
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.coordinator import Coordinator
@@ -28,7 +28,7 @@ from mtrl_runtime.engines import ScriptedEngine
 from mtrl_runtime.engines.scripted import ScriptedReply
 from mtrl_runtime.errors import Conflict
 from mtrl_runtime.store import SQLiteStore
-from mtrl_runtime.types import ChatOptions, RolloutStatus, RunStopped, SamplingParams
+from mtrl_runtime.types import ChatOptions, RolloutStatus, SamplingParams
 
 CAP = 16
 CONFIG = {"core": {"sampling_params": {"max_tokens": CAP}, "val_sampling_params": {"max_tokens": CAP}}}
@@ -167,16 +167,10 @@ def test_the_runs_stop_cancels_a_background_call_in_flight(tmp_path, tiny_tok):
 
     async def stop_while_the_title_generates() -> tuple[float, BaseException | None, str]:
         handle = coordinator.create_rollout(tasks(2)[1])
-        call = asyncio.ensure_future(coordinator.chat(
-            handle.rollout_id, handle.token, [{"role": "user", "content": "a title, please"}], None,
-            SamplingParams(max_tokens=8), ChatOptions(model="mtrl-background")))
-        while not generating:
-            assert not call.done(), f"the call ended before the engine took it: {call.result()!r}"
-            await asyncio.sleep(0.02)
-        started = time.monotonic()
-        assert await coordinator.end(handle.rollout_id, RunStopped())
-        refused = (await asyncio.gather(call, return_exceptions=True))[0]
-        return time.monotonic() - started, refused, handle.rollout_id
+        call = coordinator.chat(handle.rollout_id, handle.token, [{"role": "user", "content": "a title, please"}],
+                                None, SamplingParams(max_tokens=8), ChatOptions(model="mtrl-background"))
+        took, refused = await stop_while_in_flight(coordinator, handle.rollout_id, call, lambda: bool(generating))
+        return took, refused, handle.rollout_id
 
     try:
         took, refused, rollout_id = asyncio.run(stop_while_the_title_generates())
