@@ -72,11 +72,12 @@ def _cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mtrl-tests"
 
 
-def _run(argv: list, cwd: Path, timeout: float = 600) -> str:
+def _run(argv: list, cwd: Path, timeout: float = 600, *, stderr: bool = False) -> str:
+    """``argv``'s stdout (with ``stderr``: both, where a build backend's warnings go), once it exited 0."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     done = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{' '.join(map(str, argv))} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return done.stdout
+    return done.stdout + done.stderr if stderr else done.stdout
 
 
 @pytest.mark.timeout(900)
@@ -88,8 +89,11 @@ def test_the_wheel_installs_with_the_strands_extra_and_runs(tmp_path):
         if (ROOT / name).is_file():
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, source / name)
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path / "dist",
-          source], cwd=tmp_path)
+    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                  tmp_path / "dist", source], cwd=tmp_path, stderr=True)
+    # the examples' data folders (fixtures/, instances/, db/) ship as package data, not as packages setuptools
+    # would warn it ignores (a page of warnings per folder on every install, include-package-data's)
+    assert "Package would be ignored" not in built, built[-3000:]
     [wheel] = (tmp_path / "dist").glob("mtrl_agents-*.whl")
     requires = _requires(wheel, EXTRA)
     assert any(r.startswith("strands-agents") for r in requires), requires
