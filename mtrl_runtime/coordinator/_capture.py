@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
@@ -39,6 +38,7 @@ from ..types import (
     StreamingEngine, TrajectoryStore, Turn, TurnLimitHit,
 )
 from ._counters import CoordinatorCounters
+from ._inflight import stoppable
 from ._live import LiveRollout, LiveRollouts, VerifiedToken
 from ._owner import call_owner, check_owner
 from ._stream import ChatStream, StreamClosed
@@ -246,7 +246,7 @@ class CallCapture:
         generation as it cancels the rollout's own call's."""
         started = time.time()
         usage: list[tuple[int, int]] = []
-        answer = await _stoppable(live, lambda: self._inference(call, usage))  # the run's stop ends it too
+        answer = await stoppable(live, lambda: self._inference(call, usage))  # the run's stop ends it too
         prompt_tokens, completion_tokens = usage[0]
         await self.store.aadd_model_call(ModelCall(
             live.rollout_id, call.options.protocol or "openai", call.options.model, latency_s=time.time() - started,
@@ -359,7 +359,7 @@ class CallCapture:
         if options.template_kwargs:  # the policy's template variables: not sent to another model (``_reference``)
             self.counters.reference_template_kwargs_dropped += 1
         reference = live.reference
-        reply = await _stoppable(live, lambda: reference.chat(messages, tools, call.sampling, options))
+        reply = await stoppable(live, lambda: reference.chat(messages, tools, call.sampling, options))
         calls = tuple(reply.message.get("tool_calls") or ())
         turn = Turn(
             rollout_id=live.rollout_id, index=live.turns, messages=tuple(messages), prompt_ids=(), completion_ids=(),
@@ -427,8 +427,8 @@ class CallCapture:
         return stream
 
     async def _generation(self, live: LiveRollout, request: GenerationRequest, stream: ChatStream | None) -> Generation:
-        """``_generate``, which the run's stop cancels (``_stoppable``)."""
-        return await _stoppable(live, lambda: self._generate(request, stream))
+        """``_generate``, which the run's stop cancels (``_inflight.stoppable``)."""
+        return await stoppable(live, lambda: self._generate(request, stream))
 
     async def _generate(self, request: GenerationRequest, stream: ChatStream | None = None) -> Generation:
         try:
@@ -519,39 +519,6 @@ def _check_tool_choice(options: ChatOptions, tools: list) -> None:
                 f"(tools: {', '.join(map(str, names))})",
                 param="tool_choice",
             )
-
-
-async def _stoppable(live: LiveRollout, work: Callable[[], Awaitable[T]]) -> T:
-    """``work()`` (the engine's generation, a reference endpoint's answer), which the run's stop cancels
-    (``LiveRollout.stop_generating``): a 409 naming the stop, no turn recorded. No task of its own (that costs
-    every call a loop iteration): the stop cancels this call's task while it waits here, and only here."""
-    task = asyncio.current_task()
-    live.generating.add(task)  # before reading ``stopped``: a stop on another thread sets it, then reads this
-    try:
-        if live.stopped:  # stopped before the call got here (between taking the lock and here)
-            raise _stopped(live)
-        return await work()
-    except asyncio.CancelledError:
-        if not live.stopped or _cancelled_by_others():
-            raise
-        raise _stopped(live) from None
-    finally:
-        live.generating.discard(task)
-
-
-def _stopped(live: LiveRollout) -> Conflict:
-    return Conflict(f"rollout {live.rollout_id!r} was stopped (the run stopped) while this call was being generated; "
-                    "no turn was recorded", param="rollout_id")
-
-
-def _cancelled_by_others() -> bool:
-    """After the stop's cancel was caught: whether another cancel of this task is pending too (its client went
-    away, the server shuts down); then it propagates. Python 3.10 has no ``Task.uncancel`` to count them: there
-    the stop's cancel is taken for the only one."""
-    task = asyncio.current_task()
-    if task is None or sys.version_info < (3, 11):
-        return False
-    return task.uncancel() > 0
 
 
 __all__ = ["CallCapture", "ChatResult", "PolicyCall", "Respond"]

@@ -11,7 +11,7 @@ row next). ``settle`` waits for every write in progress (a stack closing).
 
 The write waits for the rollout's model call in flight to record its turn.
 When the run stopped (``RunStopped``), that call's generation is cancelled
-first (``LiveRollout.stop_generating``; a reference model's request too): the
+first (``_inflight.stop_generating``; a reference model's request too): the
 completion would never be read, and on a CPU engine (or a slow endpoint) it can
 take minutes, during which the stop looked hung.
 """
@@ -24,6 +24,7 @@ import logging
 from ..tripwires import TRIPWIRE_ZEROED, TripwireWatch, trip_metrics, unreported_calls
 from ..types import RolloutEvent, RolloutStatus, RunStopped, TrajectoryStore
 from ._counters import CoordinatorCounters
+from ._inflight import stop_generating
 from ._lifecycle import Ending
 from ._live import LiveRollout, LiveRollouts
 
@@ -76,7 +77,7 @@ class RolloutEnds:
             return False
         live, ending = decided
         if isinstance(event, RunStopped):  # its end waits for the call in flight: that call's generation ends now
-            live.stop_generating()
+            stop_generating(live)
         task = asyncio.ensure_future(self._write(rollout_id, live, ending))
         self._writing[rollout_id] = task
         task.add_done_callback(lambda _: self._writing.pop(rollout_id, None))

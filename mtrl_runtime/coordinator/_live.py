@@ -82,28 +82,11 @@ class LiveRollout:
     # roles (``roles``): each role's conversation extends its own turns; its segments numbered across the rollout
     role_conversations: dict[str, ConversationState] = field(default_factory=dict)
     role_segments: dict[tuple[str, int], int] = field(default_factory=dict)  # (role, its own segment) -> rollout's
-    # the tasks of the model calls in flight while they await the engine or a reference endpoint (``_stoppable``
-    # in ``_capture``: the rollout's own call, and a harness's background calls beside it), and whether the run
-    # stopped the rollout: a stopped rollout's end does not wait for a completion nobody will read
+    # the tasks of the model calls in flight while they await the engine or a reference endpoint (the rollout's
+    # own call, and a harness's background calls beside it), and whether the run stopped the rollout: a stopped
+    # rollout's end does not wait for a completion nobody will read (``_inflight``)
     generating: set[asyncio.Task] = field(default_factory=set)
     stopped: bool = False
-
-    def stop_generating(self) -> None:
-        """The run stopped this rollout: cancel its generations in flight (the engine drops the row at its next
-        step; a reference endpoint's request is closed) and refuse one about to start, so its end, which waits
-        for the call's lock, is written at once.
-
-        ``generating`` holds each call's task while it awaits the engine or the reference; the cancel runs on
-        that task's loop and only if the task still waits there (it may have moved on to record its turn
-        meanwhile). Either side may run on another thread: each sets its own field before reading the other's,
-        so one sees the other (``list`` copies the set in one step under the GIL)."""
-        self.stopped = True
-        for task in list(self.generating):
-            task.get_loop().call_soon_threadsafe(self._cancel_if_generating, task)
-
-    def _cancel_if_generating(self, task: asyncio.Task) -> None:
-        if task in self.generating:
-            task.cancel()
 
     def role_segment(self, role: str, own: int) -> int:
         """The rollout's segment number of ``role``'s segment ``own``: one of its own, never another role's."""
