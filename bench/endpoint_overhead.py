@@ -38,6 +38,8 @@ import time
 from typing import Any, Callable
 from pathlib import Path
 
+from mtrl_runtime.testing import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "endpoint_overhead.json"
 TOOLS = [
@@ -74,12 +76,6 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     return 0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Connection:

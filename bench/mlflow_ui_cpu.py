@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from _machine import load_note, machine_info, save_results
 
+from mtrl_runtime.testing import free_port
 from mtrl_runtime.tracking import VIEWER_ENV
 
 RESULTS = Path(__file__).resolve().parent / "results" / "mlflow_ui_cpu.json"
@@ -52,12 +52,6 @@ def session_cpu(sid: int) -> tuple[float, int]:
             total += (int(fields[11]) + int(fields[12])) / TICK
             count += 1
     return total, count
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def one(extra_env: dict[str, str], watch_s: float) -> dict[str, float]:

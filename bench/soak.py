@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,8 @@ from typing import Any
 
 import httpx
 import psutil
+
+from mtrl_runtime.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "soak.json"
@@ -209,12 +210,6 @@ def stored_completed(run_dir: Path, rollout_ids: list[str]) -> tuple[int, list[s
                    if (r := store.get_rollout(rid, with_turns=False)) is None or r.status.value != "completed"]
         total = len(store.rollouts(status="completed", with_turns=False))
     return total, missing
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 120.0) -> None:

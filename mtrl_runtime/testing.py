@@ -1,4 +1,4 @@
-"""Builders for tests and benchmarks: a tiny byte-level BPE tokenizer and a tiny Llama.
+"""Builders for tests and benchmarks: a tiny byte-level BPE tokenizer and a tiny Llama, and a free loopback port.
 
 Both are built in a few hundred milliseconds, on CPU, with no download, so
 tests can run real forward passes and real training steps. They ship in the
@@ -132,5 +132,15 @@ def latencies_during_step(service: Any, batch: Any,
     return window["end"] - window["start"], inside
 
 
-__all__ = ["SPECIAL_TOKENS", "latencies_during_step", "save_tiny_model", "tiny_model", "tiny_tokenizer",
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on ``host`` that nothing listens on now (the OS's pick for port 0): for a server a test starts, or
+    an address where nothing answers. Another process may take it before the server binds it."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+__all__ = ["SPECIAL_TOKENS", "free_port", "latencies_during_step", "save_tiny_model", "tiny_model", "tiny_tokenizer",
            "trained_bpe"]

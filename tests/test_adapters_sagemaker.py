@@ -8,7 +8,6 @@ code) trains against the coordinator in compatibility mode on loopback.
 from __future__ import annotations
 
 import base64
-import socket
 import time
 
 import httpx
@@ -35,6 +34,7 @@ from mtrl_runtime.engines import ScriptedEngine
 from mtrl_runtime.executors import HttpExecutor
 from mtrl_runtime.server import _compat_routes
 from mtrl_runtime.server._compat_routes import sigv4_problem
+from mtrl_runtime.testing import free_port
 from mtrl_runtime.types import RolloutStatus, Task
 
 pytest.importorskip("sagemaker.train.rft")
@@ -88,9 +88,7 @@ def _port_without_404() -> int:
     """A free loopback port with no "404" in it: SageMaker's ``update_reward`` takes any error whose text holds "404",
     the URL included, for a missing trajectory and only logs it (a 409 on port 44045 passed silently)."""
     while True:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         if "404" not in str(port):
             return port
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import socket
 import types
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from mtrl_runtime.engines import ScriptedEngine  # noqa: E402
 from mtrl_runtime.executors import AgentCoreExecutor, AgentCoreSettings, parse_runtime_arn  # noqa: E402
 from mtrl_runtime.rollouts import RolloutStack, executor_kind  # noqa: E402
 from mtrl_runtime.store import SQLiteStore  # noqa: E402
+from mtrl_runtime.testing import free_port
 from mtrl_runtime.types import RolloutStatus  # noqa: E402
 
 ARN = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/mtrl_agent-a1B2c3D4e5"
@@ -178,9 +178,7 @@ async def test_rollouts_run_on_the_runtime_by_arn_with_sigv4_one_session_each(tm
 async def test_the_payload_names_the_configured_public_coordinator_url(tmp_path, tiny_tok, aws_env):
     """``coordinator_url`` is what the runtime calls: here ``localhost`` for the server bound on 127.0.0.1."""
     apps.SEEN.clear()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     public = f"http://localhost:{port}"
     with AgentCoreStandIn({ARN: apps.tool_app()}) as service:
         config = _config(tmp_path, {"endpoint_url": service.endpoint_url, "coordinator_url": public})

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mtrl_runtime.testing import free_port
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SCRIPT = """\
@@ -143,16 +145,13 @@ def test_script_file_in_json_and_the_engine_options(tmp_path, tiny_tok):
 
 
 def test_mtrl_serve_scripted_takes_a_script_and_health_names_what_is_served(tmp_path, tiny_model_dir):
-    import socket
     import subprocess
     import time
 
     import httpx
 
     cfg, _, script = _inputs(tmp_path, tiny_model_dir)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "mtrl_runtime.cli", "serve", "--config", str(cfg), "--engine", "scripted",
          "--script", str(script), "--port", str(port), "--run-dir", str(tmp_path / "serve-run")],

@@ -21,6 +21,7 @@ import yaml
 
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
+from mtrl_runtime.testing import free_port
 from mtrl_runtime.types import GenerationRequest
 
 KEY_ENV = "MTRL_TEST_TEACHER_KEY"
@@ -137,13 +138,9 @@ def test_bad_teacher_flags_are_named_before_any_rollout(tmp_path, flags, message
 
 
 def test_an_unreachable_teacher_fails_at_once_naming_the_url(tmp_path, tiny_model_dir):
-    import socket
-
     from mtrl_runtime.cli import main
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
     _, common = inputs(tmp_path, tiny_model_dir)
     with pytest.raises(SystemExit, match=re.escape(f"--teacher-url: reference url: cannot reach {url}")):
         main(["collect", *common, "--teacher-url", url, "--teacher-model", "m", "--min-reward", "1"])

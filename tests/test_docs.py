@@ -85,7 +85,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -100,6 +99,7 @@ from _docs_installs import blocked_for, page_installs, unknown_extras
 from _docs_preload import ADAPTERS_WATCH, MODELS, MODELS_BRING, PRELOAD, page_preload
 from _groups import PROCESSES
 from _preloaded_python import PreloadedPython
+from mtrl_runtime.testing import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
@@ -238,13 +238,6 @@ def localize(block: Block, ports: dict[int, int]) -> str:
     for documented, port in ports.items():
         code = re.sub(rf"(?<![\d.]){documented}(?!\d)", str(port), code)
     return code
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on now (the OS's pick for port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def forked_processes(page: str) -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
 from mtrl_runtime.evaluation import BASE, REFERENCE, MultiTurnRLEvaluator, ReferenceModel, sample_seed
 from mtrl_runtime.store import SQLiteStore
 from mtrl_runtime.errors import Conflict
+from mtrl_runtime.testing import free_port
 from mtrl_runtime.types import GenerationRequest, RolloutStatus, SamplingParams, Task
 
 KEY_ENV = "MTRL_TEST_REFERENCE_KEY"
@@ -331,10 +331,7 @@ def test_a_reference_call_asking_for_token_ids_is_refused_before_it_leaves(tmp_p
 
 
 def test_unreachable_reference_fails_at_once_naming_the_url(tmp_path, tiny_tok):
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"  # a port nothing listens on
     policy = Failing()
     evaluator = MultiTurnRLEvaluator(
         agent_env=agents.make_agent(agents.answer_score), dataset=TASKS * 1, config=config(tmp_path),
@@ -426,9 +423,7 @@ def test_cli_eval_with_a_reference(tmp_path, tiny_model_dir, reference, capsys):
     assert KEY not in (tmp_path / "run" / "eval" / "report" / "eval_report.json").read_text()
 
     # an unreachable reference: exit 2 at once, naming the URL, before any rollout
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     assert main(["eval", *common, "--no-mlflow", "--output", str(tmp_path / "second"),
                  "--reference-url", url, "--reference-model", "solver-1"]) == 2
     assert f"cannot reach {url}" in capsys.readouterr().err

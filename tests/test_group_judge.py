@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,6 +34,7 @@ from mtrl_runtime.rewards import (
     trajectory_of,
 )
 from mtrl_runtime.store import SQLiteStore
+from mtrl_runtime.testing import free_port
 from mtrl_runtime.types import Rollout, RolloutStatus, Task, Turn
 
 TASKS = [{"id": f"t{i}", "prompt": f"task {i}", "ground_truth": 42} for i in range(3)]
@@ -154,9 +154,7 @@ def test_a_malformed_or_incomplete_reply_is_an_error_naming_the_trajectory_and_t
                       "judge")
     with pytest.raises(JudgeReplyError, match=r"t1 \(rollout 'r0'\) the score 7; expected a number from 0 to 1"):
         high.judge(trajectories)
-    with socket.socket() as free:  # nothing listens there: retried, then an error naming the rollouts
-        free.bind(("127.0.0.1", 0))
-        down = f"http://127.0.0.1:{free.getsockname()[1]}/v1"
+    down = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there: retried, then an error naming the rollouts
     with pytest.raises(JudgeError, match=r"failed for rollouts 'r0', 'r1', 'r2' after 2 attempt\(s\): ConnectError"):
         GroupJudge(down, "judge", attempts=2).judge(trajectories)
     good = GroupJudge(judge_url(judge_script(lambda i, a: 0.25 * i)), "judge").judge(trajectories)
@@ -251,9 +249,7 @@ def test_training_stores_the_judges_scores_as_rewards_and_records_its_calls(tmp_
 def test_a_judge_at_the_policys_own_endpoint_is_refused_at_startup(tmp_path, tiny_tok, tiny_model_dir):
     from mtrl_runtime.training import MultiTurnRLTrainer
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     trainer = MultiTurnRLTrainer(
         agent_env=agents.make_agent(agents.answer_score, tools=[]), training_dataset=TRAIN,
         config=train_config(tmp_path / "run", tiny_model_dir,

@@ -19,7 +19,6 @@ scores a failed judge 0 completed all 20 rollouts that way.
 from __future__ import annotations
 
 import json
-import socket
 from typing import Any
 
 import pytest
@@ -32,6 +31,7 @@ from mtrl_adapters.wire import AgentFlag
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.engines import ScriptedEngine
 from mtrl_runtime.rollouts import collect_rollouts, rollout_line
+from mtrl_runtime.testing import free_port
 from mtrl_runtime.training import rollout_metrics
 from mtrl_runtime.types import ROLLOUT_FLAGS, RolloutStatus, Task
 
@@ -144,17 +144,11 @@ async def test_a_judge_with_policy_models_unset_is_refused_and_flagged_never_tra
     assert metrics[f"rollout/flagged/{INFERRED_FLAG}"] == 0.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_a_judge_beside_a_policy_aimed_at_the_coordinator_passes_through_flagged(tiny_tok, tmp_path, monkeypatch):
     """The policy's client reads ``OPENAI_BASE_URL`` (the coordinator's address): the judge's call, from a client
     aimed elsewhere, reaches the judge with the user's key and is recorded as a non-policy call."""
     pytest.importorskip("strands")
-    port = _free_port()
+    port = free_port()
     monkeypatch.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{port}/v1")
     with judge_upstream() as judge:
         agent = _strands_agent(judge.url, {"api_key": "unused"})

@@ -8,6 +8,7 @@ import pytest
 
 import _lookup_task as lookup
 from mtrl_runtime.config import MtrlConfig
+from mtrl_runtime.testing import free_port
 from mtrl_runtime.tracking import default_tracking_uri, flatten_params, metric_key
 from mtrl_runtime.training import MultiTurnRLTrainer
 
@@ -103,7 +104,6 @@ def test_the_ui_command_the_commands_print_serves_the_run_without_mlflows_job_ru
     answers ``/health`` with one worker and no job runner among its processes."""
     import os
     import signal
-    import socket
     import subprocess
     import sys
     import time
@@ -112,9 +112,7 @@ def test_the_ui_command_the_commands_print_serves_the_run_without_mlflows_job_ru
 
     from mtrl_runtime.tracking import ui_command
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     command = f"{ui_command(default_tracking_uri(tmp_path / 'run'))} --port {port}"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "MLFLOW_ENABLE_TELEMETRY": "false"}
