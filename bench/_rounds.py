@@ -19,22 +19,27 @@ the spread of single-run ratios shows beside the pooled one.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 from endpoint_overhead import pct
 
 Run = dict[str, Any]  # one run: "latencies" (s), "cpu_s" (the server's), "wall_s", "errors"
 
 
-async def interleaved(run_one: Callable[[str], Awaitable[Run]], names: list[str], rounds: int) -> dict[str, list[Run]]:
-    """``rounds`` rounds of one run of each name, the order rotated every round; the runs by name, in round order."""
+def rotated(names: Sequence[str], rounds: int) -> list[tuple[int, str]]:
+    """``(round, name)`` in the order to run them: every round each name once, the order rotated by one place a
+    round (with two names, swapped every round), so each is measured in every position equally often."""
     if rounds < 1:
         raise ValueError(f"rounds: must be >= 1, got {rounds}")
+    names = list(names)
+    return [(i, name) for i in range(rounds) for name in names[i % len(names):] + names[:i % len(names)]]
+
+
+async def interleaved(run_one: Callable[[str], Awaitable[Run]], names: list[str], rounds: int) -> dict[str, list[Run]]:
+    """``rounds`` rounds of one run of each name, the order rotated every round; the runs by name, in round order."""
     runs: dict[str, list[Run]] = {name: [] for name in names}
-    for i in range(rounds):
-        shift = i % len(names)
-        for name in names[shift:] + names[:shift]:
-            runs[name].append(await run_one(name))
+    for _, name in rotated(names, rounds):
+        runs[name].append(await run_one(name))
     return runs
 
 

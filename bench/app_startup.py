@@ -30,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from _machine import machine_info
+from _rounds import rotated
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = """
@@ -70,9 +71,8 @@ def main() -> None:
     trees = {"this": ROOT, "other": args.tree.resolve()}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     load_before = os.getloadavg()
-    for round_ in range(args.rounds):
-        for name in (list(trees) if round_ % 2 == 0 else list(reversed(trees))):
-            runs[name].append(probe(trees[name]))
+    for _, name in rotated(list(trees), args.rounds):
+        runs[name].append(probe(trees[name]))
     summary = {name: {key: statistics.median(r[key] for r in rs) for key in ("first_s", "after_s")}
                for name, rs in runs.items()}
     keys = ("first_s", "after_s")

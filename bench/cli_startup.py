@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from _machine import DTYPE_NAMES, load_note, machine_info
+from _rounds import rotated
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTED = "examples/aircraft_inspection/scripted.yaml"
@@ -94,10 +95,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, tree in trees.items():  # warm-up: fills the caches each tree uses
             run_once(tree, Path(tmp) / f"warm-{name}", command)
-        for i in range(args.rounds):
-            order = list(trees) if i % 2 == 0 else list(reversed(trees))
-            for name in order:
-                runs[name].append(run_once(trees[name], Path(tmp) / f"{name}-{i}", command))
+        for i, name in rotated(list(trees), args.rounds):
+            runs[name].append(run_once(trees[name], Path(tmp) / f"{name}-{i}", command))
     load_after = os.getloadavg()
     median = {name: {key: statistics.median(r[key] for r in rs) for key in ("wall_s", "cpu_s")}
               for name, rs in runs.items()}

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from _machine import load_note, machine_info, save_results
+from _rounds import rotated
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "project_bytecode.json"
@@ -106,11 +107,10 @@ def main() -> None:
             raise RuntimeError("the source-only copy gained bytecode: PYTHONDONTWRITEBYTECODE was not honoured")
         load_before = os.getloadavg()
         cpu: dict[str, list[float]] = {side: [] for side in trees}
-        for r in range(args.rounds):
-            for side in (list(trees) if r % 2 == 0 else list(reversed(trees))):
-                measured = one(trees[side], preload)
-                cpu[side].append(round(measured["project_s"], 3))
-                imported = int(measured["project_modules"])
+        for _, side in rotated(list(trees), args.rounds):
+            measured = one(trees[side], preload)
+            cpu[side].append(round(measured["project_s"], 3))
+            imported = int(measured["project_modules"])
         load_after = os.getloadavg()
     median = {side: statistics.median(values) for side, values in cpu.items()}
     results = {
