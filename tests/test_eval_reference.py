@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from _run_stop import stop_while_in_flight
 from mtrl_runtime.algorithms import NoTokenIds, build_samples
 from mtrl_runtime.config import MtrlConfig
 from mtrl_runtime.coordinator import Coordinator
+from mtrl_runtime.coordinator._reference import ReferenceClient
 from mtrl_runtime.engines import ScriptedEngine, ScriptedReply
 from mtrl_runtime.evaluation import BASE, REFERENCE, MultiTurnRLEvaluator, ReferenceModel, sample_seed
 from mtrl_runtime.store import SQLiteStore
@@ -361,6 +363,22 @@ def test_reference_key_is_forwarded_and_a_missing_key_variable_is_named(tmp_path
     (failed,) = result.reference.rollouts
     assert failed.status.value == "failed" and "HTTP 401" in (failed.error or "")
     assert reference.solver.calls == []
+
+
+def test_the_reference_clients_calls_share_one_tls_context(reference, monkeypatch):
+    """A client per call (each may run on another event loop), and httpx builds a verified TLS context (~20 ms of
+    CPU) for each: the reference client's take the process's one (``mtrl_runtime.tls``), built once at most."""
+    built: list[int] = []
+    make = ssl.create_default_context
+    monkeypatch.setattr(ssl, "create_default_context", lambda *a, **k: built.append(1) or make(*a, **k))
+    client = ReferenceClient(ReferenceModel(url=reference.url + "/v1", model="solver-1", api_key_env=KEY_ENV), KEY)
+
+    async def three_calls() -> None:
+        for _ in range(3):
+            await client.check()
+
+    asyncio.run(three_calls())
+    assert len(built) <= 1, f"{len(built)} TLS contexts built for 3 calls to the reference"
 
 
 @pytest.mark.parametrize("given, fragment", [

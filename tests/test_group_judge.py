@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 from pathlib import Path
 from typing import Any, Callable
 
@@ -160,6 +161,18 @@ def test_a_malformed_or_incomplete_reply_is_an_error_naming_the_trajectory_and_t
     good = GroupJudge(judge_url(judge_script(lambda i, a: 0.25 * i)), "judge").judge(trajectories)
     assert good.scores == (0.0, 0.25, 0.5)
     assert good.call.model == "judge" and good.call.input_tokens > 0 and good.call.output_tokens > 0
+
+
+def test_the_judges_calls_share_one_tls_context(judge_url, monkeypatch):
+    """httpx builds a verified TLS context (the CA bundle loaded: ~20 ms of CPU) for every client it makes, and the
+    judge makes one per call: they all take the process's one (``mtrl_runtime.tls``), built once at most."""
+    built: list[int] = []
+    make = ssl.create_default_context
+    monkeypatch.setattr(ssl, "create_default_context", lambda *a, **k: built.append(1) or make(*a, **k))
+    judge = GroupJudge(judge_url(judge_script(lambda i, a: 0.5 * i)), "judge")
+    for _ in range(3):
+        assert judge.judge(_trajectories(2)).scores == (0.0, 0.5)
+    assert len(built) <= 1, f"{len(built)} TLS contexts built for 3 judge calls"
 
 
 def test_judge_specs_name_the_bad_field_and_the_policy_endpoint_is_refused(tmp_path):

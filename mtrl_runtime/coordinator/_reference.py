@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from ..tls import client_tls
 from ..errors import BadRequest, EngineFailure, MtrlError, ServerBusy
 from ..registry import Registry
 from ..types import ChatOptions, SamplingParams
@@ -132,7 +133,7 @@ class ReferenceClient:
 
     def _http(self, timeout_s: float) -> httpx.AsyncClient:
         timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
-        return httpx.AsyncClient(transport=self._transport, timeout=timeout)
+        return httpx.AsyncClient(transport=self._transport, timeout=timeout, verify=client_tls())
 
     async def check(self) -> None:
         """Fail at once when the endpoint cannot be reached or refuses the key (a GET of its model list).

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import httpx
 
+from ..tls import client_tls
 from ._judge_prompt import JudgeReplyError, judge_messages, parse_scores
 from ._judge_spec import JudgeSpec
 from ._trajectory import Trajectory
@@ -112,7 +113,7 @@ class GroupJudge:
         started = time.time()
         clock = time.perf_counter()
         problem = ""
-        async with httpx.AsyncClient(timeout=self.spec.timeout_s) as client:
+        async with httpx.AsyncClient(timeout=self.spec.timeout_s, verify=client_tls()) as client:
             for attempt in range(1, self.spec.attempts + 1):
                 try:
                     response = await client.post(self.url, json=body, headers=headers)
