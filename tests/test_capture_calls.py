@@ -8,7 +8,8 @@ import types
 
 from mtrl_runtime.chat.formats import opened_reasoning
 from mtrl_runtime.coordinator import Coordinator
-from mtrl_runtime.coordinator._capture import _OPENER_TAIL_TOKENS, PolicyCall
+from mtrl_runtime.coordinator._capture import PolicyCall
+from mtrl_runtime.coordinator._rendering import OPENER_TAIL_TOKENS
 from mtrl_runtime.engines import ScriptedEngine
 from mtrl_runtime.store.memory import MemoryStore
 from mtrl_runtime.testing import tiny_tokenizer
@@ -32,23 +33,25 @@ def test_settled_keeps_every_other_field():
 
 
 def test_remembered_opener_is_the_decoded_tails():
-    capture = Coordinator(ScriptedEngine(tiny_tokenizer(), lambda request, prompt: "DONE"), MemoryStore())._capture
-    renderer = capture.renderer
-    assert capture.format.reasoning_openers  # the tiny tokenizer's format opens reasoning: the cache is used
+    coordinator = Coordinator(ScriptedEngine(tiny_tokenizer(), lambda request, prompt: "DONE"), MemoryStore())
+    rendering = coordinator._capture.rendering
+    renderer = rendering.renderer
+    assert rendering.format.reasoning_openers  # the tiny tokenizer's format opens reasoning: the cache is used
     prompts = [renderer.render([{"role": "user", "content": "hi"}], None, True),
                renderer.render([{"role": "user", "content": "hi"}], None, True) + "<think>\n",
                "<think>\n", "x"]
     for _ in range(2):  # decoded, then remembered
         for text in prompts:
             ids = renderer.encode(text)
-            expected = opened_reasoning(capture.format, renderer.decode(ids[-_OPENER_TAIL_TOKENS:]))
-            assert capture._opened_reasoning(ids) == expected, text
-    assert any(capture._opened_reasoning(renderer.encode(t)) for t in prompts)  # an opener is found at all
-    assert len(capture._openers) <= len(prompts)
+            expected = opened_reasoning(rendering.format, renderer.decode(ids[-OPENER_TAIL_TOKENS:]))
+            assert rendering.opened_reasoning(ids) == expected, text
+    assert any(rendering.opened_reasoning(renderer.encode(t)) for t in prompts)  # an opener is found at all
+    assert len(rendering._openers) <= len(prompts)
 
 
 def test_no_openers_decodes_nothing(monkeypatch):
-    capture = Coordinator(ScriptedEngine(tiny_tokenizer(), lambda request, prompt: "DONE"), MemoryStore())._capture
-    monkeypatch.setattr(capture, "format", types.SimpleNamespace(reasoning_openers=()))
-    monkeypatch.setattr(capture.renderer, "decode", lambda ids: (_ for _ in ()).throw(AssertionError("decoded")))
-    assert capture._opened_reasoning((1, 2, 3)) is None
+    coordinator = Coordinator(ScriptedEngine(tiny_tokenizer(), lambda request, prompt: "DONE"), MemoryStore())
+    rendering = coordinator._capture.rendering
+    monkeypatch.setattr(rendering, "format", types.SimpleNamespace(reasoning_openers=()))
+    monkeypatch.setattr(rendering.renderer, "decode", lambda ids: (_ for _ in ()).throw(AssertionError("decoded")))
+    assert rendering.opened_reasoning((1, 2, 3)) is None

@@ -7,7 +7,8 @@ rely on). It is composed of collaborators, each owning its own state:
 - ``LiveRollouts`` (``_live``): creation, secret tokens, lookup, and each
   live rollout's state machine (``_lifecycle.RolloutLife``);
 - ``CallCapture`` (``_capture``): model calls, each attributed one committed
-  as a turn before it is answered;
+  as a turn before it is answered; their prompts and replies in the chat
+  format (``_rendering.CallRendering``), their checks (``_call_checks``);
 - ``ReportIntake`` (``_reports``): tool calls, rewards, the agent's own end,
   a rollout's state;
 - ``ChatStream`` (``_stream``): one streamed call's text as it is decoded,

@@ -19,17 +19,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
-from ..chat import (
-    CHAT_TEMPLATE_META,
-    find_compaction,
-    ChatRenderer,
-    PromptBuilder,
-    PromptPlan,
-    ReplyText,
-    normalize_messages,
-    normalize_tools,
-)
-from ..chat.formats import ChatFormat, opened_reasoning, resolve_format
+from ..chat import CHAT_TEMPLATE_META, PromptPlan, find_compaction
+from ..chat.formats import ChatFormat, resolve_format
 from ..errors import AnswerFailure, BadRequest, Conflict, EngineFailure, MtrlError
 from ..roles import RoleMap
 from ..seeds import derived_seed, turn_seed
@@ -37,10 +28,12 @@ from ..types import (
     BreakReason, ChatOptions, ChatResult, Generation, GenerationRequest, ModelCall, PolicyEngine, SamplingParams,
     StreamingEngine, TrajectoryStore, Turn, TurnLimitHit,
 )
+from ._call_checks import checked, fit_context
 from ._counters import CoordinatorCounters
 from ._inflight import stoppable
 from ._live import LiveRollout, LiveRollouts, VerifiedToken
 from ._owner import call_owner, check_owner
+from ._rendering import CallRendering
 from ._stream import ChatStream, StreamClosed
 
 _log = logging.getLogger("mtrl.coordinator")
@@ -106,13 +99,12 @@ class CallCapture:
         self.live = live
         self.counters = counters
         # the model family's format: how prompts render and completions parse (detected when not given)
-        self.format = chat_format or resolve_format(engine.tokenizer, None)
-        self.renderer = ChatRenderer(engine.tokenizer, fallback=self.format.template, stop_tokens=self.format.stop_tokens,
-                                     history_terminators=self.format.history_terminators)
-        self.builder = PromptBuilder(self.renderer, history_training)
-        self._openers: dict[tuple[int, ...], tuple[str, str] | None] = {}  # prompt tail ids -> the opener left open
+        self.rendering = CallRendering(engine.tokenizer, chat_format or resolve_format(engine.tokenizer, None),
+                                       history_training, counters)
+        self.renderer, self.builder = self.rendering.renderer, self.rendering.builder
         # what prompts render with, kept with the run: ``mtrl export`` writes this template beside the trained weights
-        store.set_meta(CHAT_TEMPLATE_META, {"chat_format": self.format.name, "template": self.renderer.template})
+        store.set_meta(CHAT_TEMPLATE_META, {"chat_format": self.rendering.format.name,
+                                            "template": self.renderer.template})
 
     async def chat(self, call: PolicyCall) -> Any:
         """Serve one chat completion and return ``call.respond``'s answer (by default the ``ChatResult`` itself).
@@ -122,7 +114,7 @@ class CallCapture:
         turn recorded is the same as without.
         """
         options = call.options or _AUTO
-        messages, tools = await _work(call.off_loop, _checked, call.messages, call.tools, options)
+        messages, tools = await _work(call.off_loop, checked, call.messages, call.tools, options)
         call = call.settled(messages, tools, options)
         rollout_id, token = call.rollout_id, call.token
         if rollout_id is None:
@@ -180,42 +172,10 @@ class CallCapture:
             return live.seed
         return None if self.default_seed is None else derived_seed(self.default_seed, live.rollout_id)
 
-    def _plan(self, state: Any, call: PolicyCall) -> tuple[PromptPlan, str, bool]:
-        """The turn's prompt, the text the reply is parsed after, and whether a tool call was forced.
-
-        The forced prefix (the format's call opener, with the tool's name when
-        one is named) is prompt, not completion: the model did not choose it,
-        so it is not trained; the reply is parsed from prefix + completion.
-        A prompt that opened the reply's reasoning (``ChatFormat.reasoning_openers``,
-        Qwen3.5's ``<think>\\n``) is parsed with that opener in front too, and
-        a forced call there first closes the block empty.
-        """
-        tools, options = call.tools, call.options
-        plan = self.builder.build(state, call.messages, tools, options.template_kwargs)
-        opened = self._opened_reasoning(plan.prompt_ids)
-        head = opened[0] if opened else ""
-        if options.tool_choice == "auto" or not tools:
-            return plan, head, False
-        forced = (opened[1] if opened else "") + self.format.forced_prefix(
-            options.tool_name if options.tool_choice == "function" else None)
-        return replace(plan, prompt_ids=plan.prompt_ids + tuple(self.renderer.encode(forced))), head + forced, True
-
-    def _opened_reasoning(self, prompt_ids: Sequence[int]) -> tuple[str, str] | None:
-        """The reasoning block a prompt ending in ``prompt_ids`` leaves open (``chat.formats.opened_reasoning`` of its
-        last ids' text). Remembered by those ids: nearly every prompt ends in the same generation prompt, and
-        decoding its tail cost a call about 20,000 instructions; a format with no openers decodes nothing."""
-        if not self.format.reasoning_openers:
-            return None
-        tail = tuple(prompt_ids[-_OPENER_TAIL_TOKENS:])
-        if tail not in self._openers:
-            if len(self._openers) >= _OPENER_TAILS_KEPT:  # bounded: a pathological run of distinct tails
-                self._openers.clear()
-            self._openers[tail] = opened_reasoning(self.format, self.renderer.decode(tail))
-        return self._openers[tail]
-
     async def _planned(self, state: Any, call: PolicyCall) -> tuple[PromptPlan, str]:
-        """``_plan``, on a worker thread for a large request (the renderer's cache is safe to share)."""
-        plan, prefix, forced = await _work(call.off_loop, self._plan, state, call)
+        """``CallRendering.plan``, on a worker thread for a large request (the renderer's cache is safe to share)."""
+        plan, prefix, forced = await _work(call.off_loop, self.rendering.plan, state, call.messages, call.tools,
+                                           call.options)
         if forced:
             self.counters.forced_tool_calls += 1
         return plan, prefix
@@ -259,7 +219,7 @@ class CallCapture:
     async def _inference(self, call: PolicyCall, usage: list | None = None) -> Any:
         plan, prefix = await self._planned(None, call)
         tools = call.tools
-        sampling = self._fit_context(len(plan.prompt_ids), call.sampling)
+        sampling = fit_context(self.engine.context_length, len(plan.prompt_ids), call.sampling, self.counters)
         # no rollout: the turn is the replies since the last user message (what a scripted engine's file reads;
         # replies before it belong to worked examples or earlier exchanges)
         turn = 0
@@ -270,9 +230,9 @@ class CallCapture:
         gen = await self._generate(
             GenerationRequest(prompt_ids=plan.prompt_ids, sampling=sampling, turn_index=turn,
                               stop_token_ids=self.renderer.stop_token_ids),
-            self._streaming(call.stream, prefix, tools, sampling, len(plan.prompt_ids)),
+            self.rendering.streaming(call.stream, prefix, tools, sampling, len(plan.prompt_ids)),
         )
-        text, message, finish, _, _ = self._reply(gen, tools, sampling, prefix)
+        text, message, finish, _, _ = self.rendering.reply(gen, tools, sampling, prefix)
         answer = await self._answer(call.respond, ChatResult(message, finish, plan.prompt_ids, gen, text))
         if usage is None:
             self.counters.inference_calls += 1
@@ -288,7 +248,7 @@ class CallCapture:
         plan, prefix = await self._planned(state, call)
         if plan.break_reason is not None and role is None:  # compaction is read on the rollout's own conversation
             plan = self._compacted(live, plan, messages)
-        sampling = self._fit_context(len(plan.prompt_ids), call.sampling)
+        sampling = fit_context(self.engine.context_length, len(plan.prompt_ids), call.sampling, self.counters)
         request = GenerationRequest(
             prompt_ids=plan.prompt_ids,
             sampling=sampling,
@@ -300,8 +260,8 @@ class CallCapture:
             role=role,
         )
         gen = await self._generation(live, request,
-                                     self._streaming(call.stream, prefix, tools, sampling, len(plan.prompt_ids)))
-        text, message, finish, malformed, reasoning_tokens = self._reply(gen, tools, sampling, prefix)
+                                     self.rendering.streaming(call.stream, prefix, tools, sampling, len(plan.prompt_ids)))
+        text, message, finish, malformed, reasoning_tokens = self.rendering.reply(gen, tools, sampling, prefix)
         if plan.break_reason is not None:
             self.counters.prefix_breaks[plan.break_reason] += 1
         turn = Turn(
@@ -397,35 +357,6 @@ class CallCapture:
             )
         return replace(plan, break_reason=BreakReason.COMPACTED)
 
-    def _fit_context(self, prompt_tokens: int, sampling: SamplingParams) -> SamplingParams:
-        """``sampling`` within the engine's context: a 400 (the caller's error, not retried) naming both numbers
-        when the prompt leaves no room or the client's own ``max_tokens`` does not fit; a default is shortened."""
-        context = self.engine.context_length
-        if context is None or prompt_tokens + sampling.max_tokens <= context:
-            return sampling
-        # a max_tokens the client named is refused over the context, unless it was already above the cap and clamped
-        # (``max_tokens_asked``): then it is shortened like a default
-        named = sampling.max_tokens_requested and sampling.max_tokens_asked is None
-        if prompt_tokens >= context or named:
-            self.counters.context_exceeded += 1
-            asked = f" + max_tokens {sampling.max_tokens}" if named else ""
-            raise BadRequest(
-                # "maximum context length" is how OpenAI words it: agents that compact on overflow (Strands'
-                # conversation managers) recognise the error by that phrase
-                f"the rendered prompt is {prompt_tokens} tokens{asked}; the model's context is {context} tokens "
-                "(maximum context length exceeded): shorten the conversation" + (" or lower max_tokens" if asked else ""),
-                param="max_tokens" if asked and prompt_tokens < context else "messages",
-            )
-        return replace(sampling, max_tokens=context - prompt_tokens)
-
-    def _streaming(
-        self, stream: ChatStream | None, prefix: str, tools: list, sampling: SamplingParams, prompt_tokens: int
-    ) -> ChatStream | None:
-        """``stream``, started with the decoder of this call's completion (None for a call not streamed)."""
-        if stream is not None:
-            stream.begin(ReplyText(self.format, self.renderer, prefix, bool(tools), sampling.stop), prompt_tokens)
-        return stream
-
     async def _generation(self, live: LiveRollout, request: GenerationRequest, stream: ChatStream | None) -> Generation:
         """``_generate``, which the run's stop cancels (``_inflight.stoppable``)."""
         return await stoppable(live, lambda: self._generate(request, stream))
@@ -446,79 +377,14 @@ class CallCapture:
             self.counters.engine_failures += 1
             raise EngineFailure(f"the policy engine failed: {type(exc).__name__}: {exc}") from exc
 
-    def _reply(
-        self, gen: Generation, tools: list, sampling: SamplingParams, prefix: str = ""
-    ) -> tuple[str, dict[str, Any], str, int, int]:
-        """Decode the completion into an OpenAI assistant message; also count malformed tool calls.
-
-        Returns the text, the message, the finish reason, the malformed calls and the reasoning's tokens.
-        """
-        ids = list(gen.completion_ids)
-        eos = self.renderer.eos_token_ids
-        while ids and ids[-1] in eos:
-            ids.pop()
-        text = prefix + self.renderer.decode(ids)
-        for stop in sampling.stop:
-            cut = text.find(stop)
-            if cut >= 0:
-                text = text[:cut]
-        parsed = self.format.parse(text, calls=bool(tools))  # never raises: malformed calls stay text
-        message = parsed.to_message()
-        finish = "tool_calls" if parsed.tool_calls else gen.finish_reason
-        malformed = parsed.malformed
-        reasoning_tokens = 0
-        if parsed.reasoning:  # counted in the endpoint's metrics (tokens as the tokenizer splits the text)
-            reasoning_tokens = len(self.renderer.encode(parsed.reasoning))
-            self.counters.reasoning_replies += 1
-            self.counters.reasoning_tokens += reasoning_tokens
-        if tools:
-            self.counters.malformed_tool_calls += malformed
-            self.counters.malformed_by_format[self.format.name] += malformed
-        return text, message, finish, malformed, reasoning_tokens
-
 
 _AUTO = ChatOptions()
-_OPENER_TAIL_TOKENS = 8  # prompt ids decoded to find a reasoning opener at its end (Qwen3.5's "<think>\n": 2)
-_OPENER_TAILS_KEPT = 256  # distinct prompt tails whose opener ``_opened_reasoning`` remembers
 T = TypeVar("T")
 
 
 async def _work(off_loop: bool, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)``: on a worker thread for a large request (``off_loop``), else right here."""
     return await asyncio.to_thread(fn, *args) if off_loop else fn(*args)
-
-
-def _checked(
-    messages: list[Mapping[str, Any]], tools: list[Mapping[str, Any]] | None, options: ChatOptions
-) -> tuple[list[dict[str, Any]], list[Mapping[str, Any]]]:
-    """The call's messages normalized and its tools checked (kept as sent), or a 400 before anything is recorded."""
-    try:
-        normalized = normalize_messages(messages)
-    except ValueError as exc:
-        raise BadRequest(str(exc), param="messages") from None
-    tools = list(tools or [])
-    try:
-        normalize_tools(tools)  # checked before anything is recorded (the turn keeps the tools as sent)
-    except ValueError as exc:
-        raise BadRequest(str(exc), param="tools") from None
-    _check_tool_choice(options, tools)
-    return normalized, tools
-
-
-def _check_tool_choice(options: ChatOptions, tools: list) -> None:
-    """A required or named tool call needs tools, and a named one must be among them (400 otherwise)."""
-    if options.tool_choice == "auto":
-        return
-    if not tools:
-        raise BadRequest(f"tool_choice {options.tool_choice!r} needs tools, and the request has none", param="tool_choice")
-    if options.tool_choice == "function":
-        names = [t.get("function", {}).get("name") for t in tools]
-        if options.tool_name not in names:
-            raise BadRequest(
-                f"tool_choice names the function {options.tool_name!r}, which is not in tools "
-                f"(tools: {', '.join(map(str, names))})",
-                param="tool_choice",
-            )
 
 
 __all__ = ["CallCapture", "ChatResult", "PolicyCall", "Respond"]
