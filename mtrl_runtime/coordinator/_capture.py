@@ -259,8 +259,8 @@ class CallCapture:
             base_model=live.base_model,
             role=role,
         )
-        gen = await self._generation(live, request,
-                                     self.rendering.streaming(call.stream, prefix, tools, sampling, len(plan.prompt_ids)))
+        stream = self.rendering.streaming(call.stream, prefix, tools, sampling, len(plan.prompt_ids))
+        gen = await self._generation(live, request, stream)
         text, message, finish, malformed, reasoning_tokens = self.rendering.reply(gen, tools, sampling, prefix)
         if plan.break_reason is not None:
             self.counters.prefix_breaks[plan.break_reason] += 1
