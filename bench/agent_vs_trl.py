@@ -33,7 +33,7 @@ calls); SmolLM2's template has no tools, so both sides render with mtrl's
 Hermes-style ChatML template and TRL parses with its Hermes response
 template, set by hand.
 
-    python bench/agent_vs_trl.py [--steps 10] [--val-every 5] [--runs 2] [--mtrl-async]
+    python bench/agent_vs_trl.py [--steps 10] [--val-every 5] [--runs 2] [--first-seed 0] [--mtrl-async]
                                  [--eval-tasks 25] [--eval-samples 2] [--no-trl] [--out PATH]
     python bench/agent_vs_trl.py --setup        # creates .venv-trl (the same as bench/trl_vs_mtrl.py --setup)
 
@@ -250,7 +250,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--val-every", type=int, default=5, help="keep each side's adapter every N steps")
-    parser.add_argument("--runs", type=int, default=2, help="runs a side (seeds 0..N-1)")
+    parser.add_argument("--runs", type=int, default=2, help="runs a side (seeds FIRST..FIRST+N-1)")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="the first run's seed (FIRST): a later run adds seeds to an earlier one's")
     parser.add_argument("--mtrl-async", action="store_true", help="also train mtrl in its default async mode, alone")
     parser.add_argument("--eval-tasks", type=int, default=25, help="held-out test tasks (the whole split: 25)")
     parser.add_argument("--eval-samples", type=int, default=2, help="samples per test task")
@@ -277,7 +279,8 @@ def main() -> None:
         print("evaluating the base model on the test tasks", flush=True)
         base = evaluate(args, None, 0)
         report = save_results(args.out, build_report(args, runs, base, load_before, time.perf_counter() - started))
-        for seed in range(args.runs):  # each seed trained and scored whole, the report written after it
+        seeds = range(args.first_seed, args.first_seed + args.runs)
+        for done, seed in enumerate(seeds, 1):  # each seed trained and scored whole, the report written after it
             (folder / f"trl-seed{seed}").mkdir()
             these = [train_mtrl(args, folder, seed, False, python)]
             if args.mtrl_async:
@@ -290,7 +293,7 @@ def main() -> None:
                                         for step, path in sorted(r["trl"]["adapters"].items())}
             runs.extend(these)
             report = save_results(args.out, build_report(args, runs, base, load_before, time.perf_counter() - started))
-            print(f"wrote {args.out} ({seed + 1} of {args.runs} runs a side)", flush=True)
+            print(f"wrote {args.out} ({done} of {args.runs} runs a side)", flush=True)
     print(json.dumps(report["summary"], indent=2))
 
 
@@ -315,7 +318,7 @@ def build_report(args: argparse.Namespace, runs: list[dict[str, Any]], base: dic
         "benchmark": "agent_vs_trl",
         "machine": machine_info(tuple(load_before), tuple(os.getloadavg()), args.threads,
                                 dtype=precision or "unknown"),
-        "settings": {"steps": args.steps, "val_every": args.val_every, "runs": args.runs,
+        "settings": {"steps": args.steps, "val_every": args.val_every, "runs": args.runs, "first_seed": args.first_seed,
                      "runs_done": len({r["seed"] for r in runs}),
                      "eval_tasks": args.eval_tasks, "eval_samples": args.eval_samples, "threads": args.threads,
                      "trl_micro_batch": args.trl_micro_batch,
