@@ -1,5 +1,6 @@
 """The policy update on a real tiny Llama: learning, micro-batching, the lock, checkpoints."""
 
+import contextlib
 import threading
 import time
 
@@ -197,6 +198,48 @@ def test_full_finetune_and_bf16_autocast_steps(tokenizer):
     metrics = [update.step([sample]) for _ in range(3)]
     assert all(m["train/grad_norm"] > 0 for m in metrics)
     assert sequence_logprob(policy.model, sample) > before
+
+
+@pytest.mark.parametrize("recompute", ["off", "on"], ids=["stored", "recomputed"])
+def test_lora_layers_under_bf16_autocast_take_their_input_uncast_for_the_same_gradient(tokenizer, monkeypatch,
+                                                                                      recompute):
+    """peft casts a LoRA layer's input to its fp32 adapter weights' dtype and autocast casts it back for the matmul:
+    the step skips both copies, with the same loss and gradient to the bit (activations stored or recomputed in the
+    backward pass); after it the layers cast again, as an engine's forward outside autocast needs."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    from mtrl_runtime.training.update import _step
+
+    samples = [sample_for(make_policy(tokenizer).model, tokenizer, text) for text in TEXTS[:2]]
+    settings = UpdateSettings(precision="bf16", fit_memory=False, gradient_checkpointing=recompute)
+
+    def step(uncast: bool):
+        policy = build_policy(tiny_model(tokenizer, seed=0).to(torch.bfloat16), tokenizer, rank=8, alpha=16)
+        with torch.no_grad():
+            for name, param in policy.model.named_parameters():
+                if "lora_B" in name:
+                    param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * 0.1)
+        adapters = [m for m in policy.model.modules() if isinstance(m, BaseTunerLayer)]
+        assert adapters and {m.lora_A["default"].weight.dtype for m in adapters} == {torch.float32}
+        seen: set[torch.dtype] = set()  # what reaches the adapters' matmuls in the step's forward passes
+        for layer in adapters:
+            layer.lora_A["default"].register_forward_pre_hook(
+                lambda _, args: seen.add(args[0].dtype) if torch.is_autocast_enabled("cpu") else None)
+        if not uncast:  # peft's own behaviour, as before
+            monkeypatch.setattr(_step, "lora_inputs_uncast", lambda *_: contextlib.nullcontext())
+        metrics = PolicyUpdate(policy, settings).backward(samples)
+        monkeypatch.undo()
+        assert all(layer.cast_input_dtype_enabled for layer in adapters)
+        grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+        return grads, metrics, seen
+
+    grads, metrics, seen = step(uncast=True)
+    cast_grads, cast_metrics, cast_seen = step(uncast=False)
+    assert cast_seen == {torch.float32} and seen == {torch.bfloat16}, (cast_seen, seen)
+    assert metrics["train/loss"] == cast_metrics["train/loss"]
+    assert metrics["train/gradient_checkpointing"] == float(recompute == "on")
+    assert grads.keys() == cast_grads.keys() and all(torch.equal(grads[n], cast_grads[n]) for n in grads)
+    assert sum(float(g.abs().sum()) for g in grads.values()) > 0
 
 
 def test_samples_without_model_tokens_do_not_step(tokenizer):

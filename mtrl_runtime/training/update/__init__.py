@@ -13,8 +13,9 @@ What the step runs on and what it costs:
 - ``_teacher``: the frozen teacher of on-policy distillation (the distill
   loss), an adapter merged onto the student's base or a model folder of the
   same tokenizer, scored in the same micro-batch as the reference;
-- ``_precision``: the compute dtype (bf16 autocast where native) and the
-  dtype the frozen base is stored in;
+- ``_precision``: the compute dtype (bf16 autocast where native), the
+  dtype the frozen base is stored in, and the LoRA layers' inputs left to
+  autocast while a step runs (no fp32 round trip);
 - ``_chunked``: log-probabilities of the chosen tokens in chunks over the
   sequence, so no step holds [tokens x vocab] logits;
 - ``_gradient_checkpointing``: decoder layers recompute their activations

@@ -48,7 +48,7 @@ from ._packing import (StepPrefix, batch_cost, can_share_prefix, common_prefix_l
                        shared_prefix_hidden, shared_prefix_logits, usable_shared)
 from ._policy import Policy, atomic_folder
 from ._nonfinite import NonFiniteWeights, nonfinite_cause, nonfinite_rollouts
-from ._precision import resolve_autocast
+from ._precision import lora_inputs_uncast, resolve_autocast
 from ._settings import UpdateSettings
 from ._teacher import Teacher
 
@@ -166,7 +166,7 @@ class PolicyUpdate:
         ``behaviour_logprobs_T`` (the engine/trainer logprob gap, ``bench/gpu.py``)."""
         device = self.policy.device
         out: list[tuple[float, ...]] = []
-        with self.weights_lock, torch.no_grad():
+        with self.weights_lock, torch.no_grad(), lora_inputs_uncast(self.policy.model, self.autocast_dtype):
             for sample in samples:
                 ids_BT = torch.tensor([sample.token_ids_T], dtype=torch.long, device=device)
                 keep_K = torch.nonzero(torch.tensor(sample.loss_mask_T[1:], device=device)).squeeze(-1)
@@ -197,26 +197,27 @@ class PolicyUpdate:
             base = usable_shared(len(kept), common_prefix_length(shareable))
             plan = pack_micro_batches(lengths, budget, shareable, base) if base else plan
         counts.update({"micro_batch_budget": float(budget), "gradient_checkpointing": float(recompute)})
-        step = self._step_prefix(kept[0].token_ids_T[:base]) if base else None
-        if step is not None:
-            counts["tokens_forward"] += base
-            counts["tokens_shared"] += base * (len(plan) - 1)  # computed once, not once per micro-batch
-            counts["tokens_step_prefix"] = float(base)
-        for indices, shared in plan:
-            batch = [kept[i] for i in indices]
-            with checkpointed(self.policy.model, recompute):
-                loss, metrics = self._micro_batch(batch, normalizer, shared, step)
-                loss.backward()
-            tokens = metrics.pop("tokens")
-            for name, value in metrics.items():
-                totals[name] = totals.get(name, 0.0) + value * tokens
-            counts["loss"] += float(loss.detach())
-            counts["tokens_forward"] += batch_cost([len(s.token_ids_T) for s in batch], shared, base)
-            counts["tokens_shared"] += (len(batch) - 1) * shared
-            counts["tokens_real"] += sum(len(s.token_ids_T) for s in batch)
-            counts["micro_batches"] += 1
-        if step is not None:
-            step.backward()
+        with lora_inputs_uncast(self.policy.model, self.autocast_dtype):
+            step = self._step_prefix(kept[0].token_ids_T[:base]) if base else None
+            if step is not None:
+                counts["tokens_forward"] += base
+                counts["tokens_shared"] += base * (len(plan) - 1)  # computed once, not once per micro-batch
+                counts["tokens_step_prefix"] = float(base)
+            for indices, shared in plan:
+                batch = [kept[i] for i in indices]
+                with checkpointed(self.policy.model, recompute):
+                    loss, metrics = self._micro_batch(batch, normalizer, shared, step)
+                    loss.backward()
+                tokens = metrics.pop("tokens")
+                for name, value in metrics.items():
+                    totals[name] = totals.get(name, 0.0) + value * tokens
+                counts["loss"] += float(loss.detach())
+                counts["tokens_forward"] += batch_cost([len(s.token_ids_T) for s in batch], shared, base)
+                counts["tokens_shared"] += (len(batch) - 1) * shared
+                counts["tokens_real"] += sum(len(s.token_ids_T) for s in batch)
+                counts["micro_batches"] += 1
+            if step is not None:
+                step.backward()
         trained = sum(sum(s.loss_mask_T[1:]) for s in kept)
         out = {f"train/{name}": value / max(trained, 1) for name, value in totals.items()}
         out.update({f"train/{name}": value for name, value in counts.items()})
