@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import time
@@ -30,7 +29,7 @@ from typing import Any
 import torch
 
 from _machine import load_note, machine_info, model_dtype
-from shared_prefix_update import make_samples
+from shared_prefix_update import make_samples, run_from_command_line
 from mtrl_runtime.engines import resolve_model
 from mtrl_runtime.engines.hf._pretrained import load_pretrained
 from mtrl_runtime.training import PolicyUpdate, UpdateSettings, build_policy
@@ -96,16 +95,4 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=8)
-    parser.add_argument("--own", type=int, default=700, help="each row's own tokens after the shared prefix")
-    parser.add_argument("--trained", type=int, default=270, help="loss tokens per row (the last ones)")
-    parser.add_argument("--budget", type=int, default=4096, help="micro_batch_tokens (the demo recipe's)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    result = main(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    run_from_command_line(__doc__, main, RESULTS, own=700, trained=270, budget=4096)  # the demo recipe's budget

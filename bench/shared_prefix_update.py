@@ -102,17 +102,22 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_from_command_line(doc: str, bench: Any, results: Path, own: int, trained: int, budget: int) -> None:
+    """Parse the demo-shaped rows' options (these defaults), run ``bench(args)`` and write its result to --out."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--rows", type=int, default=8)
-    parser.add_argument("--own", type=int, default=800, help="each row's own tokens after the shared prefix")
-    parser.add_argument("--trained", type=int, default=300, help="loss tokens per row (the last ones)")
-    parser.add_argument("--budget", type=int, default=8192, help="micro_batch_tokens")
+    parser.add_argument("--own", type=int, default=own, help="each row's own tokens after the shared prefix")
+    parser.add_argument("--trained", type=int, default=trained, help="loss tokens per row (the last ones)")
+    parser.add_argument("--budget", type=int, default=budget, help="micro_batch_tokens")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=results)
     args = parser.parse_args()
-    result = main(args)
+    result = bench(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    run_from_command_line(__doc__, main, RESULTS, own=800, trained=300, budget=8192)
