@@ -57,10 +57,10 @@ def sequence_logprob(model, sample):
     return float((logp * torch.tensor(sample.loss_mask_T[1:], dtype=torch.float32)).sum())
 
 
-def step_gradients(tokenizer, samples, settings) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """The LoRA gradients and metrics of one ``backward`` over ``samples`` on a fresh policy whose lora_B is
-    nonzero (seeded), so every adapter weight gets a gradient."""
-    policy = make_policy(tokenizer)
+def step_gradients(tokenizer, samples, settings, policy=None) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """The LoRA gradients and metrics of one ``backward`` over ``samples`` on ``policy`` (default a fresh one) with
+    its lora_B made nonzero (seeded): the B matrices start at zero, which zeroes A's gradient."""
+    policy = policy or make_policy(tokenizer)
     with torch.no_grad():
         for name, param in policy.model.named_parameters():
             if "lora_B" in name:
@@ -100,19 +100,10 @@ def test_negative_advantage_lowers_the_logprob(tokenizer):
 
 
 def grads_after_backward(tokenizer, samples, budget, aggregation):
-    policy = make_policy(tokenizer)
     settings = UpdateSettings(
         micro_batch_tokens=budget, precision="fp32", loss=LossParams(aggregation=aggregation)
     )
-    update = PolicyUpdate(policy, settings)
-    # the LoRA B matrices start at zero, which zeroes A's gradient: give them a value first
-    with torch.no_grad():
-        for name, param in policy.model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * 0.1)
-    metrics = update.backward(samples)
-    grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
-    return grads, metrics
+    return step_gradients(tokenizer, samples, settings)
 
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean"])
@@ -215,10 +206,6 @@ def test_lora_layers_under_bf16_autocast_take_their_input_uncast_for_the_same_gr
 
     def step(uncast: bool):
         policy = build_policy(tiny_model(tokenizer, seed=0).to(torch.bfloat16), tokenizer, rank=8, alpha=16)
-        with torch.no_grad():
-            for name, param in policy.model.named_parameters():
-                if "lora_B" in name:
-                    param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * 0.1)
         adapters = [m for m in policy.model.modules() if isinstance(m, BaseTunerLayer)]
         assert adapters and {m.lora_A["default"].weight.dtype for m in adapters} == {torch.float32}
         seen: set[torch.dtype] = set()  # what reaches the adapters' matmuls in the step's forward passes
@@ -227,10 +214,9 @@ def test_lora_layers_under_bf16_autocast_take_their_input_uncast_for_the_same_gr
                 lambda _, args: seen.add(args[0].dtype) if torch.is_autocast_enabled("cpu") else None)
         if not uncast:  # peft's own behaviour, as before
             monkeypatch.setattr(_step, "lora_inputs_uncast", lambda *_: contextlib.nullcontext())
-        metrics = PolicyUpdate(policy, settings).backward(samples)
+        grads, metrics = step_gradients(tokenizer, samples, settings, policy)
         monkeypatch.undo()
         assert all(layer.cast_input_dtype_enabled for layer in adapters)
-        grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
         return grads, metrics, seen
 
     grads, metrics, seen = step(uncast=True)
